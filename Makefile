@@ -1,0 +1,47 @@
+# Build: `make` (train_gpt_sparse, infer, tokenize), `make test` (everything that
+# needs no GPU), `make test-gpu` (on a machine with an NVIDIA GPU).
+
+NVCC ?= nvcc
+CXX ?= g++
+# the CPU path is OpenMP; -march=native because the binary runs where it is built
+HOST_FLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter
+# sm_90a for the Hopper kernels, sm_80 as the portable path
+GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
+NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler "$(HOST_FLAGS)" -lineinfo
+NVCC_LIBS = -lgomp
+
+# tests are plain C++ over the same headers, also built with the sanitizers
+TEST_FLAGS = -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
+SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+HEADERS = $(wildcard llmc/*.h)
+BINARIES = train_gpt_sparse infer tokenize
+CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
+SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
+
+all: $(BINARIES)
+
+train_gpt_sparse: train_gpt_sparse.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+
+infer: infer.cu $(HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+
+tokenize: dev/data/tokenize.cpp $(HEADERS)
+	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
+
+build/test_%: test/test_%.cpp test/test.h $(HEADERS)
+	@mkdir -p build
+	$(CXX) $(TEST_FLAGS) $< -o $@ -lm
+
+build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
+	@mkdir -p build/san
+	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) $< -o $@ -lm
+
+test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS)
+	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS)
+
+clean:
+	rm -rf build $(BINARIES)
+
+.PHONY: all test clean

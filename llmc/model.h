@@ -1,0 +1,100 @@
+/*
+ The model's configuration and the layout of its parameters in one flat buffer.
+ The same layout serves the CPU path, the GPU path and the checkpoint files.
+
+ Per layer l (tensors of all layers are stacked, layer-major):
+   attn_norm [D], wqkv [D + 2*KVD, D] (q, k, v rows of the HF q/k/v_proj),
+   wo [D, D], ffn_norm [D], wg [H, D], wu [H, D],
+   wdT [H, D] (W_d transposed: row n is the weights of hidden unit n, which is
+   what the sparse kernels want contiguous; the HF down_proj is its transpose).
+ Plus wte [Vp, D] (tied input embedding and output head) and final_norm [D].
+*/
+#ifndef LLMC_MODEL_H
+#define LLMC_MODEL_H
+
+#include <stddef.h>
+#include "llmc/utils.h"
+
+typedef struct {
+    int vocab_size;        // V: real tokens; logits past it are never sampled nor trained
+    int padded_vocab_size; // Vp: V rounded up to a multiple of 128
+    int num_layers;        // L
+    int channels;          // D
+    int num_heads;         // NH
+    int num_kv_heads;      // NKV (grouped-query attention when < NH)
+    int hidden;            // H: FFN width
+    int max_seq_len;       // T_max
+    float rope_theta;
+    float norm_eps;
+} GPTConfig;
+
+enum {
+    P_WTE, P_ATTN_NORM, P_WQKV, P_WO, P_FFN_NORM, P_WG, P_WU, P_WDT, P_FINAL_NORM,
+    NUM_PARAM_TENSORS
+};
+
+static const char* const param_names[NUM_PARAM_TENSORS] = {
+    "wte", "attn_norm", "wqkv", "wo", "ffn_norm", "wg", "wu", "wdT", "final_norm",
+};
+
+static inline int head_size(const GPTConfig* c) { return c->channels / c->num_heads; }
+static inline int kv_dim(const GPTConfig* c) { return c->num_kv_heads * head_size(c); }
+static inline int qkv_dim(const GPTConfig* c) { return c->channels + 2 * kv_dim(c); }
+
+static inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+static inline void param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {
+    size_t L = c->num_layers, D = c->channels, H = c->hidden;
+    sizes[P_WTE] = (size_t)c->padded_vocab_size * D;
+    sizes[P_ATTN_NORM] = L * D;
+    sizes[P_WQKV] = L * qkv_dim(c) * D;
+    sizes[P_WO] = L * D * D;
+    sizes[P_FFN_NORM] = L * D;
+    sizes[P_WG] = L * H * D;
+    sizes[P_WU] = L * H * D;
+    sizes[P_WDT] = L * H * D;
+    sizes[P_FINAL_NORM] = D;
+}
+
+static inline size_t num_parameters(const GPTConfig* c) {
+    size_t sizes[NUM_PARAM_TENSORS], total = 0;
+    param_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { total += sizes[i]; }
+    return total;
+}
+
+// weight decay applies to matrices only, never to norm weights
+static inline int param_is_matrix(int i) {
+    return i != P_ATTN_NORM && i != P_FFN_NORM && i != P_FINAL_NORM;
+}
+
+// the element offset of each tensor in the flat buffer
+static inline void param_offsets(size_t offsets[NUM_PARAM_TENSORS], const GPTConfig* c) {
+    size_t sizes[NUM_PARAM_TENSORS], off = 0;
+    param_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { offsets[i] = off; off += sizes[i]; }
+}
+
+// one-line error for a config no kernel supports
+static inline void config_validate(const GPTConfig* c) {
+    if (c->vocab_size < 2) { fatal("vocab_size %d must be >= 2", c->vocab_size); }
+    if (c->padded_vocab_size != round_up(c->vocab_size, 128)) {
+        fatal("padded_vocab_size %d must be vocab_size %d rounded up to a multiple of 128",
+              c->padded_vocab_size, c->vocab_size);
+    }
+    if (c->num_layers < 1) { fatal("num_layers %d must be >= 1", c->num_layers); }
+    if (c->channels < 2) { fatal("channels %d must be >= 2", c->channels); }
+    if (c->num_heads < 1 || c->channels % c->num_heads != 0) {
+        fatal("channels %d must be a multiple of num_heads %d", c->channels, c->num_heads);
+    }
+    if (head_size(c) % 2 != 0) { fatal("head size %d must be even for RoPE", head_size(c)); }
+    if (c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads != 0) {
+        fatal("num_heads %d must be a multiple of num_kv_heads %d", c->num_heads, c->num_kv_heads);
+    }
+    if (c->hidden < 1) { fatal("hidden %d must be >= 1", c->hidden); }
+    if (c->max_seq_len < 1) { fatal("max_seq_len %d must be >= 1", c->max_seq_len); }
+    if (!(c->rope_theta > 0)) { fatal("rope_theta %g must be > 0", c->rope_theta); }
+    if (!(c->norm_eps > 0)) { fatal("norm_eps %g must be > 0", c->norm_eps); }
+}
+
+#endif // LLMC_MODEL_H

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every CPU test binary given on the command line and then the end-to-end
+# script, adds up their "N passed, M failed" lines and prints the total.
+set -u
+cd "$(dirname "$0")/.."
+passed=0; failed=0; broken=0
+run() {
+    local out
+    out=$("$@" 2>&1); local rc=$?
+    echo "$out" | grep -E "FAIL|passed, [0-9]+ failed" || true
+    local line
+    line=$(echo "$out" | grep -E "^[A-Za-z0-9_./-]+: [0-9]+ passed, [0-9]+ failed$" | tail -n 1)
+    if [ -z "$line" ] || [ $rc -ne 0 ] && [ "$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')" = "0" ]; then
+        echo "$* exited $rc"; echo "$out" | tail -n 20; broken=$((broken + 1))
+    fi
+    if [ -n "$line" ]; then
+        passed=$((passed + $(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')))
+        failed=$((failed + $(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')))
+    fi
+}
+for t in "$@"; do run "$t"; done
+run bash test/test_e2e.sh
+failed=$((failed + broken))
+echo "total: $passed passed, $failed failed"
+[ $failed -eq 0 ]
