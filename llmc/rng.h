@@ -9,11 +9,15 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline uint64_t rng_next(uint64_t* state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+// the splitmix64 finaliser: a bijective scramble of 64 bits, also used to derive seeds
+static inline uint64_t rng_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+static inline uint64_t rng_next(uint64_t* state) {
+    return rng_mix64(*state += 0x9E3779B97F4A7C15ull);
 }
 
 // uniform integer in [0, n), n > 0, without modulo bias (rejection sampling)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 // print "error: <message>" on one line and exit(1); for bad input and bad flags
 static inline void fatal(const char* fmt, ...) {
@@ -97,6 +98,19 @@ static inline long file_size(FILE* fp) {
     long size = ftell(fp);
     fseekCheck(fp, here, SEEK_SET);
     return size;
+}
+
+// Atomic file writes: the data goes to "<path>.tmp", which atomic_commit syncs
+// and renames over path, so a crash never leaves a half-written file behind.
+static inline FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_len) {
+    if ((size_t)snprintf(tmp_path, tmp_len, "%s.tmp", path) >= tmp_len) { fatal("path too long: %s", path); }
+    return fopenCheck(tmp_path, "wb");
+}
+
+static inline void atomic_commit(FILE* fp, const char* tmp_path, const char* path) {
+    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) { fatal("cannot flush %s: %s", tmp_path, strerror(errno)); }
+    fcloseCheck(fp);
+    if (rename(tmp_path, path) != 0) { fatal("cannot rename %s to %s: %s", tmp_path, path, strerror(errno)); }
 }
 
 #endif // LLMC_UTILS_H

@@ -1,0 +1,163 @@
+/*
+ Checkpoint files. Both start with a header of 256 little-endian int32 that
+ holds the magic, the version and the whole model config, checked on load.
+
+ model file (what infer loads, and the first half of a resume):
+   [0] magic 20261122, [1] version 1, [2..11] config, [12] step,
+   [13..14] number of parameters (lo, hi); then the fp32 parameters in the
+   flat layout of llmc/model.h.
+ state file (the optimizer and data position of one process, for --resume):
+   [0] magic 20261123, [1] version 1, [2..11] config, [12] step,
+   [13..14] number of parameters, [15] micro-batch B, [16] sequence length T,
+   [17] gradient accumulation steps, [18] number of processes, [19] rank,
+   [20..21] sampling RNG, [22] bytes of the data loader state;
+   then the loader state, then AdamW m and v (fp32).
+ Files are written to "<path>.tmp" and renamed into place.
+*/
+#ifndef LLMC_CHECKPOINT_H
+#define LLMC_CHECKPOINT_H
+
+#include <stdint.h>
+#include "llmc/model.h"
+#include "llmc/utils.h"
+
+#define CKPT_MODEL_MAGIC 20261122
+#define CKPT_STATE_MAGIC 20261123
+#define CKPT_VERSION 1
+
+typedef struct {
+    int step;
+    int B, T, grad_accum, num_processes, rank;
+    uint64_t sample_rng;
+} TrainState;
+
+static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline void header_put_config(int32_t* h, const GPTConfig* c) {
+    h[2] = c->vocab_size; h[3] = c->padded_vocab_size; h[4] = c->num_layers; h[5] = c->channels;
+    h[6] = c->num_heads; h[7] = c->num_kv_heads; h[8] = c->hidden; h[9] = c->max_seq_len;
+    h[10] = (int32_t)float_bits(c->rope_theta); h[11] = (int32_t)float_bits(c->norm_eps);
+}
+
+static inline GPTConfig header_get_config(const int32_t* h) {
+    GPTConfig c;
+    c.vocab_size = h[2]; c.padded_vocab_size = h[3]; c.num_layers = h[4]; c.channels = h[5];
+    c.num_heads = h[6]; c.num_kv_heads = h[7]; c.hidden = h[8]; c.max_seq_len = h[9];
+    c.rope_theta = bits_float((uint32_t)h[10]); c.norm_eps = bits_float((uint32_t)h[11]);
+    return c;
+}
+
+// writes "<field> <a> (checkpoint) vs <b> (this run)" for the first differing field; 0 if none
+static inline int config_mismatch(const GPTConfig* ckpt, const GPTConfig* run, char* msg, size_t len) {
+    const struct { const char* name; double a, b; } fields[] = {
+        {"vocab_size", (double)ckpt->vocab_size, (double)run->vocab_size},
+        {"num_layers", (double)ckpt->num_layers, (double)run->num_layers},
+        {"channels", (double)ckpt->channels, (double)run->channels},
+        {"num_heads", (double)ckpt->num_heads, (double)run->num_heads},
+        {"num_kv_heads", (double)ckpt->num_kv_heads, (double)run->num_kv_heads},
+        {"hidden", (double)ckpt->hidden, (double)run->hidden},
+        {"max_seq_len", (double)ckpt->max_seq_len, (double)run->max_seq_len},
+        {"rope_theta", (double)ckpt->rope_theta, (double)run->rope_theta},
+        {"norm_eps", (double)ckpt->norm_eps, (double)run->norm_eps},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (fields[i].a != fields[i].b) {
+            snprintf(msg, len, "%s %g (checkpoint) vs %g (this run)", fields[i].name, fields[i].a, fields[i].b);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static inline void checkpoint_save_model(const char* path, const GPTConfig* c, const float* params, int step) {
+    int32_t h[256] = {0};
+    size_t n = num_parameters(c);
+    h[0] = CKPT_MODEL_MAGIC; h[1] = CKPT_VERSION;
+    header_put_config(h, c);
+    h[12] = step;
+    h[13] = (int32_t)(uint32_t)(n & 0xffffffffu); h[14] = (int32_t)(uint32_t)(n >> 32);
+    char tmp[4096];
+    FILE* fp = atomic_open(path, tmp, sizeof(tmp));
+    fwriteCheck(h, sizeof(int32_t), 256, fp);
+    fwriteCheck(params, sizeof(float), n, fp);
+    atomic_commit(fp, tmp, path);
+}
+
+// reads and checks the header of either file; returns the open file positioned after it
+static inline FILE* checkpoint_open(const char* path, int32_t magic, int32_t h[256]) {
+    FILE* fp = fopenCheck(path, "rb");
+    long size = file_size(fp);
+    if (size < 1024) { fatal("%s: %ld bytes is too short for a checkpoint header", path, size); }
+    freadCheck(h, sizeof(int32_t), 256, fp);
+    if (h[0] != magic) {
+        fatal("%s: bad magic %d (expected %d for a %s file)", path, h[0], magic,
+              magic == CKPT_MODEL_MAGIC ? "model" : "optimizer state");
+    }
+    if (h[1] != CKPT_VERSION) { fatal("%s: version %d, this build reads version %d", path, h[1], CKPT_VERSION); }
+    GPTConfig c = header_get_config(h);
+    config_validate(&c);
+    size_t n = (size_t)(uint32_t)h[13] | ((size_t)(uint32_t)h[14] << 32);
+    if (n != num_parameters(&c)) { fatal("%s: header says %zu parameters, its config has %zu", path, n, num_parameters(&c)); }
+    return fp;
+}
+
+// loads a model file: fills the config and returns malloc'd fp32 parameters
+static inline float* checkpoint_load_model(const char* path, GPTConfig* config, int* step) {
+    int32_t h[256];
+    FILE* fp = checkpoint_open(path, CKPT_MODEL_MAGIC, h);
+    *config = header_get_config(h);
+    if (step) { *step = h[12]; }
+    size_t n = num_parameters(config);
+    long expected = 1024 + (long)(n * sizeof(float));
+    if (file_size(fp) != expected) {
+        fatal("%s: file is %ld bytes, a model of this config is %ld bytes (truncated?)", path, file_size(fp), expected);
+    }
+    float* params = (float*)mallocCheck(n * sizeof(float));
+    freadCheck(params, sizeof(float), n, fp);
+    fcloseCheck(fp);
+    return params;
+}
+
+static inline void checkpoint_save_state(const char* path, const GPTConfig* c, const TrainState* s,
+                                         const void* loader_state, size_t loader_bytes, const float* m, const float* v) {
+    int32_t h[256] = {0};
+    size_t n = num_parameters(c);
+    h[0] = CKPT_STATE_MAGIC; h[1] = CKPT_VERSION;
+    header_put_config(h, c);
+    h[12] = s->step;
+    h[13] = (int32_t)(uint32_t)(n & 0xffffffffu); h[14] = (int32_t)(uint32_t)(n >> 32);
+    h[15] = s->B; h[16] = s->T; h[17] = s->grad_accum; h[18] = s->num_processes; h[19] = s->rank;
+    h[20] = (int32_t)(uint32_t)(s->sample_rng & 0xffffffffu); h[21] = (int32_t)(uint32_t)(s->sample_rng >> 32);
+    h[22] = (int32_t)loader_bytes;
+    char tmp[4096];
+    FILE* fp = atomic_open(path, tmp, sizeof(tmp));
+    fwriteCheck(h, sizeof(int32_t), 256, fp);
+    fwriteCheck(loader_state, 1, loader_bytes, fp);
+    fwriteCheck(m, sizeof(float), n, fp);
+    fwriteCheck(v, sizeof(float), n, fp);
+    atomic_commit(fp, tmp, path);
+}
+
+// loads a state file written for the same config (else an error naming the field)
+static inline void checkpoint_load_state(const char* path, const GPTConfig* run, TrainState* s,
+                                         void* loader_state, size_t loader_bytes, float* m, float* v) {
+    int32_t h[256];
+    FILE* fp = checkpoint_open(path, CKPT_STATE_MAGIC, h);
+    GPTConfig c = header_get_config(h);
+    char msg[256];
+    if (config_mismatch(&c, run, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
+    size_t n = num_parameters(run);
+    long expected = 1024 + (long)loader_bytes + 2 * (long)(n * sizeof(float));
+    if ((size_t)h[22] != loader_bytes || file_size(fp) != expected) {
+        fatal("%s: file is %ld bytes, expected %ld (truncated or from another build)", path, file_size(fp), expected);
+    }
+    s->step = h[12]; s->B = h[15]; s->T = h[16]; s->grad_accum = h[17]; s->num_processes = h[18]; s->rank = h[19];
+    s->sample_rng = (uint64_t)(uint32_t)h[20] | ((uint64_t)(uint32_t)h[21] << 32);
+    freadCheck(loader_state, 1, loader_bytes, fp);
+    freadCheck(m, sizeof(float), n, fp);
+    freadCheck(v, sizeof(float), n, fp);
+    fcloseCheck(fp);
+}
+
+#endif // LLMC_CHECKPOINT_H

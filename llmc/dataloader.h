@@ -1,0 +1,317 @@
+/*
+ Data loader over llm.c token shards matched by a glob. A sample is T+1
+ consecutive tokens starting at a multiple of T (inputs: the first T, targets:
+ the last T); a global batch is B * num_processes samples, of which process
+ `rank` takes the B at offset rank * B, so P processes together read exactly
+ what one process with batch size B * P would. Shuffling permutes the shard
+ order and the sample order inside each shard, as a pure function of (seed,
+ epoch, shard), so a position (epoch, shard, batch) is all a resume needs.
+ Only the current shard is in memory.
+*/
+#ifndef LLMC_DATALOADER_H
+#define LLMC_DATALOADER_H
+
+#include <glob.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llmc/rng.h"
+#include "llmc/shard.h"
+#include "llmc/utils.h"
+
+// independent stream for (seed, epoch, stream): stream 0 orders the shards,
+// stream 1 + i orders the samples of shard file i
+static inline uint64_t dl_stream_seed(uint64_t seed, uint64_t epoch, uint64_t stream) {
+    return rng_mix64(rng_mix64(rng_mix64(seed) ^ epoch) ^ stream);
+}
+
+// order[0..n) = 0..n-1, Fisher-Yates shuffled with the given stream if shuffle
+static inline void dl_fill_order(size_t* order, size_t n, int shuffle, uint64_t stream_seed) {
+    for (size_t i = 0; i < n; i++) { order[i] = i; }
+    if (!shuffle) { return; }
+    uint64_t state = stream_seed;
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)rng_below(&state, (uint64_t)i + 1);
+        size_t tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+}
+
+// ----------------------------------------------------------------------------
+
+typedef struct {
+    // configuration, fixed after init
+    int B, T;
+    int process_rank, num_processes;
+    int shuffle;
+    uint64_t seed;
+    int vocab_size;
+    glob_t glob_result;
+    size_t num_shards;
+    char** shard_paths;          // num_shards paths, sorted (points into glob_result)
+    size_t* shard_num_tokens;    // from each header, checked again when loaded
+    size_t num_tokens;           // total over all shards
+    // position: the next batch is global batch batch_pos of shard
+    // shard_order[shard_pos] in epoch `epoch`
+    int epoch;
+    size_t shard_pos;
+    size_t batch_pos;
+    size_t* shard_order;         // this epoch's order of shard file indices
+    size_t* sample_order;        // the current shard's order of sample indices
+    size_t sample_order_capacity;
+    // the current shard in memory
+    Shard shard;
+    size_t loaded_shard;         // file index of shard, or SIZE_MAX when none
+    // the batch, B * T each, filled by dataloader_next_batch
+    int* inputs;
+    int* targets;
+} DataLoader;
+
+// where a loader is, plus the configuration it must be restored into; fixed
+// width fields so it can be written into a checkpoint as is. The same state
+// serves every process rank.
+typedef struct {
+    uint64_t seed;
+    uint64_t epoch;
+    uint64_t shard_pos;
+    uint64_t batch_pos;
+    uint64_t num_shards;
+    uint64_t num_tokens;
+    int32_t B, T;
+    int32_t num_processes;
+    int32_t shuffle;
+} DataLoaderState;
+
+// samples in shard file i: sample s covers tokens [s*T, s*T + T] inclusive
+static inline size_t dataloader_shard_samples(const DataLoader* dl, size_t file_index) {
+    return (dl->shard_num_tokens[file_index] - 1) / (size_t)dl->T;
+}
+
+// global batches in shard file i; the last samples that do not fill one are skipped
+static inline size_t dataloader_shard_batches(const DataLoader* dl, size_t file_index) {
+    return dataloader_shard_samples(dl, file_index) / ((size_t)dl->B * (size_t)dl->num_processes);
+}
+
+// batches each process gets per epoch (for a full pass over val data)
+static inline size_t dataloader_num_batches(const DataLoader* dl) {
+    size_t n = 0;
+    for (size_t i = 0; i < dl->num_shards; i++) { n += dataloader_shard_batches(dl, i); }
+    return n;
+}
+
+// total tokens in the matched shards
+static inline size_t dataloader_num_tokens(const DataLoader* dl) {
+    return dl->num_tokens;
+}
+
+// read and validate shard file file_index into dst. It reads only the fixed
+// configuration of dl, so it can run on another thread while dl serves batches.
+static inline void dataloader_load_shard(const DataLoader* dl, size_t file_index, Shard* dst) {
+    const char* path = dl->shard_paths[file_index];
+    shard_load_or_die(path, dl->vocab_size, dst);
+    if (dst->num_tokens != dl->shard_num_tokens[file_index]) {
+        fatal("%s: shard changed while in use (had %zu tokens when the loader opened it, now %zu)",
+              path, dl->shard_num_tokens[file_index], dst->num_tokens);
+    }
+}
+
+// move to (epoch, shard_pos, batch_pos): recompute the orders and load the shard if it is not in memory
+static inline void dataloader_seek(DataLoader* dl, int epoch, size_t shard_pos, size_t batch_pos) {
+    dl->epoch = epoch;
+    dl->shard_pos = shard_pos;
+    dl->batch_pos = batch_pos;
+    dl_fill_order(dl->shard_order, dl->num_shards, dl->shuffle, dl_stream_seed(dl->seed, (uint64_t)epoch, 0));
+    size_t file_index = dl->shard_order[shard_pos];
+    size_t num_samples = dataloader_shard_samples(dl, file_index);
+    if (num_samples > dl->sample_order_capacity) {
+        free(dl->sample_order);
+        dl->sample_order = (size_t*)mallocCheck(num_samples * sizeof(size_t));
+        dl->sample_order_capacity = num_samples;
+    }
+    dl_fill_order(dl->sample_order, num_samples, dl->shuffle,
+                  dl_stream_seed(dl->seed, (uint64_t)epoch, 1 + (uint64_t)file_index));
+    if (dl->loaded_shard != file_index) {
+        dataloader_load_shard(dl, file_index, &dl->shard);
+        dl->loaded_shard = file_index;
+    }
+}
+
+static inline int dl_cmp_paths(const void* a, const void* b) {
+    return strcmp(*(char* const*)a, *(char* const*)b);
+}
+
+// dataloader_init that reports a bad pattern, configuration or shard header
+// as -1 with a one-line message in err instead of exiting (the loader then
+// holds nothing); a bad token in the first shard is still fatal
+static inline int dataloader_try_init(DataLoader* dl, const char* pattern, int B, int T, int process_rank,
+                                      int num_processes, int shuffle, uint64_t seed, int vocab_size,
+                                      char* err, size_t errlen) {
+    memset(dl, 0, sizeof(*dl));
+    if (B <= 0 || T <= 0 || num_processes <= 0 || process_rank < 0 || process_rank >= num_processes ||
+        vocab_size <= 0) {
+        return shard_error(err, errlen,
+                           "%s: bad data loader settings B=%d T=%d process %d of %d vocab size %d",
+                           pattern, B, T, process_rank, num_processes, vocab_size);
+    }
+    // sorted with strcmp ourselves: glob's own sort follows the locale
+    int rc = glob(pattern, GLOB_NOSORT, NULL, &dl->glob_result);
+    if (rc != 0) {
+        globfree(&dl->glob_result);
+        if (rc == GLOB_NOMATCH) {
+            return shard_error(err, errlen, "no files match the shard pattern '%s'", pattern);
+        }
+        return shard_error(err, errlen, "cannot expand the shard pattern '%s' (%s)", pattern,
+                           rc == GLOB_NOSPACE ? "out of memory" : "read error");
+    }
+    dl->num_shards = dl->glob_result.gl_pathc;
+    dl->shard_paths = dl->glob_result.gl_pathv;
+    qsort(dl->shard_paths, dl->num_shards, sizeof(char*), dl_cmp_paths);
+    dl->shard_num_tokens = (size_t*)mallocCheck(dl->num_shards * sizeof(size_t));
+    // every sample of one global batch, plus the final target token
+    size_t need = (size_t)B * (size_t)T * (size_t)num_processes + 1;
+    for (size_t i = 0; i < dl->num_shards; i++) {
+        ShardInfo info;
+        int bad = shard_read_header(dl->shard_paths[i], &info, err, errlen) != 0;
+        if (!bad && info.num_tokens < need) {
+            bad = shard_error(err, errlen,
+                              "%s: shard has %zu tokens, fewer than the %zu one global batch needs "
+                              "(B=%d * T=%d * %d processes + 1)",
+                              dl->shard_paths[i], info.num_tokens, need, B, T, num_processes);
+        }
+        if (bad) {
+            free(dl->shard_num_tokens);
+            globfree(&dl->glob_result);
+            memset(dl, 0, sizeof(*dl));
+            return -1;
+        }
+        dl->shard_num_tokens[i] = info.num_tokens;
+        dl->num_tokens += info.num_tokens;
+    }
+    dl->B = B;
+    dl->T = T;
+    dl->process_rank = process_rank;
+    dl->num_processes = num_processes;
+    dl->shuffle = shuffle != 0;
+    dl->seed = seed;
+    dl->vocab_size = vocab_size;
+    dl->shard_order = (size_t*)mallocCheck(dl->num_shards * sizeof(size_t));
+    dl->loaded_shard = SIZE_MAX;
+    dl->inputs = (int*)mallocCheck((size_t)B * (size_t)T * sizeof(int));
+    dl->targets = (int*)mallocCheck((size_t)B * (size_t)T * sizeof(int));
+    dataloader_seek(dl, 0, 0, 0);
+    return 0;
+}
+
+// open the shards matching pattern (a glob) for process process_rank of
+// num_processes; shuffle=1 for training, 0 for val (file order); any problem is fatal
+static inline void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, int process_rank,
+                                   int num_processes, int shuffle, uint64_t seed, int vocab_size) {
+    char err[SHARD_ERR_LEN];
+    if (dataloader_try_init(dl, pattern, B, T, process_rank, num_processes, shuffle, seed, vocab_size,
+                            err, sizeof(err)) != 0) {
+        fatal("%s", err);
+    }
+}
+
+// fill dl->inputs and dl->targets with this process's next B samples; after
+// the last batch of the last shard the next epoch begins
+static inline void dataloader_next_batch(DataLoader* dl) {
+    if (dl->batch_pos >= dataloader_shard_batches(dl, dl->shard_order[dl->shard_pos])) {
+        if (dl->shard_pos + 1 < dl->num_shards) {
+            dataloader_seek(dl, dl->epoch, dl->shard_pos + 1, 0);
+        } else {
+            dataloader_seek(dl, dl->epoch + 1, 0, 0);
+        }
+    }
+    size_t B = (size_t)dl->B, T = (size_t)dl->T;
+    const size_t* samples = dl->sample_order + dl->batch_pos * B * (size_t)dl->num_processes +
+                            (size_t)dl->process_rank * B;
+    for (size_t b = 0; b < B; b++) {
+        size_t start = samples[b] * T;
+        for (size_t t = 0; t < T; t++) {
+            // tokens are < vocab_size, an int, so they fit
+            dl->inputs[b * T + t] = (int)shard_token(&dl->shard, start + t);
+            dl->targets[b * T + t] = (int)shard_token(&dl->shard, start + t + 1);
+        }
+    }
+    dl->batch_pos++;
+}
+
+// back to the first batch of epoch 0 (for another pass over val data)
+static inline void dataloader_reset(DataLoader* dl) {
+    dataloader_seek(dl, 0, 0, 0);
+}
+
+static inline DataLoaderState dataloader_get_state(const DataLoader* dl) {
+    DataLoaderState s;
+    memset(&s, 0, sizeof(s));
+    s.seed = dl->seed;
+    s.epoch = (uint64_t)dl->epoch;
+    s.shard_pos = dl->shard_pos;
+    s.batch_pos = dl->batch_pos;
+    s.num_shards = dl->num_shards;
+    s.num_tokens = dl->num_tokens;
+    s.B = dl->B;
+    s.T = dl->T;
+    s.num_processes = dl->num_processes;
+    s.shuffle = dl->shuffle;
+    return s;
+}
+
+// continue from a state saved by dataloader_get_state (it takes over the
+// state's seed); a state for other data or another configuration is -1 with
+// a one-line message naming the field
+static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState* s, char* err, size_t errlen) {
+    struct { const char* name; uint64_t saved, have; } fields[] = {
+        {"num_shards", s->num_shards, dl->num_shards},
+        {"num_tokens", s->num_tokens, dl->num_tokens},
+        {"B", (uint64_t)s->B, (uint64_t)dl->B},
+        {"T", (uint64_t)s->T, (uint64_t)dl->T},
+        {"num_processes", (uint64_t)s->num_processes, (uint64_t)dl->num_processes},
+        {"shuffle", (uint64_t)s->shuffle, (uint64_t)dl->shuffle},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (fields[i].saved != fields[i].have) {
+            return shard_error(err, errlen, "data loader state does not match the data: %s is %llu in the state, %llu here",
+                               fields[i].name, (unsigned long long)fields[i].saved, (unsigned long long)fields[i].have);
+        }
+    }
+    if (s->epoch > (uint64_t)INT32_MAX || s->shard_pos >= dl->num_shards) {
+        return shard_error(err, errlen, "data loader state is corrupt: epoch %llu, shard %llu of %zu",
+                           (unsigned long long)s->epoch, (unsigned long long)s->shard_pos, dl->num_shards);
+    }
+    // which shard batch_pos refers to depends on the state's seed and epoch
+    size_t* order = (size_t*)mallocCheck(dl->num_shards * sizeof(size_t));
+    dl_fill_order(order, dl->num_shards, dl->shuffle, dl_stream_seed(s->seed, s->epoch, 0));
+    size_t batches = dataloader_shard_batches(dl, order[s->shard_pos]);
+    free(order);
+    if (s->batch_pos > batches) {
+        return shard_error(err, errlen, "data loader state is corrupt: batch %llu of a shard with %zu batches",
+                           (unsigned long long)s->batch_pos, batches);
+    }
+    dl->seed = s->seed;
+    dataloader_seek(dl, (int)s->epoch, (size_t)s->shard_pos, (size_t)s->batch_pos);
+    return 0;
+}
+
+static inline void dataloader_set_state(DataLoader* dl, const DataLoaderState* s) {
+    char err[SHARD_ERR_LEN];
+    if (dataloader_try_set_state(dl, s, err, sizeof(err)) != 0) {
+        fatal("%s", err);
+    }
+}
+
+static inline void dataloader_free(DataLoader* dl) {
+    shard_free(&dl->shard);
+    free(dl->sample_order);
+    free(dl->shard_order);
+    free(dl->shard_num_tokens);
+    free(dl->inputs);
+    free(dl->targets);
+    globfree(&dl->glob_result);
+    memset(dl, 0, sizeof(*dl));
+}
+
+#endif // LLMC_DATALOADER_H
