@@ -7,7 +7,7 @@ CXX ?= g++
 HOST_FLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter
 # sm_90a for the Hopper kernels, sm_80 as the portable path
 GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
-NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler "$(HOST_FLAGS)" -lineinfo
+NVCC_FLAGS = -O3 -std=c++17 -I. $(GPU_ARCH) -Xcompiler "$(HOST_FLAGS)" -lineinfo
 NVCC_LIBS = -lgomp
 
 # tests are plain C++ over the same headers, also built with the sanitizers

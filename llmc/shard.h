@@ -208,7 +208,7 @@ static inline int shard_load(const char* path, int vocab_size, Shard* out, char*
     if (vocab_size <= 0) {
         return shard_error(err, errlen, "%s: vocab size must be positive, got %d", path, vocab_size);
     }
-    ShardInfo info;
+    ShardInfo info = {0, 0};
     FILE* fp;
     if (shard_open(path, &info, &fp, err, errlen) != 0) { return -1; }
     size_t bytes = info.num_tokens * (size_t)info.token_bytes;
