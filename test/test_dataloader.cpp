@@ -3,35 +3,8 @@
  directory: exact round trips, one clear error per kind of corrupt shard,
  batch order, multi-process splits, shuffling and resume.
 */
-#include <dirent.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include "llmc/dataloader.h"
 #include "test/test.h"
-
-static char tmp_dir[64];
-
-// a path by value, so several can be alive at once
-typedef struct { char s[128]; } Path;
-
-// <tmp_dir>/<name>; our names are short, the bound keeps -Wformat-truncation quiet
-static Path tmp_path(const char* name) {
-    Path p;
-    snprintf(p.s, sizeof(p.s), "%s/%.60s", tmp_dir, name);
-    return p;
-}
-
-static int file_exists(const char* path) {
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-static long size_of(const char* path) {
-    struct stat st;
-    return stat(path, &st) == 0 ? (long)st.st_size : -1;
-}
 
 static void put_le32(FILE* fp, int32_t v) {
     uint8_t b[4];
@@ -64,27 +37,6 @@ static void expect_load_error(const char* name, int vocab_size, const char* want
     CHECK(strchr(err, '\n') == NULL, "%s: message is not one line: %s", name, err);
     CHECK(s.num_tokens == 0, "%s: a failed load left %zu tokens", name, s.num_tokens);
     shard_free(&s);
-}
-
-// run fn(arg) in a child with stderr captured; returns its exit status, stderr in out
-static int run_child(void (*fn)(const void*), const void* arg, char* out, size_t outlen) {
-    const Path log_path = tmp_path("child_stderr.txt");
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (freopen(log_path.s, "w", stderr) == NULL) { _exit(99); }
-        fn(arg);
-        exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    FILE* fp = fopenCheck(log_path.s, "rb");
-    size_t n = fread(out, 1, outlen - 1, fp);
-    out[n] = '\0';
-    fcloseCheck(fp);
-    remove(log_path.s);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 // ----------------------------------------------------------------------------
@@ -498,20 +450,8 @@ static void test_state_errors(void) {
     dataloader_free(&dl);
 }
 
-static void remove_tmp_dir(void) {
-    DIR* dir = opendir(tmp_dir);
-    if (dir == NULL) { return; }
-    struct dirent* e;
-    while ((e = readdir(dir)) != NULL) {
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) { remove(tmp_path(e->d_name).s); }
-    }
-    closedir(dir);
-    rmdir(tmp_dir);
-}
-
 int main(void) {
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/test_dataloader_XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL) { fatal("mkdtemp: %s", strerror(errno)); }
+    make_tmp_dir("test_dataloader");
 
     test_round_trip();
     test_write_errors();
