@@ -189,7 +189,6 @@ int main(int argc, char** argv) {
         fatal("--total-batch %d is not a multiple of batch x seq-len = %d", total_batch, tokens_per_micro);
     }
     int grad_accum = total_batch / tokens_per_micro;
-    if (warmup > max_steps) { fatal("--warmup %d is longer than --max-steps %d", warmup, max_steps); }
     if (strcmp(device, "auto") != 0 && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
         fatal("--device must be auto, cpu or cuda, not '%s'", device);
     }

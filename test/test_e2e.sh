@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# End-to-end runs of train_gpt_sparse and infer on the CPU path, on the corpus
+# in data/: the loss falls, a resumed run repeats the uninterrupted one bit for
+# bit, bad input gets a one-line error, and infer generates from the checkpoint.
+set -u
+cd "$(dirname "$0")/.."
+passed=0; failed=0
+check() { # check "what" command...
+    local what=$1; shift
+    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL e2e: $what"; fi
+}
+work=$(mktemp -d /tmp/test_e2e_XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# a tiny model: 2 layers, D 64, GQA with 2 kv heads; 64-token sequences
+tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -b 4 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
+train() { ./train_gpt_sparse "${tiny[@]}" "$@"; }
+strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
+json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
+
+# 1. training: the loss falls and validation improves
+train -o "$work/a" -x 40 -v 20 -n 20 > "$work/a.txt" 2>&1
+check "training run exits 0" test $? -eq 0
+check "CPU path is announced" grep -q "device: CPU reference path" "$work/a.txt"
+first=$(json_field "$work/a/log.jsonl" train loss | head -n 1)
+last=$(json_field "$work/a/log.jsonl" train loss | tail -n 5 | awk '{s += $1} END {print s / NR}')
+check "train loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN {exit !(b < a - 1.0)}'
+val0=$(json_field "$work/a/log.jsonl" val val_ce | head -n 1)
+val1=$(json_field "$work/a/log.jsonl" val val_ce | tail -n 1)
+check "val CE falls ($val0 -> $val1)" awk -v a="$val0" -v b="$val1" 'BEGIN {exit !(b < a - 1.0)}'
+check "log has per-layer statistics" grep -q '"layers":{"l0_mean":\[[0-9.e+-]*,[0-9.e+-]*\]' "$work/a/log.jsonl"
+check "no temporary files left" test -z "$(ls "$work/a" | grep tmp)"
+
+# 2. resume: stop at step 20, continue, and get the same log as the uninterrupted run
+mkdir -p "$work/b"
+cp "$work/a/model_00000020.bin" "$work/a/state_00000020_00000.bin" "$work/b/"
+head -n "$(grep -n '"type":"train","step":20,' "$work/a/log.jsonl" | cut -d: -f1)" "$work/a/log.jsonl" > "$work/b/log.jsonl"
+echo '{"type":"train","step":21,"loss":0}' >> "$work/b/log.jsonl" # a step after the checkpoint is redone
+train -o "$work/b" -x 40 -v 20 -n 20 -y 1 > "$work/b.txt" 2>&1
+check "resumed run exits 0" test $? -eq 0
+check "resumed run says so" grep -q "resumed from .*model_00000020.bin at step 20" "$work/b.txt"
+check "resumed log is identical to the uninterrupted one" cmp -s <(strip_timing "$work/a/log.jsonl") <(strip_timing "$work/b/log.jsonl")
+check "resumed checkpoint is identical" cmp -s "$work/a/model_00000040.bin" "$work/b/model_00000040.bin"
+
+# 3. bad input: one clear line naming the problem
+expect_error() { # expect_error "pattern" command...
+    local want=$1; shift
+    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
+    check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]]' "$rc" "$out" "$want"
+}
+expect_error "is for another model: hidden 128 (checkpoint) vs 96 (this run)" \
+    ./train_gpt_sparse "${tiny[@]}" --hidden 96 -o "$work/b" -x 50 -y 1
+expect_error "holds no complete checkpoint" train -o "$work/empty" -y 1
+expect_error "-b 0 is out of range" ./train_gpt_sparse -b 0
+expect_error "unknown flag '--bogus'" ./train_gpt_sparse --bogus 1
+expect_error "is not a multiple of batch x seq-len" train -d 1000
+printf 'not a shard' > "$work/bad_train_000001.bin"
+expect_error "$work/bad_train_000001.bin" train -i "$work/bad_train_*.bin" -o "$work/c"
+head -c 2000 data/corpus_val_000000.bin > "$work/cut_val_000000.bin"
+expect_error "$work/cut_val_000000.bin" train -j "$work/cut_val_*.bin" -o "$work/c"
+
+# 4. infer on the checkpoint
+model="$work/a/model_00000040.bin"
+./infer -m "$model" -p "The sea" -n 20 -t 0 -q 1 > "$work/g1.txt" 2>&1
+check "infer greedy exits 0" test $? -eq 0
+check "infer produced text" test "$(wc -c < "$work/g1.txt")" -gt 10
+echo -n "The sea" > "$work/prompt.txt"
+./infer -m "$model" -f "$work/prompt.txt" -n 20 -t 0 -q 1 > "$work/g2.txt" 2>&1
+check "prompt from a file gives the same greedy text" cmp -s "$work/g1.txt" "$work/g2.txt"
+echo -n "The sea" | ./infer -m "$model" -n 20 -t 0 -q 1 > "$work/g3.txt" 2>&1
+check "prompt from stdin gives the same greedy text" cmp -s "$work/g1.txt" "$work/g3.txt"
+./infer -m "$model" -p "It was" -n 30 -t 0.9 -k 40 --top-p 0.95 -s 7 > "$work/s1.txt" 2>/dev/null
+./infer -m "$model" -p "It was" -n 30 -t 0.9 -k 40 --top-p 0.95 -s 7 > "$work/s2.txt" 2>/dev/null
+check "sampling is reproducible for a seed" cmp -s "$work/s1.txt" "$work/s2.txt"
+./infer -m "$model" -p "x" -n 100000 -t 0 > /dev/null 2> "$work/long.txt"
+check "generation stops at max_seq_len or end of text" grep -qE "stopped at (max_seq_len|end of text)" "$work/long.txt"
+printf 'bad \xff byte' > "$work/bad_prompt.txt"
+expect_error "not valid UTF-8 at byte 4" ./infer -m "$model" -f "$work/bad_prompt.txt"
+expect_error "bad magic" ./infer -m "$work/a/state_00000040_00000.bin" -p hi
+expect_error "cannot open" ./infer -m "$work/nothing.bin" -p hi
+
+# 5. the default command's model and data, for one step
+./train_gpt_sparse -x 1 -m 1 -o "$work/default" > "$work/default.txt" 2>&1
+check "the default model trains a step" grep -q "step     1/1" "$work/default.txt"
+
+echo "e2e: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
