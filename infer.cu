@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
     GPTConfig config;
     int step = 0;
     float* params = checkpoint_load_model(model_path, &config, &step);
-    GPT<float> model;
-    gpt_build(&model, &config);
+    GPT<float, float> model;
+    gpt_build(&model, &config, DEVICE_CPU);
     memcpy(model.params, params, model.num_parameters * sizeof(float));
     free(params);
 

@@ -60,8 +60,19 @@ static int cuda_device_count(void) {
     return count;
 }
 
+// mkdir -p
 static void make_dir(const char* path) {
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) { fatal("cannot create directory %s: %s", path, strerror(errno)); }
+    char buf[4096];
+    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) { fatal("path too long: %s", path); }
+    for (char* p = buf + 1; ; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) { fatal("cannot create directory %s: %s", buf, strerror(errno)); }
+            *p = c;
+            if (c == '\0') { break; }
+        }
+    }
 }
 
 // the largest step s with both <dir>/model_s.bin and <dir>/state_s_00000.bin; -1 if none
@@ -84,7 +95,7 @@ static int latest_checkpoint(const char* dir) {
 }
 
 // prints `count` sampled tokens that follow an end-of-text token
-static void print_sample(const GPT<float>* model, InferState<float>* state, const Tokenizer* tok,
+static void print_sample(const GPT<float, float>* model, InferState<float>* state, const Tokenizer* tok,
                          const SamplerConfig* cfg, uint64_t* rng, int count, ProbIndex* scratch) {
     int token = tok->eot_token;
     int V = model->config.vocab_size;
@@ -100,14 +111,16 @@ static void print_sample(const GPT<float>* model, InferState<float>* state, cons
     printf("\n---\n");
 }
 
-static double evaluate(GPT<float>* model, DataLoader* val, int batches) {
+// mean CE over the first `batches` batches of the validation set
+static double evaluate(GPT<float, float>* model, DataLoader* val, int batches) {
     dataloader_reset(val);
-    double sum = 0;
+    gpt_stats_reset(model);
     for (int i = 0; i < batches; i++) {
         dataloader_next_batch(val);
-        sum += gpt_forward(model, val->inputs, val->targets, val->B, val->T, 0.0f);
+        gpt_forward(model, val->inputs, val->targets, val->B, val->T, 0.0f);
     }
-    return sum / batches;
+    gpt_stats_read(model, (double)batches * val->B * val->T);
+    return model->ce;
 }
 
 int main(int argc, char** argv) {
@@ -225,8 +238,8 @@ int main(int argc, char** argv) {
         }
     }
 
-    GPT<float> model;
-    gpt_build(&model, &config);
+    GPT<float, float> model;
+    gpt_build(&model, &config, DEVICE_CPU);
     size_t n_params = model.num_parameters;
     float* adam_m = (float*)callocCheck(n_params, sizeof(float));
     float* adam_v = (float*)callocCheck(n_params, sizeof(float));
@@ -257,7 +270,7 @@ int main(int argc, char** argv) {
         log_truncate_after_step(log_path, start_step);
         printf("resumed from %s/model_%08d.bin at step %d\n", out_dir, start_step, start_step);
     } else {
-        gpt_init_random(&model, (uint64_t)seed);
+        init_params_random(model.params, &config, (uint64_t)seed);
         log_truncate_after_step(log_path, -1);
     }
     printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d: %.2fM parameters\n",
@@ -279,9 +292,6 @@ int main(int argc, char** argv) {
     int L = config.num_layers, H = config.hidden;
     size_t sizes[NUM_PARAM_TENSORS];
     param_sizes(sizes, &config);
-    double* layer_l0 = (double*)mallocCheck(L * sizeof(double));
-    int* layer_l0_max = (int*)mallocCheck(L * sizeof(int));
-    double* layer_dead = (double*)mallocCheck(L * sizeof(double));
     float dloss = 1.0f / ((float)tokens_per_micro * grad_accum);
     float l1_scale = lambda / ((float)L * tokens_per_micro * grad_accum);
     double val_ce = -1;
@@ -313,19 +323,13 @@ int main(int argc, char** argv) {
         // one optimizer step over grad_accum micro-batches
         double t0 = now_seconds();
         gpt_zero_grad(&model);
-        gpt_reset_fired(&model);
-        double ce = 0, l1_term = 0;
-        for (int l = 0; l < L; l++) { layer_l0[l] = 0; layer_l0_max[l] = 0; }
+        gpt_stats_reset(&model);
         for (int micro = 0; micro < grad_accum; micro++) {
             dataloader_next_batch(&train_loader);
-            ce += gpt_forward(&model, train_loader.inputs, train_loader.targets, B, T, dloss) / grad_accum;
+            gpt_forward(&model, train_loader.inputs, train_loader.targets, B, T, dloss);
             gpt_backward(&model, train_loader.inputs, l1_scale);
-            l1_term += model.l1_term / grad_accum;
-            for (int l = 0; l < L; l++) {
-                layer_l0[l] += model.stats[l].l0_mean / grad_accum;
-                if (model.stats[l].l0_max > layer_l0_max[l]) { layer_l0_max[l] = model.stats[l].l0_max; }
-            }
         }
+        gpt_stats_read(&model, (double)total_batch);
         double grad_norm = global_norm(model.grads, n_params);
         float clip_scale = (grad_clip > 0 && grad_norm > grad_clip) ? (float)(grad_clip / grad_norm) : 1.0f;
         float step_lr = lr_at_step(&optim, step);
@@ -338,26 +342,20 @@ int main(int argc, char** argv) {
 
         StepLog entry;
         entry.step = step + 1;
-        entry.loss = ce + lambda * l1_term;
-        entry.ce = ce;
-        entry.l1 = lambda * l1_term;
+        entry.loss = model.ce + lambda * model.l1_term;
+        entry.ce = model.ce;
+        entry.l1 = lambda * model.l1_term;
         entry.lr = step_lr;
         entry.grad_norm = grad_norm;
         entry.tok_per_s = total_batch / (ms / 1000);
         entry.ms = ms;
         entry.num_layers = L;
         entry.hidden = H;
-        entry.l0_mean = layer_l0;
-        entry.l0_max = layer_l0_max;
-        entry.dead = layer_dead;
-        for (int l = 0; l < L; l++) { layer_dead[l] = gpt_dead_fraction(&model, l); }
+        entry.layers = model.stats;
         log_step(log_path, &entry, max_steps);
     }
 
     // ------------------------------------------------------------------------
-    free(layer_l0);
-    free(layer_l0_max);
-    free(layer_dead);
     if (have_tokenizer) {
         infer_state_free(&sample_state);
         free(sample_scratch);

@@ -1,7 +1,10 @@
 /*
  The CPU reference kernels: every layer of the model, forward and backward, in
  plain C++ with OpenMP. They are templates over the element type T: float for
- the CPU training path, double for the finite-difference gradient checks.
+ the CPU training path, double for the finite-difference gradient checks. The
+ CUDA kernels (llmc/cuda_*.cuh) have the same signatures with T = bf16 for
+ activations and G = float for gradients, norms statistics and losses; here
+ G = T. llmc/gpt.h calls them without knowing which backend it drives.
 
  Shapes: M = tokens (B*T), D = model width, H = FFN width, NH/NKV = query and
  key/value heads, hd = D/NH head size, QKV = D + 2*NKV*hd (the fused q,k,v row).
@@ -15,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "llmc/utils.h"
 
 // ----------------------------------------------------------------------------
 // matrix products. C[M,N] = A[M,K] B[N,K]^T (nt), A[M,K] B[K,N] (nn), or
@@ -121,17 +125,15 @@ void gemm_tn(T* C, const T* A, const T* B, int M, int N, int K, int accumulate) 
 }
 #undef GEMM_AXPY_BLOCK
 
-// out[M,N] = inp[M,K] w[N,K]^T: a linear layer in the PyTorch weight layout
+// C[M,N] (+)= op(A) op(B), row-major: op(A) is [M,K] (A stored [K,M] if
+// trans_a), op(B) is [K,N] (B stored [N,K] if trans_b). The three forms the
+// model needs; the GPU version (cuBLASLt) takes any.
 template <typename T>
-void matmul_forward(T* out, const T* inp, const T* w, int M, int K, int N) {
-    gemm_nt(out, inp, w, M, N, K, 0);
-}
-
-// dinp[M,K] += dout[M,N] w[N,K];  dw[N,K] += dout^T inp
-template <typename T>
-void matmul_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, int M, int K, int N) {
-    gemm_nn(dinp, dout, w, M, K, N, 1);
-    gemm_tn(dw, dout, inp, N, K, M, 1);
+void gemm(T* C, const T* A, const T* B, int M, int N, int K, int trans_a, int trans_b, int accumulate) {
+    if (!trans_a && trans_b) { gemm_nt(C, A, B, M, N, K, accumulate); }
+    else if (!trans_a && !trans_b) { gemm_nn(C, A, B, M, N, K, accumulate); }
+    else if (trans_a && !trans_b) { gemm_tn(C, A, B, M, N, K, accumulate); }
+    else { fatal("gemm: both operands transposed is not a form the model uses"); }
 }
 
 // ----------------------------------------------------------------------------
@@ -171,9 +173,23 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int M, int D, fl
     }
 }
 
-// dinp += rstd * (dout*w - n * mean(dout*w*n)) with n = x*rstd;  dw += sum_m dout*n
+// the residual add fused with the norm that follows it:
+// x_out = x + y, norm_out = RMSNorm(x_out; w)
 template <typename T>
-void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd, int M, int D) {
+void fused_residual_rmsnorm_forward(T* x_out, T* norm_out, T* rstd, const T* x, const T* y, const T* w,
+                                    int M, int D, float eps) {
+    #pragma omp parallel for
+    for (int m = 0; m < M; m++) {
+        size_t row = (size_t)m * D;
+        for (int i = 0; i < D; i++) { x_out[row + i] = x[row + i] + y[row + i]; }
+    }
+    rmsnorm_forward(norm_out, rstd, x_out, w, M, D, eps);
+}
+
+// dinp += rstd * (dout*w - n * mean(dout*w*n)) with n = x*rstd;  dw += sum_m dout*n
+// (scratch is for the GPU's two-stage weight-gradient sum; unused here)
+template <typename T>
+void rmsnorm_backward(T* dinp, T* dw, T* scratch, const T* dout, const T* inp, const T* w, const T* rstd, int M, int D) {
     #pragma omp parallel for
     for (int m = 0; m < M; m++) {
         const T* x = inp + (size_t)m * D;
@@ -196,13 +212,13 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
 
 // ----------------------------------------------------------------------------
 // RoPE, HF "rotate half": within each head, pairs (i, i + hd/2) turn by the
-// angle pos * theta^(-2i/hd). Applied in place to the q and k parts of the fused
-// qkv rows; token m of sequence b sits at position pos0 + t.
+// angle pos * theta^(-2i/hd). In place on the q and k heads at the start of
+// each fused qkv row (stride (NH + 2 NKV) hd); row t of sequence b is at
+// position pos0 + t. The backward turns the gradient back by the same angle.
 
 template <typename T>
-void rope_rotate(T* qkv, int B, int T_, int pos0, int stride, int NH, int NKV, int hd, float theta, int inverse) {
-    int half = hd / 2;
-    int heads = NH + NKV; // q heads, then k heads, are contiguous at the start of the row
+void rope_rotate(T* qkv, int B, int T_, int pos0, int NH, int NKV, int hd, float theta, int inverse) {
+    int half = hd / 2, heads = NH + NKV, stride = (NH + 2 * NKV) * hd;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T_; t++) {
@@ -221,89 +237,120 @@ void rope_rotate(T* qkv, int B, int T_, int pos0, int stride, int NH, int NKV, i
     }
 }
 
-// ----------------------------------------------------------------------------
-// causal grouped-query attention. Query row t of sequence b (absolute position
-// pos0 + t) attends to keys 0..pos0+t; query head h reads key/value head
-// h / (NH/NKV). q rows have stride q_stride, k and v rows kv_stride, and a
-// sequence's k/v rows start kv_batch_stride elements apart.
-// probs[b, h, t, 0..Tk) holds softmax(q k^T / sqrt(hd)), Tk = pos0 + Tq.
-
-typedef struct {
-    int B, Tq, pos0, NH, NKV, hd;
-    int q_stride, kv_stride, out_stride;
-    size_t q_batch_stride, kv_batch_stride, out_batch_stride;
-} AttentionShape;
+template <typename T>
+void rope_forward(T* qkv, int B, int T_, int pos0, int NH, int NKV, int hd, float theta) {
+    rope_rotate(qkv, B, T_, pos0, NH, NKV, hd, theta, 0);
+}
 
 template <typename T>
-void attention_forward(T* out, T* probs, const T* q, const T* k, const T* v, AttentionShape s) {
-    int Tk = s.pos0 + s.Tq, group = s.NH / s.NKV;
-    T scale = 1 / sqrt((T)s.hd);
-    #pragma omp parallel for collapse(3)
-    for (int b = 0; b < s.B; b++) {
-        for (int h = 0; h < s.NH; h++) {
-            for (int t = 0; t < s.Tq; t++) {
-                const T* qt = q + b * s.q_batch_stride + (size_t)t * s.q_stride + h * s.hd;
-                const T* kb = k + b * s.kv_batch_stride + (h / group) * s.hd;
-                const T* vb = v + b * s.kv_batch_stride + (h / group) * s.hd;
-                T* p = probs + (((size_t)b * s.NH + h) * s.Tq + t) * Tk;
-                int last = s.pos0 + t;
-                T maxval = -INFINITY;
-                for (int j = 0; j <= last; j++) {
-                    p[j] = dot(qt, kb + (size_t)j * s.kv_stride, s.hd) * scale;
-                    if (p[j] > maxval) { maxval = p[j]; }
-                }
-                T sum = 0;
-                for (int j = 0; j <= last; j++) { p[j] = exp(p[j] - maxval); sum += p[j]; }
-                for (int j = 0; j <= last; j++) { p[j] /= sum; }
-                for (int j = last + 1; j < Tk; j++) { p[j] = 0; }
-                T* o = out + b * s.out_batch_stride + (size_t)t * s.out_stride + h * s.hd;
-                for (int i = 0; i < s.hd; i++) { o[i] = 0; }
-                for (int j = 0; j <= last; j++) {
-                    const T* vj = vb + (size_t)j * s.kv_stride;
-                    for (int i = 0; i < s.hd; i++) { o[i] += p[j] * vj[i]; }
+void rope_backward(T* dqkv, int B, int T_, int NH, int NKV, int hd, float theta) {
+    rope_rotate(dqkv, B, T_, 0, NH, NKV, hd, theta, 1);
+}
+
+// ----------------------------------------------------------------------------
+// causal grouped-query attention. Query row t of a sequence (absolute
+// position pos0 + t) attends to keys 0..pos0+t; query head h reads key/value
+// head h / (NH/NKV); scores are q.k / sqrt(hd). Nothing of size T x T is kept:
+// the forward saves lse = log sum_j exp(score_j) per query and head, from which
+// the backward recomputes the probabilities.
+
+// one query row: out = softmax(scores) v, returns the log-sum-exp
+template <typename T>
+T attention_row(T* out, T* scores, const T* q, const T* k, const T* v, int n_keys, int kv_stride, int hd) {
+    T scale = 1 / sqrt((T)hd), maxval = -INFINITY;
+    for (int j = 0; j < n_keys; j++) {
+        scores[j] = dot(q, k + (size_t)j * kv_stride, hd) * scale;
+        if (scores[j] > maxval) { maxval = scores[j]; }
+    }
+    T sum = 0;
+    for (int j = 0; j < n_keys; j++) { scores[j] = exp(scores[j] - maxval); sum += scores[j]; }
+    for (int i = 0; i < hd; i++) { out[i] = 0; }
+    for (int j = 0; j < n_keys; j++) {
+        T p = scores[j] / sum;
+        const T* vj = v + (size_t)j * kv_stride;
+        for (int i = 0; i < hd; i++) { out[i] += p * vj[i]; }
+    }
+    return maxval + log(sum);
+}
+
+// training: qkv [B, T, (NH + 2 NKV) hd] -> out [B, T, NH hd], lse [B, NH, T]
+template <typename T>
+void attention_forward(T* out, T* lse, const T* qkv, int B, int T_, int NH, int NKV, int hd) {
+    int D = NH * hd, KVD = NKV * hd, QKV = D + 2 * KVD, group = NH / NKV;
+    #pragma omp parallel
+    {
+        T* scores = (T*)mallocCheck((size_t)T_ * sizeof(T));
+        #pragma omp for collapse(3)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int t = 0; t < T_; t++) {
+                    const T* base = qkv + (size_t)b * T_ * QKV;
+                    lse[((size_t)b * NH + h) * T_ + t] = attention_row(
+                        out + ((size_t)b * T_ + t) * D + h * hd, scores, base + (size_t)t * QKV + h * hd,
+                        base + D + (h / group) * hd, base + D + KVD + (h / group) * hd, t + 1, QKV, hd);
                 }
             }
         }
+        free(scores);
     }
 }
 
-// Backward of the training case (pos0 = 0, q/k/v and their gradients in fused
-// qkv rows). dqkv must be zeroed: each thread owns one (sequence, kv head) and
-// accumulates dk, dv over the query heads of its group.
+// inference over a key/value cache: n new query rows (q rows of stride
+// (NH + 2 NKV) hd) at positions pos0.., keys and values [pos0 + n, NKV hd]
 template <typename T>
-void attention_backward(T* dqkv, T* dprobs_scratch, const T* dout, const T* qkv, const T* probs,
+void attention_forward_cached(T* out, const T* q, const T* k_cache, const T* v_cache, int n, int pos0, int NH,
+                              int NKV, int hd) {
+    int D = NH * hd, KVD = NKV * hd, QKV = D + 2 * KVD, group = NH / NKV;
+    #pragma omp parallel
+    {
+        T* scores = (T*)mallocCheck((size_t)(pos0 + n) * sizeof(T));
+        #pragma omp for collapse(2)
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < n; t++) {
+                attention_row(out + (size_t)t * D + h * hd, scores, q + (size_t)t * QKV + h * hd,
+                              k_cache + (h / group) * hd, v_cache + (h / group) * hd, pos0 + t + 1, KVD, hd);
+            }
+        }
+        free(scores);
+    }
+}
+
+// Backward: dqkv (overwritten) from dout. Each thread owns one (sequence, kv
+// head) and sums dk, dv over the query heads of its group in a fixed order.
+// scratch holds B * NKV * T values.
+template <typename T>
+void attention_backward(T* dqkv, T* scratch, const T* dout, const T* out, const T* qkv, const T* lse,
                         int B, int T_, int NH, int NKV, int hd) {
     int D = NH * hd, KVD = NKV * hd, QKV = D + 2 * KVD, group = NH / NKV;
     T scale = 1 / sqrt((T)hd);
+    memset(dqkv, 0, (size_t)B * T_ * QKV * sizeof(T));
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int kvh = 0; kvh < NKV; kvh++) {
-            T* dp = dprobs_scratch + ((size_t)b * NKV + kvh) * T_;
+            T* dp = scratch + ((size_t)b * NKV + kvh) * T_;
             const T* base = qkv + (size_t)b * T_ * QKV;
             T* dbase = dqkv + (size_t)b * T_ * QKV;
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                 for (int t = 0; t < T_; t++) {
-                    const T* p = probs + (((size_t)b * NH + h) * T_ + t) * T_;
-                    const T* dot_ = dout + ((size_t)b * T_ + t) * D + h * hd;
-                    const T* qt = base + (size_t)t * QKV + h * hd;
-                    T* dqt = dbase + (size_t)t * QKV + h * hd;
-                    // dp = do . v_j, dv_j += p_j do
-                    T pdp = 0;
+                    const T* do_t = dout + ((size_t)b * T_ + t) * D + h * hd;
+                    const T* o_t = out + ((size_t)b * T_ + t) * D + h * hd;
+                    const T* q_t = base + (size_t)t * QKV + h * hd;
+                    T* dq_t = dbase + (size_t)t * QKV + h * hd;
+                    T row_lse = lse[((size_t)b * NH + h) * T_ + t];
+                    // sum_j p_j dp_j = do . o, so the softmax backward needs no second pass
+                    T delta = dot(do_t, o_t, hd);
                     for (int j = 0; j <= t; j++) {
-                        const T* vj = base + (size_t)j * QKV + D + KVD + kvh * hd;
-                        T* dvj = dbase + (size_t)j * QKV + D + KVD + kvh * hd;
-                        dp[j] = dot(dot_, vj, hd);
-                        pdp += p[j] * dp[j];
-                        for (int i = 0; i < hd; i++) { dvj[i] += p[j] * dot_[i]; }
-                    }
-                    // softmax backward: ds_j = p_j (dp_j - sum p dp); then through q k^T * scale
-                    for (int j = 0; j <= t; j++) {
-                        T ds = p[j] * (dp[j] - pdp) * scale;
-                        const T* kj = base + (size_t)j * QKV + D + kvh * hd;
-                        T* dkj = dbase + (size_t)j * QKV + D + kvh * hd;
+                        const T* k_j = base + (size_t)j * QKV + D + kvh * hd;
+                        const T* v_j = base + (size_t)j * QKV + D + KVD + kvh * hd;
+                        T* dk_j = dbase + (size_t)j * QKV + D + kvh * hd;
+                        T* dv_j = dbase + (size_t)j * QKV + D + KVD + kvh * hd;
+                        T p = exp(dot(q_t, k_j, hd) * scale - row_lse);
+                        dp[j] = dot(do_t, v_j, hd);
+                        T ds = p * (dp[j] - delta) * scale;
                         for (int i = 0; i < hd; i++) {
-                            dqt[i] += ds * kj[i];
-                            dkj[i] += ds * qt[i];
+                            dv_j[i] += p * do_t[i];
+                            dq_t[i] += ds * k_j[i];
+                            dk_j[i] += ds * q_t[i];
                         }
                     }
                 }
@@ -314,62 +361,43 @@ void attention_backward(T* dqkv, T* dprobs_scratch, const T* dout, const T* qkv,
 
 // ----------------------------------------------------------------------------
 // the ReLU-gated FFN activation h = relu(g) * u, with what the L1 term and the
-// sparsity statistics need: sum |h|, per-token count of firing units (g > 0),
-// and a per-unit "fired at least once" mark.
-
-typedef struct {
-    double l1_sum;   // sum over tokens and units of |h|
-    long long active; // firing (token, unit) pairs
-    int max_active;  // most firing units of any token
-} GateStats;
+// sparsity statistics need: per token, sum_n |h| and the number of firing
+// units (g > 0); per unit, a "fired at least once" mark (only ever set to 1).
 
 template <typename T>
-GateStats relu_gate_forward(T* h, const T* g, const T* u, uint8_t* fired, int M, int H) {
-    GateStats st = {0.0, 0, 0};
-    double l1 = 0;
-    long long active = 0;
-    int max_active = 0;
-    #pragma omp parallel for reduction(+:l1, active) reduction(max:max_active)
+void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T* g, const T* u, int M, int H) {
+    #pragma omp parallel for
     for (int m = 0; m < M; m++) {
         const T* gm = g + (size_t)m * H;
         const T* um = u + (size_t)m * H;
         T* hm = h + (size_t)m * H;
         int count = 0;
-        T row_l1 = 0;
+        T l1 = 0;
         for (int n = 0; n < H; n++) {
             T a = gm[n] > 0 ? gm[n] : 0;
             hm[n] = a * um[n];
-            row_l1 += fabs(hm[n]);
+            l1 += fabs(hm[n]);
             count += gm[n] > 0;
         }
-        l1 += row_l1;
-        active += count;
-        if (count > max_active) { max_active = count; }
+        row_l1[m] = l1;
+        row_active[m] = count;
     }
-    // marking is separate so the parallel loop above has no shared writes
     if (fired) {
         #pragma omp parallel for
         for (int n = 0; n < H; n++) {
-            if (fired[n]) { continue; }
-            for (int m = 0; m < M; m++) {
-                if (g[(size_t)m * H + n] > 0) { fired[n] = 1; break; }
-            }
+            for (int m = 0; m < M && !fired[n]; m++) { fired[n] = g[(size_t)m * H + n] > 0; }
         }
     }
-    st.l1_sum = l1;
-    st.active = active;
-    st.max_active = max_active;
-    return st;
 }
 
 // with dh_total = dh + l1_scale * sign(h):  du = dh_total * relu(g),  dg = dh_total * u * [g > 0]
 // (dh and dg may alias: each element is read before it is written)
 template <typename T>
-void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const T* h, T l1_scale, int M, int H) {
+void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const T* h, float l1_scale, int M, int H) {
     #pragma omp parallel for
     for (size_t i = 0; i < (size_t)M * H; i++) {
         T sign = h[i] > 0 ? 1 : (h[i] < 0 ? -1 : 0);
-        T d = dh[i] + l1_scale * sign;
+        T d = dh[i] + (T)l1_scale * sign;
         T active = g[i] > 0;
         du[i] = d * g[i] * active;
         dg[i] = d * u[i] * active;
@@ -387,14 +415,13 @@ void residual_add(T* x, const T* y, size_t n) {
 
 // ----------------------------------------------------------------------------
 // the classifier: softmax and cross-entropy over the first V of Vp logits, and
-// in the same pass dlogits = (softmax - onehot) * dloss (0 past V). Returns the
-// summed loss; losses[m] gets each token's loss. dlogits may alias logits.
+// in the same pass dlogits = (softmax - onehot) * dloss (0 past V) unless
+// dlogits is NULL. losses[m] gets each token's loss. dlogits may alias logits.
 
 template <typename T>
-double crossentropy_forward_backward(T* dlogits, float* losses, const T* logits, const int* targets,
-                                     int M, int V, int Vp, T dloss) {
-    double total = 0;
-    #pragma omp parallel for reduction(+:total)
+void crossentropy_forward_backward(T* dlogits, T* losses, const T* logits, const int* targets, int M, int V, int Vp,
+                                   float dloss) {
+    #pragma omp parallel for
     for (int m = 0; m < M; m++) {
         const T* z = logits + (size_t)m * Vp;
         T maxval = -INFINITY;
@@ -402,18 +429,37 @@ double crossentropy_forward_backward(T* dlogits, float* losses, const T* logits,
         T sum = 0;
         for (int i = 0; i < V; i++) { sum += exp(z[i] - maxval); }
         T lse = maxval + log(sum);
-        T loss = lse - z[targets[m]];
-        if (losses) { losses[m] = (float)loss; }
-        total += loss;
+        losses[m] = lse - z[targets[m]];
         if (dlogits) {
             T* dz = dlogits + (size_t)m * Vp;
-            for (int i = 0; i < V; i++) {
-                dz[i] = (exp(z[i] - lse) - (i == targets[m])) * dloss;
-            }
+            for (int i = 0; i < V; i++) { dz[i] = (exp(z[i] - lse) - (i == targets[m])) * (T)dloss; }
             for (int i = V; i < Vp; i++) { dz[i] = 0; }
         }
     }
-    return total;
+}
+
+// ----------------------------------------------------------------------------
+// the statistics of one forward, added to per-step sums in a fixed order:
+// acc[0] += sum of the token losses; per layer l, acc[1 + 3l] += sum_m row_l1,
+// acc[2 + 3l] += firing (token, unit) pairs, acc[3 + 3l] = max(.., most firing
+// units of a token). row_l1 and row_active are [L, M].
+
+template <typename T>
+void forward_stats_accumulate(double* acc, const T* losses, const T* row_l1, const int* row_active, int L, int M) {
+    double loss = 0;
+    for (int m = 0; m < M; m++) { loss += losses[m]; }
+    acc[0] += loss;
+    for (int l = 0; l < L; l++) {
+        double l1 = 0, active = 0, most = acc[3 + 3 * l];
+        for (int m = 0; m < M; m++) {
+            l1 += row_l1[(size_t)l * M + m];
+            active += row_active[(size_t)l * M + m];
+            if (row_active[(size_t)l * M + m] > most) { most = row_active[(size_t)l * M + m]; }
+        }
+        acc[1 + 3 * l] += l1;
+        acc[2 + 3 * l] += active;
+        acc[3 + 3 * l] = most;
+    }
 }
 
 #endif // LLMC_CPU_OPS_H

@@ -172,7 +172,7 @@ static inline int dataloader_try_init(DataLoader* dl, const char* pattern, int B
     // every sample of one global batch, plus the final target token
     size_t need = (size_t)B * (size_t)T * (size_t)num_processes + 1;
     for (size_t i = 0; i < dl->num_shards; i++) {
-        ShardInfo info;
+        ShardInfo info = {0, 0};
         int bad = shard_read_header(dl->shard_paths[i], &info, err, errlen) != 0;
         if (!bad && info.num_tokens < need) {
             bad = shard_error(err, errlen,

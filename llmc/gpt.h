@@ -1,6 +1,5 @@
 /*
- The model's forward and backward orchestration over the kernels of
- llmc/cpu_ops.h, and the cached single-sequence forward that `infer` uses.
+ The model's forward and backward: one orchestration for every backend.
 
      x = E[t]
      per layer:  x += Attn(RMSNorm(x)) Wo^T
@@ -8,172 +7,234 @@
      logits = RMSNorm(x) E^T
      loss = CE + lambda * (1/L) sum_l (1/M) sum |h_l|
 
- GPT<T> owns parameters, gradients and the activations of one micro-batch in
- flat buffers whose layout (llmc/model.h) a GPU can use unchanged.
+ GPT<T, G> owns parameters (T), gradients (G) and the activations of one
+ micro-batch in flat buffers on its device. T is the activation and weight
+ type, G the type of gradients, norm statistics and losses: <float, float> on
+ the CPU path, <double, double> for the gradient checks, <bf16, float> on the
+ GPU. The kernels are overloads with the same signatures for each backend
+ (llmc/cpu_ops.h, llmc/cuda_*.cuh), so this file never asks which one runs.
+
+ Nothing here waits for the device: the forward adds its loss and sparsity
+ statistics to sums on the device, which gpt_stats_read brings to the host
+ once per optimizer step.
 */
 #ifndef LLMC_GPT_H
 #define LLMC_GPT_H
 
 #include <stdint.h>
 #include "llmc/cpu_ops.h"
+#include "llmc/memory.h"
 #include "llmc/model.h"
 #include "llmc/rng.h"
 #include "llmc/utils.h"
 
-// per-layer sparsity statistics of the last forward
+// per-layer sparsity statistics over the forwards since gpt_stats_reset
 typedef struct {
     double l1;       // mean over tokens of sum_n |h[m, n]|
     double l0_mean;  // mean number of firing units per token
     int l0_max;      // most firing units of any token
+    double dead;     // fraction of units that fired for no token
 } LayerStats;
 
-template <typename T>
+template <typename T, typename G>
 struct Activations {
     T* x_res;      // [L+1, M, D] residual stream entering each layer; [L] enters the final norm
     T* x_mid;      // [L, M, D] after the attention residual add
     T* attn_in;    // [L, M, D] RMSNorm output feeding qkv
-    T* attn_rstd;  // [L, M]
+    G* attn_rstd;  // [L, M]
     T* qkv;        // [L, M, QKV] q and k after RoPE
-    T* probs;      // [L, B, NH, T, T]
     T* att;        // [L, M, D] attention output before Wo
+    G* lse;        // [L, B, NH, T] attention log-sum-exp per query
     T* ffn_in;     // [L, M, D] RMSNorm output f
-    T* ffn_rstd;   // [L, M]
+    G* ffn_rstd;   // [L, M]
     T* g;          // [L, M, H] gate pre-activation
     T* u;          // [L, M, H] up projection
     T* h;          // [L, M, H] relu(g) * u
+    G* row_l1;     // [L, M] sum_n |h|
+    int* row_active; // [L, M] firing units
     T* final_out;  // [M, D]
-    T* final_rstd; // [M]
+    G* final_rstd; // [M]
     T* logits;     // [M, Vp]; replaced by dlogits when the forward is told to
-    // backward scratch
-    T* d_res;      // [M, D]
+    G* losses;     // [M]
+    // scratch
+    T* proj;       // [M, D] output of Wo and Wd before the residual add
+    T* d_res;      // [M, D] gradient of the loss wrt the residual stream
     T* d_tmp;      // [M, D]
     T* d_qkv;      // [M, QKV]
     T* d_h;        // [M, H], also dg
     T* d_u;        // [M, H]
-    T* d_probs;    // [B, NKV, T]
+    G* scratch;    // attention and norm backward scratch
 };
 
-template <typename T>
+template <typename T, typename G>
 struct GPT {
     GPTConfig config;
+    Device device;
     size_t num_parameters;
     T* params;
-    T* grads;      // NULL until the first backward
+    G* grads;      // NULL until the first backward
     T* param[NUM_PARAM_TENSORS];
-    T* grad[NUM_PARAM_TENSORS];
+    G* grad[NUM_PARAM_TENSORS];
     int B, T_;     // micro-batch the activations are sized for (0 until the first forward)
-    Activations<T> acts;
-    T* acts_memory;
-    float* losses; // [M] per-token CE of the last forward
-    // results of the last forward
-    double ce;           // mean CE
-    double l1_term;      // (1/L) sum_l mean_m sum_n |h|, before lambda
-    LayerStats* stats;   // [L]
-    uint8_t* fired;      // [L, H]: unit fired since the last gpt_reset_fired
+    Activations<T, G> acts;
+    void* acts_memory;
+    size_t acts_bytes;
+    double* stats_acc; // [1 + 3L] on the device: loss sum; per layer l1 sum, firing pairs, max (cpu_ops.h)
+    uint8_t* fired;    // [L, H] on the device: unit fired since gpt_stats_reset
+    // on the host, filled by gpt_stats_read
+    double ce;         // mean CE
+    double l1_term;    // (1/L) sum_l mean_m sum_n |h|, before lambda
+    LayerStats* stats; // [L]
 };
 
-template <typename T>
-void gpt_point_tensors(T* base, T* ptrs[NUM_PARAM_TENSORS], const GPTConfig* c) {
+template <typename P>
+void gpt_point_tensors(P* base, P* ptrs[NUM_PARAM_TENSORS], const GPTConfig* c) {
     size_t offsets[NUM_PARAM_TENSORS];
     param_offsets(offsets, c);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { ptrs[i] = base + offsets[i]; }
 }
 
-template <typename T>
-void gpt_build(GPT<T>* model, const GPTConfig* config) {
+template <typename T, typename G>
+void gpt_build(GPT<T, G>* model, const GPTConfig* config, Device device) {
     config_validate(config);
     memset(model, 0, sizeof(*model));
     model->config = *config;
+    model->device = device;
     model->num_parameters = num_parameters(config);
-    model->params = (T*)mallocCheck(model->num_parameters * sizeof(T));
+    model->params = (T*)device_malloc(model->num_parameters * sizeof(T), device);
     gpt_point_tensors(model->params, model->param, config);
-    model->stats = (LayerStats*)callocCheck(config->num_layers, sizeof(LayerStats));
-    model->fired = (uint8_t*)callocCheck((size_t)config->num_layers * config->hidden, 1);
+    int L = config->num_layers;
+    model->stats_acc = (double*)device_malloc((1 + 3 * L) * sizeof(double), device);
+    model->fired = (uint8_t*)device_malloc((size_t)L * config->hidden, device);
+    model->stats = (LayerStats*)callocCheck(L, sizeof(LayerStats));
 }
 
-// every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0
-template <typename T>
-void gpt_init_random(GPT<T>* model, uint64_t seed) {
+// every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0; made on
+// the host in fp32 (so every backend starts from the same numbers)
+static inline void init_params_random(float* params, const GPTConfig* c, uint64_t seed) {
     size_t sizes[NUM_PARAM_TENSORS];
-    param_sizes(sizes, &model->config);
+    param_sizes(sizes, c);
     uint64_t rng = seed;
+    float* p = params;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        T* p = model->param[i];
-        for (size_t j = 0; j < sizes[i]; j++) {
-            p[j] = param_is_matrix(i) ? (T)(0.02 * rng_normal(&rng)) : (T)1;
+        for (size_t j = 0; j < sizes[i]; j++) { p[j] = param_is_matrix(i) ? (float)(0.02 * rng_normal(&rng)) : 1.0f; }
+        if (i == P_WTE) {
+            size_t real = (size_t)c->vocab_size * c->channels;
+            memset(p + real, 0, (sizes[i] - real) * sizeof(float));
         }
+        p += sizes[i];
     }
-    const GPTConfig* c = &model->config;
-    size_t real = (size_t)c->vocab_size * c->channels;
-    memset(model->param[P_WTE] + real, 0, (sizes[P_WTE] - real) * sizeof(T));
 }
 
-template <typename T>
-void gpt_alloc_activations(GPT<T>* model, int B, int T_) {
+template <typename T, typename G>
+void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     const GPTConfig* c = &model->config;
     size_t L = c->num_layers, M = (size_t)B * T_, D = c->channels, H = c->hidden;
     size_t QKV = qkv_dim(c), NH = c->num_heads, Vp = c->padded_vocab_size;
-    struct { T** ptr; size_t n; } parts[] = {
-        {&model->acts.x_res, (L + 1) * M * D}, {&model->acts.x_mid, L * M * D},
-        {&model->acts.attn_in, L * M * D}, {&model->acts.attn_rstd, L * M},
-        {&model->acts.qkv, L * M * QKV}, {&model->acts.probs, L * B * NH * T_ * T_},
-        {&model->acts.att, L * M * D}, {&model->acts.ffn_in, L * M * D},
-        {&model->acts.ffn_rstd, L * M}, {&model->acts.g, L * M * H},
-        {&model->acts.u, L * M * H}, {&model->acts.h, L * M * H},
-        {&model->acts.final_out, M * D}, {&model->acts.final_rstd, M},
-        {&model->acts.logits, M * Vp}, {&model->acts.d_res, M * D},
-        {&model->acts.d_tmp, M * D}, {&model->acts.d_qkv, M * QKV},
-        {&model->acts.d_h, M * H}, {&model->acts.d_u, M * H},
-        {&model->acts.d_probs, (size_t)B * c->num_kv_heads * T_},
+    Activations<T, G>* a = &model->acts;
+    // attention backward wants B*NKV*T values (CPU) or B*NH*T (GPU: a delta per query);
+    // the norm backward (GPU) wants a block's partial sums of D
+    size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
+    struct { void** ptr; size_t bytes; } parts[] = {
+        {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
+        {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
+        {(void**)&a->qkv, L * M * QKV * sizeof(T)}, {(void**)&a->att, L * M * D * sizeof(T)},
+        {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, L * M * D * sizeof(T)},
+        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, L * M * H * sizeof(T)},
+        {(void**)&a->u, L * M * H * sizeof(T)}, {(void**)&a->h, L * M * H * sizeof(T)},
+        {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
+        {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
+        {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
+        {(void**)&a->proj, M * D * sizeof(T)}, {(void**)&a->d_res, M * D * sizeof(T)},
+        {(void**)&a->d_tmp, M * D * sizeof(T)}, {(void**)&a->d_qkv, M * QKV * sizeof(T)},
+        {(void**)&a->d_h, M * H * sizeof(T)}, {(void**)&a->d_u, M * H * sizeof(T)},
+        {(void**)&a->scratch, scratch * sizeof(G)},
     };
+    const size_t align = 256; // every buffer starts on a 256-byte boundary for vector loads
     size_t total = 0;
-    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) { total += parts[i].n; }
-    model->acts_memory = (T*)mallocCheck(total * sizeof(T));
-    T* p = model->acts_memory;
-    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) { *parts[i].ptr = p; p += parts[i].n; }
-    model->losses = (float*)mallocCheck(M * sizeof(float));
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) { total += (parts[i].bytes + align - 1) / align * align; }
+    model->acts_memory = device_malloc(total, model->device);
+    model->acts_bytes = total;
+    char* p = (char*)model->acts_memory;
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        *parts[i].ptr = p;
+        p += (parts[i].bytes + align - 1) / align * align;
+    }
     model->B = B;
     model->T_ = T_;
 }
 
-template <typename T>
-void gpt_free(GPT<T>* model) {
-    free(model->params);
-    free(model->grads);
-    free(model->acts_memory);
-    free(model->losses);
+template <typename T, typename G>
+void gpt_free(GPT<T, G>* model) {
+    device_free(model->params, model->device);
+    device_free(model->grads, model->device);
+    device_free(model->acts_memory, model->device);
+    device_free(model->stats_acc, model->device);
+    device_free(model->fired, model->device);
     free(model->stats);
-    free(model->fired);
     memset(model, 0, sizeof(*model));
 }
 
-template <typename T>
-void gpt_zero_grad(GPT<T>* model) {
+template <typename T, typename G>
+void gpt_zero_grad(GPT<T, G>* model) {
     if (model->grads == NULL) {
-        model->grads = (T*)mallocCheck(model->num_parameters * sizeof(T));
+        model->grads = (G*)device_malloc(model->num_parameters * sizeof(G), model->device);
         gpt_point_tensors(model->grads, model->grad, &model->config);
     }
-    memset(model->grads, 0, model->num_parameters * sizeof(T));
+    device_zero(model->grads, model->num_parameters * sizeof(G), model->device);
 }
 
-template <typename T>
-void gpt_reset_fired(GPT<T>* model) {
-    memset(model->fired, 0, (size_t)model->config.num_layers * model->config.hidden);
+// starts new sums of the loss and sparsity statistics
+template <typename T, typename G>
+void gpt_stats_reset(GPT<T, G>* model) {
+    int L = model->config.num_layers;
+    device_zero(model->stats_acc, (1 + 3 * L) * sizeof(double), model->device);
+    device_zero(model->fired, (size_t)L * model->config.hidden, model->device);
 }
 
-// fraction of layer l's units that did not fire since the last gpt_reset_fired
-template <typename T>
-double gpt_dead_fraction(const GPT<T>* model, int l) {
-    int H = model->config.hidden, dead = 0;
-    for (int n = 0; n < H; n++) { dead += !model->fired[(size_t)l * H + n]; }
-    return (double)dead / H;
+// brings the sums of the forwards since gpt_stats_reset to the host (the one
+// place a step waits for the device) and turns them into means over `tokens`
+template <typename T, typename G>
+void gpt_stats_read(GPT<T, G>* model, double tokens) {
+    int L = model->config.num_layers, H = model->config.hidden;
+    double acc[1 + 3 * 1024];
+    uint8_t* fired = (uint8_t*)mallocCheck((size_t)L * H);
+    device_copy(acc, model->stats_acc, (1 + 3 * L) * sizeof(double), model->device);
+    device_copy(fired, model->fired, (size_t)L * H, model->device);
+    model->ce = acc[0] / tokens;
+    model->l1_term = 0;
+    for (int l = 0; l < L; l++) {
+        LayerStats* s = &model->stats[l];
+        s->l1 = acc[1 + 3 * l] / tokens;
+        s->l0_mean = acc[2 + 3 * l] / tokens;
+        s->l0_max = (int)acc[3 + 3 * l];
+        int dead = 0;
+        for (int n = 0; n < H; n++) { dead += !fired[(size_t)l * H + n]; }
+        s->dead = (double)dead / H;
+        model->l1_term += s->l1 / L;
+    }
+    free(fired);
 }
 
-// Forward over B sequences of T tokens. With targets, computes the mean CE into
-// model->ce; with dloss > 0 also leaves dlogits = dloss * dCE/dlogits in place
-// of the logits for gpt_backward. Returns the mean CE (0 without targets).
+// out[M,N] = inp[M,K] W[N,K]^T: a linear layer in the PyTorch weight layout
 template <typename T>
-double gpt_forward(GPT<T>* model, const int* inputs, const int* targets, int B, int T_, T dloss) {
+void linear_forward(T* out, const T* inp, const T* w, int M, int K, int N) {
+    gemm(out, inp, w, M, N, K, 0, 1, 0);
+}
+
+// dinp[M,K] = dout W (+= if accumulate);  dW[N,K] += dout^T inp
+template <typename T, typename G>
+void linear_backward(T* dinp, G* dw, const T* dout, const T* inp, const T* w, int M, int K, int N, int accumulate) {
+    gemm(dinp, dout, w, M, K, N, 0, 0, accumulate);
+    gemm(dw, dout, inp, N, K, M, 1, 0, 1);
+}
+
+// Forward over B sequences of T tokens (inputs and targets on the model's
+// device). With targets, adds the losses and the sparsity statistics to the
+// sums; with dloss > 0, also leaves dlogits = dloss * dCE/dlogits in place of
+// the logits for gpt_backward.
+template <typename T, typename G>
+void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B, int T_, float dloss) {
     const GPTConfig* c = &model->config;
     if (T_ > c->max_seq_len) { fatal("sequence length %d exceeds max_seq_len %d", T_, c->max_seq_len); }
     if (model->acts_memory == NULL) { gpt_alloc_activations(model, B, T_); }
@@ -181,76 +242,64 @@ double gpt_forward(GPT<T>* model, const int* inputs, const int* targets, int B, 
         fatal("batch %dx%d differs from the %dx%d the activations were sized for", B, T_, model->B, model->T_);
     }
     int L = c->num_layers, D = c->channels, H = c->hidden, M = B * T_;
-    int QKV = qkv_dim(c), KVD = kv_dim(c), hd = head_size(c), NH = c->num_heads;
-    Activations<T>* a = &model->acts;
+    int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
+    Activations<T, G>* a = &model->acts;
     size_t MD = (size_t)M * D, MH = (size_t)M * H;
 
     encoder_forward(a->x_res, inputs, model->param[P_WTE], M, D);
-    double l1_total = 0;
+    rmsnorm_forward(a->attn_in, a->attn_rstd, a->x_res, model->param[P_ATTN_NORM], M, D, c->norm_eps);
     for (int l = 0; l < L; l++) {
-        T* x = a->x_res + l * MD;
-        T* x_mid = a->x_mid + l * MD;
-        T* attn_in = a->attn_in + l * MD;
         T* qkv = a->qkv + (size_t)l * M * QKV;
         T* att = a->att + l * MD;
         T* ffn_in = a->ffn_in + l * MD;
         T *g = a->g + l * MH, *u = a->u + l * MH, *h = a->h + l * MH;
-        T* x_out = a->x_res + (l + 1) * MD;
 
-        rmsnorm_forward(attn_in, a->attn_rstd + (size_t)l * M, x, model->param[P_ATTN_NORM] + (size_t)l * D, M, D, c->norm_eps);
-        matmul_forward(qkv, attn_in, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
-        rope_rotate(qkv, B, T_, 0, QKV, NH, c->num_kv_heads, hd, c->rope_theta, 0);
-        AttentionShape s = {B, T_, 0, NH, c->num_kv_heads, hd, QKV, QKV, D,
-                            (size_t)T_ * QKV, (size_t)T_ * QKV, (size_t)T_ * D};
-        attention_forward(att, a->probs + (size_t)l * B * NH * T_ * T_, qkv, qkv + D, qkv + D + KVD, s);
-        matmul_forward(x_mid, att, model->param[P_WO] + (size_t)l * D * D, M, D, D);
-        residual_add(x_mid, x, MD);
+        linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
+        rope_forward(qkv, B, T_, 0, NH, NKV, hd, c->rope_theta);
+        attention_forward(att, a->lse + (size_t)l * M * NH, qkv, B, T_, NH, NKV, hd);
+        linear_forward(a->proj, att, model->param[P_WO] + (size_t)l * D * D, M, D, D);
+        fused_residual_rmsnorm_forward(a->x_mid + l * MD, ffn_in, a->ffn_rstd + (size_t)l * M, a->x_res + l * MD,
+                                       a->proj, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
 
-        rmsnorm_forward(ffn_in, a->ffn_rstd + (size_t)l * M, x_mid, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
-        matmul_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
-        matmul_forward(u, ffn_in, model->param[P_WU] + (size_t)l * H * D, M, D, H);
-        GateStats st = relu_gate_forward(h, g, u, model->fired + (size_t)l * H, M, H);
-        gemm_nn(x_out, h, model->param[P_WDT] + (size_t)l * H * D, M, D, H, 0);
-        residual_add(x_out, x_mid, MD);
-
-        model->stats[l].l1 = st.l1_sum / M;
-        model->stats[l].l0_mean = (double)st.active / M;
-        model->stats[l].l0_max = st.max_active;
-        l1_total += st.l1_sum / M;
+        linear_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
+        linear_forward(u, ffn_in, model->param[P_WU] + (size_t)l * H * D, M, D, H);
+        relu_gate_forward(h, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M, model->fired + (size_t)l * H,
+                          g, u, M, H);
+        gemm(a->proj, h, model->param[P_WDT] + (size_t)l * H * D, M, D, H, 0, 0, 0);
+        // the residual add, fused with the norm of the next layer (or the final norm)
+        int last = l == L - 1;
+        fused_residual_rmsnorm_forward(a->x_res + (l + 1) * MD, last ? a->final_out : a->attn_in + (l + 1) * MD,
+                                       last ? a->final_rstd : a->attn_rstd + (size_t)(l + 1) * M, a->x_mid + l * MD,
+                                       a->proj, last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,
+                                       M, D, c->norm_eps);
     }
-    model->l1_term = l1_total / L;
-
-    rmsnorm_forward(a->final_out, a->final_rstd, a->x_res + L * MD, model->param[P_FINAL_NORM], M, D, c->norm_eps);
-    matmul_forward(a->logits, a->final_out, model->param[P_WTE], M, D, c->padded_vocab_size);
-    model->ce = 0;
+    linear_forward(a->logits, a->final_out, model->param[P_WTE], M, D, c->padded_vocab_size);
     if (targets) {
-        double sum = crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, model->losses, a->logits,
-                                                   targets, M, c->vocab_size, c->padded_vocab_size, dloss);
-        model->ce = sum / M;
+        crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, a->losses, a->logits, targets, M,
+                                      c->vocab_size, c->padded_vocab_size, dloss);
+        forward_stats_accumulate(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M);
     }
-    return model->ce;
 }
 
 // Backward of the last forward (which must have been given dloss > 0).
 // Gradients accumulate into model->grads. l1_scale = lambda / (L * M * accum)
 // is the derivative of the L1 term with respect to each |h|.
-template <typename T>
-void gpt_backward(GPT<T>* model, const int* inputs, T l1_scale) {
+template <typename T, typename G>
+void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
     const GPTConfig* c = &model->config;
     if (model->grads == NULL) { gpt_zero_grad(model); }
     int B = model->B, T_ = model->T_, M = B * T_;
     int L = c->num_layers, D = c->channels, H = c->hidden, Vp = c->padded_vocab_size;
     int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
-    Activations<T>* a = &model->acts;
+    Activations<T, G>* a = &model->acts;
     size_t MD = (size_t)M * D, MH = (size_t)M * H;
-    T* d_res = a->d_res; // gradient of the loss wrt the residual stream, walking down
+    T* d_res = a->d_res; // dL/dx of the residual stream, walking down the layers
 
     // classifier and final norm
-    gemm_nn(a->d_tmp, a->logits, model->param[P_WTE], M, D, Vp, 0);
-    gemm_tn(model->grad[P_WTE], a->logits, a->final_out, Vp, D, M, 1);
-    memset(d_res, 0, MD * sizeof(T));
-    rmsnorm_backward(d_res, model->grad[P_FINAL_NORM], a->d_tmp, a->x_res + L * MD, model->param[P_FINAL_NORM],
-                     a->final_rstd, M, D);
+    linear_backward(a->d_tmp, model->grad[P_WTE], a->logits, a->final_out, model->param[P_WTE], M, D, Vp, 0);
+    device_zero(d_res, MD * sizeof(T), model->device);
+    rmsnorm_backward(d_res, model->grad[P_FINAL_NORM], a->scratch, a->d_tmp, a->x_res + L * MD,
+                     model->param[P_FINAL_NORM], a->final_rstd, M, D);
 
     for (int l = L - 1; l >= 0; l--) {
         const T* wg = model->param[P_WG] + (size_t)l * H * D;
@@ -260,42 +309,39 @@ void gpt_backward(GPT<T>* model, const int* inputs, T l1_scale) {
         const T* ffn_in = a->ffn_in + l * MD;
 
         // FFN: x_out = x_mid + h Wd^T; d_res is dL/dx_out and passes through to x_mid
-        gemm_nt(a->d_h, d_res, wdT, M, H, D, 0);
-        gemm_tn(model->grad[P_WDT] + (size_t)l * H * D, h, d_res, H, D, M, 1);
+        gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
+        gemm(model->grad[P_WDT] + (size_t)l * H * D, h, d_res, H, D, M, 1, 0, 1);
         relu_gate_backward(a->d_h, a->d_u, a->d_h, g, u, h, l1_scale, M, H);
-        gemm_nn(a->d_tmp, a->d_u, wu, M, D, H, 0);
-        gemm_nn(a->d_tmp, a->d_h, wg, M, D, H, 1);
-        gemm_tn(model->grad[P_WU] + (size_t)l * H * D, a->d_u, ffn_in, H, D, M, 1);
-        gemm_tn(model->grad[P_WG] + (size_t)l * H * D, a->d_h, ffn_in, H, D, M, 1);
-        rmsnorm_backward(d_res, model->grad[P_FFN_NORM] + (size_t)l * D, a->d_tmp, a->x_mid + l * MD,
+        linear_backward(a->d_tmp, model->grad[P_WU] + (size_t)l * H * D, a->d_u, ffn_in, wu, M, D, H, 0);
+        linear_backward(a->d_tmp, model->grad[P_WG] + (size_t)l * H * D, a->d_h, ffn_in, wg, M, D, H, 1);
+        rmsnorm_backward(d_res, model->grad[P_FFN_NORM] + (size_t)l * D, a->scratch, a->d_tmp, a->x_mid + l * MD,
                          model->param[P_FFN_NORM] + (size_t)l * D, a->ffn_rstd + (size_t)l * M, M, D);
 
         // attention: x_mid = x + att Wo^T
-        memset(a->d_tmp, 0, MD * sizeof(T));
-        matmul_backward(a->d_tmp, model->grad[P_WO] + (size_t)l * D * D, d_res, a->att + l * MD,
-                        model->param[P_WO] + (size_t)l * D * D, M, D, D);
-        memset(a->d_qkv, 0, (size_t)M * QKV * sizeof(T));
-        attention_backward(a->d_qkv, a->d_probs, a->d_tmp, a->qkv + (size_t)l * M * QKV,
-                           a->probs + (size_t)l * B * NH * T_ * T_, B, T_, NH, NKV, hd);
-        rope_rotate(a->d_qkv, B, T_, 0, QKV, NH, NKV, hd, c->rope_theta, 1);
-        memset(a->d_tmp, 0, MD * sizeof(T));
-        matmul_backward(a->d_tmp, model->grad[P_WQKV] + (size_t)l * QKV * D, a->d_qkv, a->attn_in + l * MD,
-                        model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
-        rmsnorm_backward(d_res, model->grad[P_ATTN_NORM] + (size_t)l * D, a->d_tmp, a->x_res + l * MD,
+        linear_backward(a->d_tmp, model->grad[P_WO] + (size_t)l * D * D, d_res, a->att + l * MD,
+                        model->param[P_WO] + (size_t)l * D * D, M, D, D, 0);
+        attention_backward(a->d_qkv, a->scratch, a->d_tmp, a->att + l * MD, a->qkv + (size_t)l * M * QKV,
+                           a->lse + (size_t)l * M * NH, B, T_, NH, NKV, hd);
+        rope_backward(a->d_qkv, B, T_, NH, NKV, hd, c->rope_theta);
+        linear_backward(a->d_tmp, model->grad[P_WQKV] + (size_t)l * QKV * D, a->d_qkv, a->attn_in + l * MD,
+                        model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV, 0);
+        rmsnorm_backward(d_res, model->grad[P_ATTN_NORM] + (size_t)l * D, a->scratch, a->d_tmp, a->x_res + l * MD,
                          model->param[P_ATTN_NORM] + (size_t)l * D, a->attn_rstd + (size_t)l * M, M, D);
     }
     encoder_backward(model->grad[P_WTE], d_res, inputs, M, D);
 }
 
 // ----------------------------------------------------------------------------
-// inference: one sequence, a key/value cache, any number of new tokens at a time
+// inference on the CPU path: one sequence, a key/value cache, any number of
+// new tokens at a time
 
 template <typename T>
 struct InferState {
     int capacity;  // most new tokens per call
     T* k_cache;    // [L, T_max, KVD] keys after RoPE
     T* v_cache;    // [L, T_max, KVD]
-    T *x, *normed, *qkv, *att, *tmp, *g, *u, *h, *probs, *logits;
+    T *x, *normed, *qkv, *att, *tmp, *g, *u, *h, *row_l1, *logits;
+    int* row_active;
     T* memory;
 };
 
@@ -306,26 +352,28 @@ void infer_state_alloc(InferState<T>* s, const GPTConfig* c, int capacity) {
     struct { T** ptr; size_t count; } parts[] = {
         {&s->k_cache, L * Tm * KVD}, {&s->v_cache, L * Tm * KVD}, {&s->x, n * D}, {&s->normed, n * D},
         {&s->qkv, n * qkv_dim(c)}, {&s->att, n * D}, {&s->tmp, n * D}, {&s->g, n * H}, {&s->u, n * H},
-        {&s->h, n * H}, {&s->probs, (size_t)c->num_heads * n * Tm}, {&s->logits, (size_t)c->padded_vocab_size},
+        {&s->h, n * H}, {&s->row_l1, n}, {&s->logits, (size_t)c->padded_vocab_size},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) { total += parts[i].count; }
     s->memory = (T*)mallocCheck(total * sizeof(T));
     T* p = s->memory;
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) { *parts[i].ptr = p; p += parts[i].count; }
+    s->row_active = (int*)mallocCheck(n * sizeof(int));
     s->capacity = capacity;
 }
 
 template <typename T>
 void infer_state_free(InferState<T>* s) {
     free(s->memory);
+    free(s->row_active);
     memset(s, 0, sizeof(*s));
 }
 
 // Feeds tokens[0..n) at positions pos0..pos0+n-1 (earlier positions are in the
 // cache) and leaves the logits of the last one in s->logits.
 template <typename T>
-void gpt_forward_cached(const GPT<T>* model, InferState<T>* s, const int* tokens, int n, int pos0) {
+void gpt_forward_cached(const GPT<T, T>* model, InferState<T>* s, const int* tokens, int n, int pos0) {
     const GPTConfig* c = &model->config;
     if (n < 1 || n > s->capacity) { fatal("%d new tokens, the inference state holds 1 to %d", n, s->capacity); }
     if (pos0 + n > c->max_seq_len) { fatal("position %d exceeds max_seq_len %d", pos0 + n, c->max_seq_len); }
@@ -338,27 +386,26 @@ void gpt_forward_cached(const GPT<T>* model, InferState<T>* s, const int* tokens
         T* kc = s->k_cache + l * cache_layer;
         T* vc = s->v_cache + l * cache_layer;
         rmsnorm_forward(s->normed, (T*)NULL, s->x, model->param[P_ATTN_NORM] + (size_t)l * D, n, D, c->norm_eps);
-        matmul_forward(s->qkv, s->normed, model->param[P_WQKV] + (size_t)l * QKV * D, n, D, QKV);
-        rope_rotate(s->qkv, 1, n, pos0, QKV, NH, NKV, hd, c->rope_theta, 0);
+        linear_forward(s->qkv, s->normed, model->param[P_WQKV] + (size_t)l * QKV * D, n, D, QKV);
+        rope_forward(s->qkv, 1, n, pos0, NH, NKV, hd, c->rope_theta);
         for (int t = 0; t < n; t++) {
             memcpy(kc + (size_t)(pos0 + t) * KVD, s->qkv + (size_t)t * QKV + D, KVD * sizeof(T));
             memcpy(vc + (size_t)(pos0 + t) * KVD, s->qkv + (size_t)t * QKV + D + KVD, KVD * sizeof(T));
         }
-        AttentionShape shape = {1, n, pos0, NH, NKV, hd, QKV, KVD, D, 0, 0, 0};
-        attention_forward(s->att, s->probs, s->qkv, kc, vc, shape);
-        matmul_forward(s->tmp, s->att, model->param[P_WO] + (size_t)l * D * D, n, D, D);
+        attention_forward_cached(s->att, s->qkv, kc, vc, n, pos0, NH, NKV, hd);
+        linear_forward(s->tmp, s->att, model->param[P_WO] + (size_t)l * D * D, n, D, D);
         residual_add(s->x, s->tmp, (size_t)n * D);
 
         rmsnorm_forward(s->normed, (T*)NULL, s->x, model->param[P_FFN_NORM] + (size_t)l * D, n, D, c->norm_eps);
-        matmul_forward(s->g, s->normed, model->param[P_WG] + (size_t)l * H * D, n, D, H);
-        matmul_forward(s->u, s->normed, model->param[P_WU] + (size_t)l * H * D, n, D, H);
-        relu_gate_forward(s->h, s->g, s->u, (uint8_t*)NULL, n, H);
-        gemm_nn(s->tmp, s->h, model->param[P_WDT] + (size_t)l * H * D, n, D, H, 0);
+        linear_forward(s->g, s->normed, model->param[P_WG] + (size_t)l * H * D, n, D, H);
+        linear_forward(s->u, s->normed, model->param[P_WU] + (size_t)l * H * D, n, D, H);
+        relu_gate_forward(s->h, s->row_l1, s->row_active, (uint8_t*)NULL, s->g, s->u, n, H);
+        gemm(s->tmp, s->h, model->param[P_WDT] + (size_t)l * H * D, n, D, H, 0, 0, 0);
         residual_add(s->x, s->tmp, (size_t)n * D);
     }
     const T* last = s->x + (size_t)(n - 1) * D;
     rmsnorm_forward(s->normed, (T*)NULL, last, model->param[P_FINAL_NORM], 1, D, c->norm_eps);
-    matmul_forward(s->logits, s->normed, model->param[P_WTE], 1, D, c->padded_vocab_size);
+    linear_forward(s->logits, s->normed, model->param[P_WTE], 1, D, c->padded_vocab_size);
 }
 
 #endif // LLMC_GPT_H

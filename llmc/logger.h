@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include "llmc/gpt.h"
 #include "llmc/utils.h"
 
 typedef struct {
@@ -15,18 +16,16 @@ typedef struct {
     double loss, ce, l1;   // l1 = lambda * the L1 term, so loss = ce + l1
     double lr, grad_norm, tok_per_s, ms;
     int num_layers, hidden;
-    const double* l0_mean; // [L] mean firing units per token
-    const int* l0_max;     // [L] most firing units of any token
-    const double* dead;    // [L] fraction of units that never fired during the step
+    const LayerStats* layers; // [L]
 } StepLog;
 
 static inline void log_step(const char* path, const StepLog* e, int max_steps) {
     double l0 = 0, dead = 0;
     int l0_max = 0;
     for (int l = 0; l < e->num_layers; l++) {
-        l0 += e->l0_mean[l] / e->num_layers;
-        dead += e->dead[l] / e->num_layers;
-        if (e->l0_max[l] > l0_max) { l0_max = e->l0_max[l]; }
+        l0 += e->layers[l].l0_mean / e->num_layers;
+        dead += e->layers[l].dead / e->num_layers;
+        if (e->layers[l].l0_max > l0_max) { l0_max = e->layers[l].l0_max; }
     }
     printf("step %5d/%d | loss %.4f | ce %.4f | l1 %.4f | l0 %.1f/%d (max %d) | dead %.1f%% | lr %.2e | norm %.3f | %.0f tok/s | %.0f ms\n",
            e->step, max_steps, e->loss, e->ce, e->l1, l0, e->hidden, l0_max, 100 * dead, e->lr, e->grad_norm,
@@ -37,11 +36,11 @@ static inline void log_step(const char* path, const StepLog* e, int max_steps) {
                 "\"dead\":%.6g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tok_per_s\":%.1f,\"ms\":%.3f",
             e->step, e->loss, e->ce, e->l1, l0, l0_max, dead, e->lr, e->grad_norm, e->tok_per_s, e->ms);
     fprintf(fp, ",\"layers\":{\"l0_mean\":[");
-    for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%.6g", l ? "," : "", e->l0_mean[l]); }
+    for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%.6g", l ? "," : "", e->layers[l].l0_mean); }
     fprintf(fp, "],\"l0_max\":[");
-    for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%d", l ? "," : "", e->l0_max[l]); }
+    for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%d", l ? "," : "", e->layers[l].l0_max); }
     fprintf(fp, "],\"dead\":[");
-    for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%.6g", l ? "," : "", e->dead[l]); }
+    for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%.6g", l ? "," : "", e->layers[l].dead); }
     fprintf(fp, "]}}\n");
     fcloseCheck(fp);
 }

@@ -194,7 +194,7 @@ static inline int shard_open(const char* path, ShardInfo* info, FILE** fp_out, c
 
 // validate only the header and file size of the shard at path (cheap: no tokens read)
 static inline int shard_read_header(const char* path, ShardInfo* info, char* err, size_t errlen) {
-    FILE* fp;
+    FILE* fp = NULL;
     if (shard_open(path, info, &fp, err, errlen) != 0) { return -1; }
     fclose(fp);
     return 0;
@@ -209,7 +209,7 @@ static inline int shard_load(const char* path, int vocab_size, Shard* out, char*
         return shard_error(err, errlen, "%s: vocab size must be positive, got %d", path, vocab_size);
     }
     ShardInfo info = {0, 0};
-    FILE* fp;
+    FILE* fp = NULL;
     if (shard_open(path, &info, &fp, err, errlen) != 0) { return -1; }
     size_t bytes = info.num_tokens * (size_t)info.token_bytes;
     if (bytes > out->capacity) {

@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include "llmc/unicode_tables.h"
 #include "llmc/utils.h"
 
@@ -81,6 +82,15 @@ static inline uint32_t utf8_decode(const unsigned char* s, size_t* i) {
     for (size_t k = 1; k < n; k++) { cp = (cp << 6) | (s[*i + k] & 0x3F); }
     *i += n;
     return cp;
+}
+
+// writes code point cp (not a surrogate, at most U+10FFFF) as UTF-8 into out; returns its length
+static inline size_t utf8_encode(uint32_t cp, unsigned char out[4]) {
+    size_t n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    static const unsigned char lead[5] = {0, 0x00, 0xC0, 0xE0, 0xF0};
+    out[0] = (unsigned char)(lead[n] | (cp >> (6 * (n - 1))));
+    for (size_t k = 1; k < n; k++) { out[k] = (unsigned char)(0x80 | ((cp >> (6 * (n - 1 - k))) & 0x3F)); }
+    return n;
 }
 
 // ----------------------------------------------------------------------------
@@ -331,10 +341,12 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
     if (fp == NULL) {
         fatal("cannot open tokenizer file %s: %s (dev/data/fetch_tokenizer.sh makes it)", path, strerror(errno));
     }
-    size_t size = (size_t)file_size(fp);
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) { fatal("tokenizer file %s is not a regular file", path); }
+    size_t size = (size_t)st.st_size;
     char* text = (char*)mallocCheck(size + 1);
-    freadCheck(text, 1, size, fp);
-    fcloseCheck(fp);
+    if (fread(text, 1, size, fp) != size) { fatal("cannot read tokenizer file %s: %s", path, strerror(errno)); }
+    fclose(fp);
     text[size] = '\n'; // so that every line ends in '\n'
     size_t n_lines = 0;
     for (size_t i = 0; i < size; i++) { n_lines += text[i] == '\n'; }

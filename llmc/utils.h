@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 // print "error: <message>" on one line and exit(1); for bad input and bad flags
+__attribute__((noreturn, format(printf, 1, 2)))
 static inline void fatal(const char* fmt, ...) {
     va_list args;
     va_start(args, fmt);

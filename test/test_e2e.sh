@@ -13,8 +13,8 @@ work=$(mktemp -d /tmp/test_e2e_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 # a tiny model: 2 layers, D 64, GQA with 2 kv heads; 64-token sequences
-tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -b 4 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
-train() { ./train_gpt_sparse "${tiny[@]}" "$@"; }
+tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 -b 4 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
+train() { ./train_gpt_sparse "${tiny[@]}" --hidden 128 "$@"; }
 strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
 json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
 
@@ -34,8 +34,9 @@ check "no temporary files left" test -z "$(ls "$work/a" | grep tmp)"
 # 2. resume: stop at step 20, continue, and get the same log as the uninterrupted run
 mkdir -p "$work/b"
 cp "$work/a/model_00000020.bin" "$work/a/state_00000020_00000.bin" "$work/b/"
-head -n "$(grep -n '"type":"train","step":20,' "$work/a/log.jsonl" | cut -d: -f1)" "$work/a/log.jsonl" > "$work/b/log.jsonl"
-echo '{"type":"train","step":21,"loss":0}' >> "$work/b/log.jsonl" # a step after the checkpoint is redone
+# the log of a run that went past its last checkpoint before it died: what follows step 20 is redone
+cp "$work/a/log.jsonl" "$work/b/log.jsonl"
+echo '{"type":"train","step":41,"loss":0}' >> "$work/b/log.jsonl"
 train -o "$work/b" -x 40 -v 20 -n 20 -y 1 > "$work/b.txt" 2>&1
 check "resumed run exits 0" test $? -eq 0
 check "resumed run says so" grep -q "resumed from .*model_00000020.bin at step 20" "$work/b.txt"

@@ -81,7 +81,7 @@ static GPTConfig tiny_config(void) {
 }
 
 // weights larger than the training init so that every path carries signal
-static void init_for_check(GPT<double>* model, uint64_t seed) {
+static void init_for_check(GPT<double, double>* model, uint64_t seed) {
     size_t sizes[NUM_PARAM_TENSORS];
     param_sizes(sizes, &model->config);
     uint64_t rng = seed;
@@ -92,15 +92,17 @@ static void init_for_check(GPT<double>* model, uint64_t seed) {
     }
 }
 
-static double total_loss(GPT<double>* model, const int* inputs, const int* targets, int B, int T, double lambda) {
-    gpt_forward(model, inputs, targets, B, T, 0.0);
+static double total_loss(GPT<double, double>* model, const int* inputs, const int* targets, int B, int T, double lambda) {
+    gpt_stats_reset(model);
+    gpt_forward(model, inputs, targets, B, T, 0.0f);
+    gpt_stats_read(model, B * T);
     return model->ce + lambda * model->l1_term;
 }
 
 static void test_gradients(double lambda) {
     GPTConfig c = tiny_config();
-    GPT<double> model;
-    gpt_build(&model, &c);
+    GPT<double, double> model;
+    gpt_build(&model, &c, DEVICE_CPU);
     init_for_check(&model, 42);
     int B = 2, T = 5, M = B * T;
     int inputs[10], targets[10];
@@ -110,8 +112,10 @@ static void test_gradients(double lambda) {
         targets[i] = (int)rng_below(&rng, c.vocab_size);
     }
     gpt_zero_grad(&model);
-    gpt_forward(&model, inputs, targets, B, T, 1.0 / M);
-    gpt_backward(&model, inputs, lambda / (c.num_layers * M));
+    gpt_stats_reset(&model);
+    gpt_forward(&model, inputs, targets, B, T, 1.0f / M);
+    gpt_backward(&model, inputs, (float)(lambda / (c.num_layers * M)));
+    gpt_stats_read(&model, M);
     int any_active = 0;
     for (int l = 0; l < c.num_layers; l++) { any_active += model.stats[l].l0_mean > 0; }
     CHECK(any_active == c.num_layers, "every layer should have firing units");
@@ -147,14 +151,14 @@ static void test_gradients(double lambda) {
 
 static void test_cached_forward(void) {
     GPTConfig c = tiny_config();
-    GPT<double> model;
-    gpt_build(&model, &c);
+    GPT<double, double> model;
+    gpt_build(&model, &c, DEVICE_CPU);
     init_for_check(&model, 9);
     int T = c.max_seq_len;
     int tokens[8];
     uint64_t rng = 5;
     for (int i = 0; i < T; i++) { tokens[i] = (int)rng_below(&rng, c.vocab_size); }
-    gpt_forward(&model, tokens, (const int*)NULL, 1, T, 0.0);
+    gpt_forward(&model, tokens, (const int*)NULL, 1, T, 0.0f);
     InferState<double> s;
     infer_state_alloc(&s, &c, T);
     int prefill = 3;
