@@ -8,7 +8,7 @@ HOST_FLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter
 # sm_90a for the Hopper kernels, sm_80 as the portable path
 GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 NVCC_FLAGS = -O3 -std=c++17 -I. $(GPU_ARCH) -Xcompiler "$(HOST_FLAGS)" -lineinfo
-NVCC_LIBS = -lgomp
+NVCC_LIBS = -lgomp -lcublasLt -lcublas
 
 # tests are plain C++ over the same headers, also built with the sanitizers
 TEST_FLAGS = -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
@@ -18,13 +18,16 @@ HEADERS = $(wildcard llmc/*.h)
 BINARIES = train_gpt_sparse infer tokenize
 CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
+CUDA_HEADERS = $(wildcard llmc/*.cuh)
+GPU_TESTS = $(patsubst test/gpu/%.cu,build/gpu/%,$(wildcard test/gpu/test_*.cu))
+GPU_BENCHES = $(patsubst dev/%.cu,build/dev/%,$(wildcard dev/bench_*.cu))
 
 all: $(BINARIES)
 
-train_gpt_sparse: train_gpt_sparse.cu $(HEADERS)
+train_gpt_sparse: train_gpt_sparse.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 
-infer: infer.cu $(HEADERS)
+infer: infer.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 
 tokenize: dev/data/tokenize.cpp $(HEADERS)
@@ -41,7 +44,21 @@ build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
 test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS)
 	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS)
 
+# GPU tests and kernel benchmarks: built anywhere, run on a machine with a GPU
+build/gpu/test_%: test/gpu/test_%.cu test/test.h $(HEADERS) $(CUDA_HEADERS)
+	@mkdir -p build/gpu
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+
+build/dev/bench_%: dev/bench_%.cu $(HEADERS) $(CUDA_HEADERS)
+	@mkdir -p build/dev
+	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+
+gpu: $(BINARIES) $(GPU_TESTS) $(GPU_BENCHES)
+
+test-gpu: $(BINARIES) $(GPU_TESTS)
+	@bash test/run_tests.sh --no-e2e $(GPU_TESTS)
+
 clean:
 	rm -rf build $(BINARIES)
 
-.PHONY: all test clean
+.PHONY: all test test-gpu gpu clean
