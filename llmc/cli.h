@@ -37,7 +37,10 @@ static inline void cli_print_help(const char* usage, ArgSpec* specs, int n) {
         }
         if (specs[i].type == ARG_INT) { snprintf(def, sizeof(def), "%d", *(int*)specs[i].dest); }
         else if (specs[i].type == ARG_FLOAT) { snprintf(def, sizeof(def), "%g", *(float*)specs[i].dest); }
-        else { snprintf(def, sizeof(def), "%s", *(const char**)specs[i].dest); }
+        else {
+            const char* value = *(const char**)specs[i].dest;
+            snprintf(def, sizeof(def), "%s", value ? value : "none");
+        }
         printf("  %-24s %s [%s]\n", names, specs[i].help, def);
     }
 }

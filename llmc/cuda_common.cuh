@@ -41,4 +41,55 @@ static inline void cuda_free(void* ptr) {
 
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// ----------------------------------------------------------------------------
+// device helpers shared by the kernels
+
+// eight bf16 moved as one 16-byte access: the unit of the memory-bound kernels
+// (the address must be 16-byte aligned)
+struct alignas(16) Bf16x8 { bf16 v[8]; };
+
+__device__ __forceinline__ Bf16x8 load_bf16x8(const bf16* p) {
+    int4 bits = *reinterpret_cast<const int4*>(p);
+    Bf16x8 x;
+    memcpy(&x, &bits, sizeof(bits));
+    return x;
+}
+
+__device__ __forceinline__ void store_bf16x8(bf16* p, const Bf16x8& x) {
+    int4 bits;
+    memcpy(&bits, &x, sizeof(bits));
+    *reinterpret_cast<int4*>(p) = bits;
+}
+
+// the operations of the reductions below
+struct Sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct Max { template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; } };
+
+// butterfly over the 32 lanes of a warp: every lane gets the same result, in
+// the same order on every run
+template <typename Op, typename T>
+__device__ __forceinline__ T warp_reduce(T x) {
+    for (int offset = 16; offset > 0; offset /= 2) { x = Op()(x, __shfl_xor_sync(0xffffffffu, x, offset)); }
+    return x;
+}
+
+// reduction over a whole block (blockDim.x a multiple of 32): each warp
+// reduces, then thread 0 combines the warps in order; every thread gets the
+// result. May be called again right away (the first barrier of the next call
+// comes after every thread has read this call's result).
+template <typename Op, typename T>
+__device__ T block_reduce(T x) {
+    __shared__ T warp_results[32];
+    __shared__ T result;
+    x = warp_reduce<Op>(x);
+    if (threadIdx.x % 32 == 0) { warp_results[threadIdx.x / 32] = x; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++) { x = Op()(x, warp_results[w]); }
+        result = x;
+    }
+    __syncthreads();
+    return result;
+}
+
 #endif // LLMC_CUDA_COMMON_CUH

@@ -80,7 +80,17 @@ expect_error "not valid UTF-8 at byte 4" ./infer -m "$model" -f "$work/bad_promp
 expect_error "bad magic" ./infer -m "$work/a/state_00000040_00000.bin" -p hi
 expect_error "cannot open" ./infer -m "$work/nothing.bin" -p hi
 
-# 5. the default command's model and data, for one step
+# 5. tokenize: text files into llm.c shards, documents split across shard boundaries as llm.c does
+printf 'Hello world' > "$work/doc1.txt"; printf 'Hello world' > "$work/doc2.txt"
+./tokenize -o "$work/tok" -s 4 "$work/doc1.txt" "$work/doc2.txt" > /dev/null 2>&1
+shard_tokens() { od -An -v -tu2 -j1024 "$1" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'; }
+check "tokenize: val shard holds <eot> Hello world <eot>" test "$(shard_tokens "$work/tok_val_000000.bin")" = "50256 15496 995 50256"
+check "tokenize: train shard holds the rest" test "$(shard_tokens "$work/tok_train_000001.bin")" = "15496 995"
+check "tokenize: header magic, version and count" test "$(od -An -tu4 -N12 "$work/tok_train_000001.bin" | tr -s ' ')" = " 20240520 1 2"
+printf 'bad \xc3\x28' > "$work/bad_doc.txt"
+expect_error "bad_doc.txt" ./tokenize -o "$work/tok2" "$work/bad_doc.txt"
+
+# 6. the default command's model and data, for one step
 ./train_gpt_sparse -x 1 -m 1 -o "$work/default" > "$work/default.txt" 2>&1
 check "the default model trains a step" grep -q "step     1/1" "$work/default.txt"
 

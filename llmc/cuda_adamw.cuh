@@ -1,0 +1,88 @@
+/*
+ The optimizer step on the GPU: fp32 master weights, fp32 moments, fp32 gradients, bf16 weights for compute.
+     global_norm_squared_cuda:  out[0] = sum_i grads[i]^2
+     adamw_update_cuda:         norm = sqrt(out[0]),  s = grad_clip / norm if grad_clip > 0 and norm > grad_clip,
+                                else 1 (computed on the device: no host sync);  g = s * grad
+                                m = b1 m + (1-b1) g,  v = b2 v + (1-b2) g^2
+                                master -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * master )
+                                params = bf16(master), rounded to nearest
+ The same math as llmc/adamw.h. The norm is a two-stage sum in a fixed order (a fixed grid of block
+ partials, then one block), so it is the same on every run.
+*/
+#ifndef LLMC_CUDA_ADAMW_CUH
+#define LLMC_CUDA_ADAMW_CUH
+
+#include <stdint.h>
+#include "llmc/cuda_common.cuh"
+
+// the first stage's grid: a fixed size, so the order of the sum does not depend on the GPU;
+// global_norm_squared_cuda's scratch holds this many floats
+constexpr int GLOBAL_NORM_BLOCKS = 1024;
+constexpr int GLOBAL_NORM_THREADS = 256;
+
+// partial[b] = the sum of squares of the elements that block b's threads visit (grid-stride, 4 at a
+// time), summed in double
+__global__ void __launch_bounds__(GLOBAL_NORM_THREADS)
+norm_squared_partial_kernel(float* partial, const float* grads, size_t n) {
+    const size_t stride = (size_t)GLOBAL_NORM_BLOCKS * GLOBAL_NORM_THREADS;
+    const size_t first = (size_t)blockIdx.x * GLOBAL_NORM_THREADS + threadIdx.x;
+    double sum = 0.0;
+    const size_t n4 = n / 4;
+    for (size_t i = first; i < n4; i += stride) {
+        float4 g = reinterpret_cast<const float4*>(grads)[i];
+        sum += (double)g.x * g.x + (double)g.y * g.y + (double)g.z * g.z + (double)g.w * g.w;
+    }
+    for (size_t i = 4 * n4 + first; i < n; i += stride) { sum += (double)grads[i] * grads[i]; } // the last n % 4
+    sum = block_reduce<Sum>(sum);
+    if (threadIdx.x == 0) { partial[blockIdx.x] = (float)sum; }
+}
+
+__global__ void __launch_bounds__(GLOBAL_NORM_BLOCKS)
+norm_squared_final_kernel(float* out, const float* partial) {
+    double sum = block_reduce<Sum>((double)partial[threadIdx.x]);
+    if (threadIdx.x == 0) { out[0] = (float)sum; }
+}
+
+// grads 16-byte aligned; scratch: GLOBAL_NORM_BLOCKS floats
+void global_norm_squared_cuda(float* out, const float* grads, size_t n, float* scratch) {
+    if ((uintptr_t)grads % 16 != 0) { fatal("global_norm_squared_cuda: grads must be 16-byte aligned"); }
+    norm_squared_partial_kernel<<<GLOBAL_NORM_BLOCKS, GLOBAL_NORM_THREADS, 0, main_stream>>>(scratch, grads, n);
+    cudaCheck(cudaGetLastError());
+    norm_squared_final_kernel<<<1, GLOBAL_NORM_BLOCKS, 0, main_stream>>>(out, scratch);
+    cudaCheck(cudaGetLastError());
+}
+
+// one parameter per thread: seven fp32 streams and one bf16 stream, each coalesced
+__global__ void adamw_kernel(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
+                             float beta1, float beta2, float b1_correction, float b2_correction, float eps,
+                             float weight_decay, const float* grad_norm_sq, float grad_clip) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    const float norm = sqrtf(*grad_norm_sq);
+    const float scale = grad_clip > 0.0f && norm > grad_clip ? grad_clip / norm : 1.0f;
+    const float g = grads[i] * scale;
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = mi / b1_correction, v_hat = vi / b2_correction;
+    const float p = master[i];
+    const float updated = p - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+    master[i] = updated;
+    params[i] = __float2bfloat16_rn(updated);
+}
+
+// t is the 1-based step; weight_decay is 0 for the tensors that take none (norm weights)
+void adamw_update_cuda(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int t, const float* grad_norm_sq,
+                       float grad_clip) {
+    const float b1_correction = 1.0f - powf(beta1, (float)t);
+    const float b2_correction = 1.0f - powf(beta2, (float)t);
+    const int threads = 256;
+    adamw_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, main_stream>>>(
+        master, params, grads, m, v, n, lr, beta1, beta2, b1_correction, b2_correction, eps, weight_decay,
+        grad_norm_sq, grad_clip);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // LLMC_CUDA_ADAMW_CUH

@@ -1,0 +1,111 @@
+/*
+ The ReLU-gated FFN activation on the GPU, rows of H (bf16 in and out, fp32 math):
+     forward:   h = bf16(relu(g) * u);  per row m:  row_l1[m] = sum_n |h[m, n]| (of h as stored),
+                row_active[m] = #{n : g[m, n] > 0};  per unit n:  fired[n] = 1 if g[m, n] > 0 for any m
+                (only ever set, never cleared; fired may be NULL)
+     backward:  d = dh + l1_scale * sign(h),  du = d * relu(g),  dg = d * u * [g > 0]   (dg may alias dh)
+*/
+#ifndef LLMC_CUDA_GATE_CUH
+#define LLMC_CUDA_GATE_CUH
+
+#include <stdint.h>
+#include "llmc/cuda_common.cuh"
+
+constexpr int GATE_THREADS = 256;
+constexpr int GATE_ROWS_PER_WARP = 4;
+
+// A warp owns GATE_ROWS_PER_WARP rows and walks their columns 8 at a time, the rows side by side: the
+// row sums stay in registers, and the units that fired in any of the rows are marked once per column
+// group instead of once per row. A mark is written only where fired still reads 0, and only as the
+// byte 1, so blocks racing on a mark all write the same value.
+__global__ void __launch_bounds__(GATE_THREADS)
+relu_gate_forward_kernel(bf16* h, float* row_l1, int* row_active, uint8_t* fired, const bf16* g, const bf16* u,
+                         int M, int H) {
+    const int lane = threadIdx.x % 32;
+    const int row0 = (blockIdx.x * (GATE_THREADS / 32) + threadIdx.x / 32) * GATE_ROWS_PER_WARP;
+    if (row0 >= M) { return; }
+    float l1[GATE_ROWS_PER_WARP] = {};
+    int active[GATE_ROWS_PER_WARP] = {};
+    for (int col = lane * 8; col < H; col += 32 * 8) {
+        Bf16x8 gv[GATE_ROWS_PER_WARP], uv[GATE_ROWS_PER_WARP];
+        #pragma unroll
+        for (int r = 0; r < GATE_ROWS_PER_WARP; r++) {
+            if (row0 + r < M) {
+                gv[r] = load_bf16x8(g + (size_t)(row0 + r) * H + col);
+                uv[r] = load_bf16x8(u + (size_t)(row0 + r) * H + col);
+            }
+        }
+        unsigned fired_bits = 0; // bit i: unit col + i fired in one of the rows
+        #pragma unroll
+        for (int r = 0; r < GATE_ROWS_PER_WARP; r++) {
+            if (row0 + r < M) {
+                Bf16x8 hv;
+                #pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float gi = __bfloat162float(gv[r].v[i]);
+                    hv.v[i] = __float2bfloat16_rn((gi > 0.0f ? gi : 0.0f) * __bfloat162float(uv[r].v[i]));
+                    l1[r] += fabsf(__bfloat162float(hv.v[i]));
+                    active[r] += gi > 0.0f;
+                    fired_bits |= (unsigned)(gi > 0.0f) << i;
+                }
+                store_bf16x8(h + (size_t)(row0 + r) * H + col, hv);
+            }
+        }
+        if (fired && fired_bits) {
+            unsigned long long marks = *reinterpret_cast<const unsigned long long*>(fired + col);
+            for (int i = 0; i < 8; i++) {
+                if ((fired_bits >> i & 1) && !(marks >> (8 * i) & 0xff)) { fired[col + i] = 1; }
+            }
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < GATE_ROWS_PER_WARP; r++) {
+        float row_sum = warp_reduce<Sum>(l1[r]);
+        int row_count = warp_reduce<Sum>(active[r]);
+        if (lane == 0 && row0 + r < M) {
+            row_l1[row0 + r] = row_sum;
+            row_active[row0 + r] = row_count;
+        }
+    }
+}
+
+void relu_gate_forward(bf16* h, float* row_l1, int* row_active, uint8_t* fired, const bf16* g, const bf16* u,
+                       int M, int H) {
+    if (H % 8 != 0) { fatal("relu_gate_forward: H %d must be a multiple of 8 on the GPU", H); }
+    const int rows_per_block = GATE_THREADS / 32 * GATE_ROWS_PER_WARP;
+    relu_gate_forward_kernel<<<ceil_div(M, rows_per_block), GATE_THREADS, 0, main_stream>>>(
+        h, row_l1, row_active, fired, g, u, M, H);
+    cudaCheck(cudaGetLastError());
+}
+
+// elementwise, 8 per thread; every input of an element is loaded before its outputs are stored, so dg may
+// be dh
+__global__ void relu_gate_backward_kernel(bf16* dg, bf16* du, const bf16* dh, const bf16* g, const bf16* u,
+                                          const bf16* h, float l1_scale, size_t n) {
+    const size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx >= n) { return; }
+    Bf16x8 dhv = load_bf16x8(dh + idx), gv = load_bf16x8(g + idx), uv = load_bf16x8(u + idx), hv = load_bf16x8(h + idx);
+    Bf16x8 dgv, duv;
+    for (int i = 0; i < 8; i++) {
+        float hi = __bfloat162float(hv.v[i]), gi = __bfloat162float(gv.v[i]);
+        float sign = hi > 0.0f ? 1.0f : (hi < 0.0f ? -1.0f : 0.0f);
+        float d = __bfloat162float(dhv.v[i]) + l1_scale * sign;
+        float is_active = gi > 0.0f ? 1.0f : 0.0f;
+        duv.v[i] = __float2bfloat16_rn(d * gi * is_active);
+        dgv.v[i] = __float2bfloat16_rn(d * __bfloat162float(uv.v[i]) * is_active);
+    }
+    store_bf16x8(du + idx, duv);
+    store_bf16x8(dg + idx, dgv);
+}
+
+void relu_gate_backward(bf16* dg, bf16* du, const bf16* dh, const bf16* g, const bf16* u, const bf16* h,
+                        float l1_scale, int M, int H) {
+    if (H % 8 != 0) { fatal("relu_gate_backward: H %d must be a multiple of 8 on the GPU", H); }
+    const int threads = 256;
+    const size_t n = (size_t)M * H;
+    relu_gate_backward_kernel<<<(unsigned)((n / 8 + threads - 1) / threads), threads, 0, main_stream>>>(
+        dg, du, dh, g, u, h, l1_scale, n);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // LLMC_CUDA_GATE_CUH

@@ -1,0 +1,151 @@
+/*
+ RMSNorm on the GPU, over rows of D (bf16 in and out, fp32 math and statistics):
+     forward:   rstd = 1 / sqrt(mean(x^2) + eps),  out = x * rstd * w
+     fused:     x_out = bf16(x + y),  norm_out = RMSNorm(x_out as stored)
+     backward:  n = x * rstd,  dinp += rstd * (dout*w - n * mean(dout*w*n)),  dw += sum_m dout * n
+ One warp per row. The weight gradient is a sum over rows: each block of the backward writes the
+ partial sum of its rows to scratch, and a second kernel adds the partials in block order, so the
+ result is the same on every run.
+*/
+#ifndef LLMC_CUDA_RMSNORM_CUH
+#define LLMC_CUDA_RMSNORM_CUH
+
+#include "llmc/cuda_common.cuh"
+
+constexpr int RMSNORM_THREADS = 256; // 8 warps, 8 rows per block
+
+// One warp per row of x (or of x + y, written to x_out and read back as stored when y is given).
+__global__ void __launch_bounds__(RMSNORM_THREADS)
+rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* x_out, const bf16* x, const bf16* y, const bf16* w,
+                       int M, int D, float eps) {
+    const int lane = threadIdx.x % 32;
+    const int m = blockIdx.x * (RMSNORM_THREADS / 32) + threadIdx.x / 32;
+    if (m >= M) { return; }
+    const size_t row = (size_t)m * D;
+    float sum_sq = 0.0f;
+    #pragma unroll 4
+    for (int col = lane * 8; col < D; col += 32 * 8) {
+        Bf16x8 a = load_bf16x8(x + row + col);
+        if (y) {
+            Bf16x8 b = load_bf16x8(y + row + col);
+            for (int i = 0; i < 8; i++) { a.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) + __bfloat162float(b.v[i])); }
+            store_bf16x8(x_out + row + col, a);
+        }
+        for (int i = 0; i < 8; i++) { float v = __bfloat162float(a.v[i]); sum_sq += v * v; }
+    }
+    sum_sq = warp_reduce<Sum>(sum_sq);
+    const float r = 1.0f / sqrtf(sum_sq / D + eps);
+    const bf16* xs = y ? x_out : x; // each lane reads back only what it wrote itself
+    #pragma unroll 4
+    for (int col = lane * 8; col < D; col += 32 * 8) {
+        Bf16x8 a = load_bf16x8(xs + row + col), wv = load_bf16x8(w + col), o;
+        for (int i = 0; i < 8; i++) { o.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) * r * __bfloat162float(wv.v[i])); }
+        store_bf16x8(out + row + col, o);
+    }
+    if (rstd && lane == 0) { rstd[m] = r; }
+}
+
+static void rmsnorm_launch(bf16* out, float* rstd, bf16* x_out, const bf16* x, const bf16* y, const bf16* w,
+                           int M, int D, float eps) {
+    if (D % 8 != 0) { fatal("rmsnorm: D %d must be a multiple of 8 on the GPU", D); }
+    rmsnorm_forward_kernel<<<ceil_div(M, RMSNORM_THREADS / 32), RMSNORM_THREADS, 0, main_stream>>>(
+        out, rstd, x_out, x, y, w, M, D, eps);
+    cudaCheck(cudaGetLastError());
+}
+
+// rstd may be NULL
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* w, int M, int D, float eps) {
+    rmsnorm_launch(out, rstd, NULL, inp, NULL, w, M, D, eps);
+}
+
+void fused_residual_rmsnorm_forward(bf16* x_out, bf16* norm_out, float* rstd, const bf16* x, const bf16* y,
+                                    const bf16* w, int M, int D, float eps) {
+    rmsnorm_launch(norm_out, rstd, x_out, x, y, w, M, D, eps);
+}
+
+// the backward's rows per block: at least 32, and at most 1024 blocks (the size of scratch)
+static inline int rmsnorm_backward_rows_per_block(int M) { return ceil_div(M, 1024) > 32 ? ceil_div(M, 1024) : 32; }
+
+// Block b owns rows [b R, b R + R). A warp per row adds to dinp; then a thread per 8 columns sums
+// dout * n over the block's rows, in row order, into dw_partial[b, :].
+__global__ void __launch_bounds__(RMSNORM_THREADS)
+rmsnorm_backward_kernel(bf16* dinp, float* dw_partial, const bf16* dout, const bf16* inp, const bf16* w,
+                        const float* rstd, int M, int D, int rows_per_block) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int row0 = blockIdx.x * rows_per_block;
+    const int row_end = row0 + rows_per_block < M ? row0 + rows_per_block : M;
+
+    for (int m = row0 + warp; m < row_end; m += RMSNORM_THREADS / 32) {
+        const size_t row = (size_t)m * D;
+        const float r = rstd[m];
+        float dot = 0.0f; // sum of dout * w * x
+        #pragma unroll 4
+        for (int col = lane * 8; col < D; col += 32 * 8) {
+            Bf16x8 dy = load_bf16x8(dout + row + col), x = load_bf16x8(inp + row + col), wv = load_bf16x8(w + col);
+            for (int i = 0; i < 8; i++) {
+                dot += __bfloat162float(dy.v[i]) * __bfloat162float(wv.v[i]) * __bfloat162float(x.v[i]);
+            }
+        }
+        const float proj = warp_reduce<Sum>(dot) * r / D; // mean(dout * w * n)
+        #pragma unroll 4
+        for (int col = lane * 8; col < D; col += 32 * 8) {
+            Bf16x8 dy = load_bf16x8(dout + row + col), x = load_bf16x8(inp + row + col), wv = load_bf16x8(w + col);
+            Bf16x8 dx = load_bf16x8(dinp + row + col);
+            for (int i = 0; i < 8; i++) {
+                float n = __bfloat162float(x.v[i]) * r;
+                float g = r * (__bfloat162float(dy.v[i]) * __bfloat162float(wv.v[i]) - n * proj);
+                dx.v[i] = __float2bfloat16_rn(__bfloat162float(dx.v[i]) + g);
+            }
+            store_bf16x8(dinp + row + col, dx);
+        }
+    }
+
+    // the rows were just read by this block: these second reads mostly hit the caches
+    for (int col = threadIdx.x * 8; col < D; col += RMSNORM_THREADS * 8) {
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        #pragma unroll 4
+        for (int m = row0; m < row_end; m++) {
+            const float r = rstd[m];
+            Bf16x8 dy = load_bf16x8(dout + (size_t)m * D + col), x = load_bf16x8(inp + (size_t)m * D + col);
+            for (int i = 0; i < 8; i++) { acc[i] += __bfloat162float(dy.v[i]) * (__bfloat162float(x.v[i]) * r); }
+        }
+        float* out = dw_partial + (size_t)blockIdx.x * D + col;
+        *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        *reinterpret_cast<float4*>(out + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
+}
+
+// dw[c] += sum over b of dw_partial[b, c]: lane = column, warp y sums the partials b = y, y + 8, ...,
+// then warp 0 adds the 8 warp sums in order
+__global__ void rmsnorm_dw_kernel(float* dw, const float* dw_partial, int num_partials, int D) {
+    __shared__ float warp_sums[8][32];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (col < D) {
+        #pragma unroll 8
+        for (int b = threadIdx.y; b < num_partials; b += 8) { sum += dw_partial[(size_t)b * D + col]; }
+    }
+    warp_sums[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < D) {
+        float total = 0.0f;
+        for (int y = 0; y < 8; y++) { total += warp_sums[y][threadIdx.x]; }
+        dw[col] += total;
+    }
+}
+
+// dinp and dw accumulate; scratch holds the per-block partial sums of dw:
+// ceil(M / rows_per_block) * D <= 1024 * D floats
+void rmsnorm_backward(bf16* dinp, float* dw, float* scratch, const bf16* dout, const bf16* inp, const bf16* w,
+                      const float* rstd, int M, int D) {
+    if (D % 8 != 0) { fatal("rmsnorm_backward: D %d must be a multiple of 8 on the GPU", D); }
+    const int rows_per_block = rmsnorm_backward_rows_per_block(M);
+    const int blocks = ceil_div(M, rows_per_block);
+    rmsnorm_backward_kernel<<<blocks, RMSNORM_THREADS, 0, main_stream>>>(dinp, scratch, dout, inp, w, rstd, M, D,
+                                                                         rows_per_block);
+    cudaCheck(cudaGetLastError());
+    rmsnorm_dw_kernel<<<ceil_div(D, 32), dim3(32, 8), 0, main_stream>>>(dw, scratch, blocks, D);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // LLMC_CUDA_RMSNORM_CUH
