@@ -13,13 +13,13 @@ work=$(mktemp -d /tmp/test_e2e_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 # a tiny model: 2 layers, D 64, GQA with 2 kv heads; 64-token sequences
-tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 -b 4 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
-train() { ./train_gpt_sparse "${tiny[@]}" --hidden 128 "$@"; }
+tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
+train() { ./train_gpt_sparse "${tiny[@]}" --hidden 128 "$@"; }       # micro-batch 4 unless -b is given
 strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
 json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
 
 # 1. training: the loss falls and validation improves
-train -o "$work/a" -x 40 -v 20 -n 20 > "$work/a.txt" 2>&1
+train -o "$work/a" -x 40 -v 20 -n 20 -b 4 > "$work/a.txt" 2>&1
 check "training run exits 0" test $? -eq 0
 check "CPU path is announced" grep -q "device: CPU reference path" "$work/a.txt"
 first=$(json_field "$work/a/log.jsonl" train loss | head -n 1)
@@ -37,11 +37,18 @@ cp "$work/a/model_00000020.bin" "$work/a/state_00000020_00000.bin" "$work/b/"
 # the log of a run that went past its last checkpoint before it died: what follows step 20 is redone
 cp "$work/a/log.jsonl" "$work/b/log.jsonl"
 echo '{"type":"train","step":41,"loss":0}' >> "$work/b/log.jsonl"
-train -o "$work/b" -x 40 -v 20 -n 20 -y 1 > "$work/b.txt" 2>&1
+train -o "$work/b" -x 40 -v 20 -n 20 -b 4 -y 1 > "$work/b.txt" 2>&1
 check "resumed run exits 0" test $? -eq 0
 check "resumed run says so" grep -q "resumed from .*model_00000020.bin at step 20" "$work/b.txt"
 check "resumed log is identical to the uninterrupted one" cmp -s <(strip_timing "$work/a/log.jsonl") <(strip_timing "$work/b/log.jsonl")
 check "resumed checkpoint is identical" cmp -s "$work/a/model_00000040.bin" "$work/b/model_00000040.bin"
+
+# 2b. gradient accumulation: 2 micro-batches of 2 sequences make the same steps as 1 of 4
+train -o "$work/acc1" -x 6 -v 0 -n 0 -b 4 > /dev/null 2>&1
+train -o "$work/acc2" -x 6 -v 0 -n 0 -b 2 -d 256 > "$work/acc2.txt" 2>&1
+check "accumulation is announced" grep -q "2 x 64 tokens x 2 accumulation = 256 tokens per step" "$work/acc2.txt"
+check "accumulated steps match the big micro-batch" awk 'NR == FNR {a[FNR] = $1; next} {n++; d = a[FNR] - $1; if (d < 0) d = -d; if (d > 1e-4 * a[FNR]) bad = 1} END {exit bad || n != 6}' \
+    <(json_field "$work/acc1/log.jsonl" train loss) <(json_field "$work/acc2/log.jsonl" train loss)
 
 # 3. bad input: one clear line naming the problem
 expect_error() { # expect_error "pattern" command...
