@@ -20,7 +20,7 @@ CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
 CUDA_HEADERS = $(wildcard llmc/*.cuh)
 GPU_TESTS = $(patsubst test/gpu/%.cu,build/gpu/%,$(wildcard test/gpu/test_*.cu))
-GPU_BENCHES = $(patsubst dev/%.cu,build/dev/%,$(wildcard dev/bench_*.cu))
+DEV_TOOLS = $(patsubst dev/%.cu,build/dev/%,$(wildcard dev/*.cu))
 
 all: $(BINARIES)
 
@@ -44,19 +44,19 @@ build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
 test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS)
 	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS)
 
-# GPU tests and kernel benchmarks: built anywhere, run on a machine with a GPU
+# GPU tests, benchmarks and dev tools: built anywhere, run on a machine with a GPU
 build/gpu/test_%: test/gpu/test_%.cu test/test.h $(HEADERS) $(CUDA_HEADERS)
 	@mkdir -p build/gpu
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 
-build/dev/bench_%: dev/bench_%.cu $(HEADERS) $(CUDA_HEADERS)
+build/dev/%: dev/%.cu $(HEADERS) $(CUDA_HEADERS)
 	@mkdir -p build/dev
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 
-gpu: $(BINARIES) $(GPU_TESTS) $(GPU_BENCHES)
+gpu: $(BINARIES) $(GPU_TESTS) $(DEV_TOOLS)
 
 test-gpu: $(BINARIES) $(GPU_TESTS)
-	@bash test/run_tests.sh --no-e2e $(GPU_TESTS)
+	@bash test/run_tests.sh --no-e2e $(GPU_TESTS) test/gpu/test_e2e_gpu.sh
 
 clean:
 	rm -rf build $(BINARIES)

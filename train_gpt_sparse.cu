@@ -9,9 +9,10 @@
  logs, validation, samples and checkpoints. The model's forward and backward
  live in llmc/gpt.h over the kernels of the backend.
 
- Backends: the CPU reference path (fp32, OpenMP) runs everywhere. The CUDA
- path is the next step of the project; until it lands a GPU is detected and
- reported, and the CPU path trains.
+ Backends: on a CUDA GPU, bf16 weights and activations with fp32 gradients,
+ master weights and AdamW moments; everywhere else, the CPU reference path
+ (fp32, OpenMP). The same training function runs both: train<T> with T = bf16
+ or float.
 */
 #include <cuda_runtime.h>
 #include <dirent.h>
@@ -25,6 +26,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/gpt.h"
 #include "llmc/logger.h"
+#include "llmc/optimizer.h"
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
 
@@ -94,33 +96,292 @@ static int latest_checkpoint(const char* dir) {
     return best;
 }
 
-// prints `count` sampled tokens that follow an end-of-text token
-static void print_sample(const GPT<float, float>* model, InferState<float>* state, const Tokenizer* tok,
-                         const SamplerConfig* cfg, uint64_t* rng, int count, ProbIndex* scratch) {
-    int token = tok->eot_token;
-    int V = model->config.vocab_size;
+typedef struct {
+    const char* train_pattern;
+    const char* val_pattern;
+    const char* out_dir;
+    const char* tokenizer_path;
+    GPTConfig config;
+    OptimConfig optim;
+    int B, T, total_batch, grad_accum;
+    int val_every, val_batches, sample_every, sample_tokens, ckpt_every;
+    int resume, seed;
+    float lambda;
+} Options;
+
+// Text samples run on the CPU path from an fp32 copy of the weights (the GPU
+// inference kernels belong to infer); prints `count` tokens after end-of-text.
+typedef struct {
+    GPT<float, float> model;
+    InferState<float> state;
+    ProbIndex* scratch;
+    Tokenizer tokenizer;
+    float* params; // fp32 host copy of the training model's weights
+} Sampler;
+
+static void print_sample(Sampler* s, const SamplerConfig* cfg, uint64_t* rng, int count) {
+    const GPT<float, float>* model = &s->model;
+    int token = s->tokenizer.eot_token;
     printf("---\n");
     for (int pos = 0; pos < count && pos < model->config.max_seq_len; pos++) {
-        gpt_forward_cached(model, state, &token, 1, pos);
-        token = sample_token(state->logits, V, cfg, rng, scratch);
-        if (token == tok->eot_token) { break; }
+        gpt_forward_cached(model, &s->state, &token, 1, pos);
+        token = sample_token(s->state.logits, model->config.vocab_size, cfg, rng, s->scratch);
+        if (token == s->tokenizer.eot_token) { break; }
         size_t len = 0;
-        const unsigned char* bytes = tokenizer_decode(tok, token, &len);
+        const unsigned char* bytes = tokenizer_decode(&s->tokenizer, token, &len);
         fwrite(bytes, 1, len, stdout);
     }
     printf("\n---\n");
 }
 
+// Batches of token ids where the model reads them. On the CPU path, the
+// loader's own buffers. On the GPU, two pinned host buffers and two device
+// buffers used in turn: a batch is copied into pinned memory, then sent with an
+// asynchronous copy queued behind the work already on the stream, so the host
+// runs ahead and reads the next batch while the GPU computes. Before a pinned
+// buffer is refilled, the host waits for the copy made from it two batches ago.
+typedef struct {
+    Device device;
+    int n;                // tokens per batch
+    int* pinned[2];       // [2n]: inputs, then targets
+    int* on_device[2];    // [2n]
+    void* copied[2];      // cudaEvent_t: the copy out of pinned[k] has finished
+    int next;
+    const int* inputs;    // the current batch, where the model reads it
+    const int* targets;
+} BatchUploader;
+
+static void uploader_init(BatchUploader* u, int n, Device device) {
+    memset(u, 0, sizeof(*u));
+    u->device = device;
+    u->n = n;
+    if (device == DEVICE_CPU) { return; }
+    for (int k = 0; k < 2; k++) {
+        cudaCheck(cudaMallocHost((void**)&u->pinned[k], 2 * n * sizeof(int)));
+        u->on_device[k] = (int*)device_malloc(2 * n * sizeof(int), device);
+        cudaEvent_t event;
+        cudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(event, main_stream));
+        u->copied[k] = event;
+    }
+}
+
+static void uploader_put(BatchUploader* u, const int* inputs, const int* targets) {
+    if (u->device == DEVICE_CPU) {
+        u->inputs = inputs;
+        u->targets = targets;
+        return;
+    }
+    int k = u->next;
+    u->next ^= 1;
+    cudaCheck(cudaEventSynchronize((cudaEvent_t)u->copied[k]));
+    memcpy(u->pinned[k], inputs, u->n * sizeof(int));
+    memcpy(u->pinned[k] + u->n, targets, u->n * sizeof(int));
+    cudaCheck(cudaMemcpyAsync(u->on_device[k], u->pinned[k], 2 * u->n * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaEventRecord((cudaEvent_t)u->copied[k], main_stream));
+    u->inputs = u->on_device[k];
+    u->targets = u->on_device[k] + u->n;
+}
+
+static void uploader_free(BatchUploader* u) {
+    if (u->device == DEVICE_CPU) { return; }
+    for (int k = 0; k < 2; k++) {
+        cudaCheck(cudaFreeHost(u->pinned[k]));
+        device_free(u->on_device[k], u->device);
+        cudaCheck(cudaEventDestroy((cudaEvent_t)u->copied[k]));
+    }
+}
+
 // mean CE over the first `batches` batches of the validation set
-static double evaluate(GPT<float, float>* model, DataLoader* val, int batches) {
+template <typename T>
+double evaluate(GPT<T, float>* model, DataLoader* val, int batches, BatchUploader* uploader) {
     dataloader_reset(val);
     gpt_stats_reset(model);
     for (int i = 0; i < batches; i++) {
         dataloader_next_batch(val);
-        gpt_forward(model, val->inputs, val->targets, val->B, val->T, 0.0f);
+        uploader_put(uploader, val->inputs, val->targets);
+        gpt_forward(model, uploader->inputs, uploader->targets, val->B, val->T, 0.0f);
     }
     gpt_stats_read(model, (double)batches * val->B * val->T);
     return model->ce;
+}
+
+static void save_checkpoint(const Options* o, int step, const float* params, const TrainState* state,
+                            const DataLoaderState* loader_state, const float* m, const float* v) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, step);
+    checkpoint_save_model(path, &o->config, params, step);
+    snprintf(path, sizeof(path), "%s/state_%08d_00000.bin", o->out_dir, step);
+    checkpoint_save_state(path, &o->config, state, loader_state, sizeof(*loader_state), m, v);
+    printf("checkpoint: %s/model_%08d.bin\n", o->out_dir, step);
+}
+
+template <typename T>
+void train(const Options* o, Device device) {
+    const GPTConfig* config = &o->config;
+    int B = o->B, T_ = o->T, M = B * T_, L = config->num_layers;
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, o->train_pattern, B, T_, 0, 1, 1, (uint64_t)o->seed, config->vocab_size);
+    dataloader_init(&val_loader, o->val_pattern, B, T_, 0, 1, 0, 0, config->vocab_size);
+    int val_batches = o->val_batches;
+    if (val_batches > (int)dataloader_num_batches(&val_loader)) {
+        val_batches = (int)dataloader_num_batches(&val_loader);
+        printf("val: %s has %d batches of %dx%d, using all of them\n", o->val_pattern, val_batches, B, T_);
+    }
+    printf("train: %zu tokens in %zu shards | val: %zu tokens\n", dataloader_num_tokens(&train_loader),
+           train_loader.num_shards, dataloader_num_tokens(&val_loader));
+
+    GPT<T, float> model;
+    gpt_build(&model, config, device);
+    Optimizer opt;
+    optimizer_init(&opt, &model);
+    size_t n_params = model.num_parameters;
+    // host copies of what checkpoints hold (on the CPU path they alias the live buffers)
+    float* host_params = (float*)mallocCheck(n_params * sizeof(float));
+    float* host_m = device == DEVICE_CPU ? opt.m : (float*)mallocCheck(n_params * sizeof(float));
+    float* host_v = device == DEVICE_CPU ? opt.v : (float*)mallocCheck(n_params * sizeof(float));
+    BatchUploader uploader;
+    uploader_init(&uploader, M, device);
+    TrainState state = {0, B, T_, o->grad_accum, 1, 0, (uint64_t)o->seed ^ 0x5A4D504C45ull};
+
+    make_dir(o->out_dir);
+    char path[4096], log_path[4096];
+    snprintf(log_path, sizeof(log_path), "%s/log.jsonl", o->out_dir);
+    int start_step = o->resume ? latest_checkpoint(o->out_dir) : -1;
+    if (o->resume && start_step < 0) { fatal("--resume 1, but %s holds no complete checkpoint", o->out_dir); }
+    if (start_step >= 0) {
+        GPTConfig ckpt_config;
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, start_step);
+        float* params = checkpoint_load_model(path, &ckpt_config, NULL);
+        char msg[256];
+        if (config_mismatch(&ckpt_config, config, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
+        set_params_from_fp32(&model, &opt, params);
+        free(params);
+        snprintf(path, sizeof(path), "%s/state_%08d_00000.bin", o->out_dir, start_step);
+        DataLoaderState loader_state;
+        checkpoint_load_state(path, config, &state, &loader_state, sizeof(loader_state), host_m, host_v);
+        if (state.B != B || state.T != T_ || state.grad_accum != o->grad_accum) {
+            fatal("%s was written with batch %d, seq-len %d, %d accumulation steps; this run has %d, %d, %d",
+                  path, state.B, state.T, state.grad_accum, B, T_, o->grad_accum);
+        }
+        device_copy(opt.m, host_m, n_params * sizeof(float), device);
+        device_copy(opt.v, host_v, n_params * sizeof(float), device);
+        dataloader_set_state(&train_loader, &loader_state);
+        log_truncate_after_step(log_path, start_step);
+        printf("resumed from %s/model_%08d.bin at step %d\n", o->out_dir, start_step, start_step);
+    } else {
+        init_params_random(host_params, config, (uint64_t)o->seed);
+        set_params_from_fp32(&model, &opt, host_params);
+        log_truncate_after_step(log_path, -1);
+    }
+    printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d: %.2fM parameters\n", L,
+           config->channels, config->num_heads, config->num_kv_heads, config->hidden, config->vocab_size, T_,
+           n_params / 1e6);
+    printf("batch: %d x %d tokens x %d accumulation = %d tokens per step | lambda %g | lr %g\n", B, T_,
+           o->grad_accum, o->total_batch, o->lambda, o->optim.lr);
+
+    Sampler sampler;
+    int sampling = 0;
+    if (o->sample_every > 0) {
+        tokenizer_init(&sampler.tokenizer, o->tokenizer_path);
+        sampling = sampler.tokenizer.vocab_size == config->vocab_size;
+        if (!sampling) {
+            printf("samples: off (the tokenizer has %d tokens, the data %d)\n", sampler.tokenizer.vocab_size,
+                   config->vocab_size);
+            tokenizer_free(&sampler.tokenizer);
+        } else {
+            gpt_build(&sampler.model, config, DEVICE_CPU);
+            infer_state_alloc(&sampler.state, config, 1);
+            sampler.scratch = (ProbIndex*)mallocCheck(config->vocab_size * sizeof(ProbIndex));
+        }
+    }
+    SamplerConfig sample_cfg = {1.0f, 0, 1.0f};
+
+    // on the GPU: the bf16 rate of a large GEMM here, for MFU
+    double peak_flops = device == DEVICE_CUDA ? measure_peak_bf16_flops() : 0;
+    double flops_per_step = training_flops_per_token(config, T_) * o->total_batch, peak_mem_gib = 0;
+    float dloss = 1.0f / ((float)M * o->grad_accum);
+    float l1_scale = o->lambda / ((float)L * M * o->grad_accum);
+    int first_step = state.step;
+    for (int step = first_step; step <= o->optim.total_steps; step++) {
+        int last = step == o->optim.total_steps;
+        // a resumed run already validated and sampled at its first step before the checkpoint
+        int done_before = start_step >= 0 && step == first_step;
+        if (!done_before && ((o->val_every > 0 && step % o->val_every == 0) || last)) {
+            double val_ce = evaluate(&model, &val_loader, val_batches, &uploader);
+            printf("step %d | val ce %.4f\n", step, val_ce);
+            log_val(log_path, step, val_ce);
+        }
+        int checkpoint = step > first_step && ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || last);
+        int sample = !done_before && sampling && ((o->sample_every > 0 && step > 0 && step % o->sample_every == 0) || last);
+        if (checkpoint || sample) { get_params_fp32(&model, &opt, host_params); }
+        if (sample) {
+            memcpy(sampler.model.params, host_params, n_params * sizeof(float));
+            print_sample(&sampler, &sample_cfg, &state.sample_rng, o->sample_tokens);
+        }
+        if (checkpoint) {
+            state.step = step;
+            DataLoaderState loader_state = dataloader_get_state(&train_loader);
+            device_copy(host_m, opt.m, n_params * sizeof(float), device);
+            device_copy(host_v, opt.v, n_params * sizeof(float), device);
+            save_checkpoint(o, step, host_params, &state, &loader_state, host_m, host_v);
+        }
+        if (last) { break; }
+
+        // one optimizer step over grad_accum micro-batches
+        double t0 = now_seconds();
+        gpt_zero_grad(&model);
+        gpt_stats_reset(&model);
+        for (int micro = 0; micro < o->grad_accum; micro++) {
+            dataloader_next_batch(&train_loader);
+            uploader_put(&uploader, train_loader.inputs, train_loader.targets);
+            gpt_forward(&model, uploader.inputs, uploader.targets, B, T_, dloss);
+            gpt_backward(&model, uploader.inputs, l1_scale);
+        }
+        float step_lr = lr_at_step(&o->optim, step);
+        optimizer_step(&opt, &model, &o->optim, step_lr, step + 1);
+        gpt_stats_read(&model, (double)o->total_batch); // waits for the step
+        double ms = (now_seconds() - t0) * 1000;
+
+        StepLog entry;
+        entry.step = step + 1;
+        entry.loss = model.ce + o->lambda * model.l1_term;
+        entry.ce = model.ce;
+        entry.l1 = o->lambda * model.l1_term;
+        entry.lr = step_lr;
+        entry.grad_norm = optimizer_grad_norm(&opt);
+        entry.tok_per_s = o->total_batch / (ms / 1000);
+        entry.ms = ms;
+        entry.mfu = entry.mem_gib = -1;
+        if (device == DEVICE_CUDA) {
+            size_t free_bytes, total_bytes;
+            cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+            peak_mem_gib = fmax(peak_mem_gib, (total_bytes - free_bytes) / 1073741824.0);
+            entry.mfu = flops_per_step / (ms / 1000) / peak_flops;
+            entry.mem_gib = peak_mem_gib;
+        }
+        entry.num_layers = L;
+        entry.hidden = config->hidden;
+        entry.layers = model.stats;
+        log_step(log_path, &entry, o->optim.total_steps);
+    }
+
+    if (sampling) {
+        infer_state_free(&sampler.state);
+        free(sampler.scratch);
+        gpt_free(&sampler.model);
+        tokenizer_free(&sampler.tokenizer);
+    }
+    if (device != DEVICE_CPU) {
+        free(host_m);
+        free(host_v);
+    }
+    uploader_free(&uploader);
+    free(host_params);
+    optimizer_free(&opt);
+    gpt_free(&model);
+    dataloader_free(&train_loader);
+    dataloader_free(&val_loader);
 }
 
 int main(int argc, char** argv) {
@@ -131,7 +392,7 @@ int main(int argc, char** argv) {
     const char* out_dir = "out";
     const char* preset_name = "default";
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
-    const char* device = "auto";
+    const char* device_name = "auto";
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
     int resume = 0, seed = 1337, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
@@ -171,7 +432,7 @@ int main(int argc, char** argv) {
         {'y', "resume", ARG_INT, &resume, 0, 1, "1 = continue from the latest checkpoint in the output dir", 0},
         {'r', "seed", ARG_INT, &seed, 0, 2147483647, "seed of the init, the data order and the samples", 0},
         {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "GPT-2 rank file, for the text samples", 0},
-        {0, "device", ARG_STRING, &device, 0, 0, "auto, cpu or cuda", 0},
+        {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     setvbuf(stdout, NULL, _IOLBF, 0); // keep the log in order with errors on stderr
@@ -183,188 +444,55 @@ int main(int argc, char** argv) {
         if (strcmp(presets[i].name, preset_name) == 0) { preset = &presets[i]; }
     }
     if (preset == NULL) { fatal("unknown model '%s' (default, 124m, 0.5b, 1b, 1.5b, 2b)", preset_name); }
-    GPTConfig config;
-    config.vocab_size = vocab;
-    config.padded_vocab_size = round_up(vocab, 128);
-    config.num_layers = layers ? layers : preset->layers;
-    config.channels = dim ? dim : preset->dim;
-    config.num_heads = heads ? heads : preset->heads;
-    config.num_kv_heads = kv_heads ? kv_heads : config.num_heads;
-    config.hidden = hidden ? hidden : preset->hidden;
-    config.max_seq_len = T;
-    config.rope_theta = rope_theta;
-    config.norm_eps = norm_eps;
-    config_validate(&config);
-
-    int tokens_per_micro = B * T;
-    if (total_batch == -1) { total_batch = tokens_per_micro; }
-    if (total_batch % tokens_per_micro != 0) {
-        fatal("--total-batch %d is not a multiple of batch x seq-len = %d", total_batch, tokens_per_micro);
+    Options o;
+    o.train_pattern = train_pattern;
+    o.val_pattern = val_pattern;
+    o.out_dir = out_dir;
+    o.tokenizer_path = tokenizer_path;
+    GPTConfig* c = &o.config;
+    c->vocab_size = vocab;
+    c->padded_vocab_size = round_up(vocab, 128);
+    c->num_layers = layers ? layers : preset->layers;
+    c->channels = dim ? dim : preset->dim;
+    c->num_heads = heads ? heads : preset->heads;
+    c->num_kv_heads = kv_heads ? kv_heads : c->num_heads;
+    c->hidden = hidden ? hidden : preset->hidden;
+    c->max_seq_len = T;
+    c->rope_theta = rope_theta;
+    c->norm_eps = norm_eps;
+    config_validate(c);
+    o.optim = (OptimConfig){lr, beta1, beta2, adam_eps, weight_decay, grad_clip, warmup, max_steps, final_lr_frac};
+    o.B = B;
+    o.T = T;
+    o.total_batch = total_batch == -1 ? B * T : total_batch;
+    if (o.total_batch % (B * T) != 0) {
+        fatal("--total-batch %d is not a multiple of batch x seq-len = %d", o.total_batch, B * T);
     }
-    int grad_accum = total_batch / tokens_per_micro;
-    if (strcmp(device, "auto") != 0 && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0) {
-        fatal("--device must be auto, cpu or cuda, not '%s'", device);
-    }
+    o.grad_accum = o.total_batch / (B * T);
+    o.val_every = val_every;
+    o.val_batches = val_batches;
+    o.sample_every = sample_every;
+    o.sample_tokens = sample_tokens;
+    o.ckpt_every = ckpt_every;
+    o.resume = resume;
+    o.seed = seed;
+    o.lambda = lambda;
 
+    if (strcmp(device_name, "auto") != 0 && strcmp(device_name, "cpu") != 0 && strcmp(device_name, "cuda") != 0) {
+        fatal("--device must be auto, cpu or cuda, not '%s'", device_name);
+    }
     int gpus = cuda_device_count();
-    if (strcmp(device, "cuda") == 0) {
-        fatal(gpus ? "the CUDA training path is not built yet: use --device cpu"
-                   : "--device cuda, but no CUDA GPU is present");
-    }
-    printf("device: CPU reference path, fp32, %d OpenMP threads (%s)\n", omp_get_max_threads(),
-           gpus ? "a CUDA GPU is present, but the CUDA training path is not built yet"
-                : "no CUDA GPU present");
-
-    // ------------------------------------------------------------------------
-    // data, model, optimizer
-    DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, train_pattern, B, T, 0, 1, 1, (uint64_t)seed, vocab);
-    dataloader_init(&val_loader, val_pattern, B, T, 0, 1, 0, 0, vocab);
-    int val_available = (int)dataloader_num_batches(&val_loader);
-    if (val_batches > val_available) {
-        printf("val: %s has %d batches of %dx%d, using all of them\n", val_pattern, val_available, B, T);
-        val_batches = val_available;
-    }
-    printf("train: %zu tokens in %zu shards | val: %zu tokens\n", dataloader_num_tokens(&train_loader),
-           train_loader.num_shards, dataloader_num_tokens(&val_loader));
-
-    Tokenizer tokenizer;
-    int have_tokenizer = 0;
-    if (sample_every > 0) {
-        tokenizer_init(&tokenizer, tokenizer_path);
-        have_tokenizer = tokenizer.vocab_size == vocab;
-        if (!have_tokenizer) {
-            printf("samples: off (the tokenizer has %d tokens, the data %d)\n", tokenizer.vocab_size, vocab);
-        }
-    }
-
-    GPT<float, float> model;
-    gpt_build(&model, &config, DEVICE_CPU);
-    size_t n_params = model.num_parameters;
-    float* adam_m = (float*)callocCheck(n_params, sizeof(float));
-    float* adam_v = (float*)callocCheck(n_params, sizeof(float));
-    OptimConfig optim = {lr, beta1, beta2, adam_eps, weight_decay, grad_clip, warmup, max_steps, final_lr_frac};
-    TrainState state = {0, B, T, grad_accum, 1, 0, (uint64_t)seed ^ 0x5A4D504C45ull};
-
-    make_dir(out_dir);
-    char path[4096], log_path[4096];
-    snprintf(log_path, sizeof(log_path), "%s/log.jsonl", out_dir);
-    int start_step = resume ? latest_checkpoint(out_dir) : -1;
-    if (resume && start_step < 0) { fatal("--resume 1, but %s holds no complete checkpoint", out_dir); }
-    if (start_step >= 0) {
-        GPTConfig ckpt_config;
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", out_dir, start_step);
-        float* params = checkpoint_load_model(path, &ckpt_config, NULL);
-        char msg[256];
-        if (config_mismatch(&ckpt_config, &config, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
-        memcpy(model.params, params, n_params * sizeof(float));
-        free(params);
-        snprintf(path, sizeof(path), "%s/state_%08d_00000.bin", out_dir, start_step);
-        DataLoaderState loader_state;
-        checkpoint_load_state(path, &config, &state, &loader_state, sizeof(loader_state), adam_m, adam_v);
-        if (state.B != B || state.T != T || state.grad_accum != grad_accum) {
-            fatal("%s was written with batch %d, seq-len %d, %d accumulation steps; this run has %d, %d, %d",
-                  path, state.B, state.T, state.grad_accum, B, T, grad_accum);
-        }
-        dataloader_set_state(&train_loader, &loader_state);
-        log_truncate_after_step(log_path, start_step);
-        printf("resumed from %s/model_%08d.bin at step %d\n", out_dir, start_step, start_step);
+    if (strcmp(device_name, "cuda") == 0 && gpus == 0) { fatal("--device cuda, but no CUDA GPU is present"); }
+    if (gpus > 0 && strcmp(device_name, "cpu") != 0) {
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+        printf("device: %s, bf16 with fp32 master weights\n", prop.name);
+        train<bf16>(&o, DEVICE_CUDA);
+        cublaslt_free();
     } else {
-        init_params_random(model.params, &config, (uint64_t)seed);
-        log_truncate_after_step(log_path, -1);
+        printf("device: CPU reference path, fp32, %d OpenMP threads%s\n", omp_get_max_threads(),
+               gpus ? "" : " (no CUDA GPU present)");
+        train<float>(&o, DEVICE_CPU);
     }
-    printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d: %.2fM parameters\n",
-           config.num_layers, config.channels, config.num_heads, config.num_kv_heads, config.hidden,
-           config.vocab_size, T, n_params / 1e6);
-    printf("batch: %d x %d tokens x %d accumulation = %d tokens per step | lambda %g | lr %g\n",
-           B, T, grad_accum, total_batch, lambda, lr);
-
-    InferState<float> sample_state;
-    ProbIndex* sample_scratch = NULL;
-    SamplerConfig sampler = {1.0f, 0, 1.0f};
-    if (have_tokenizer) {
-        infer_state_alloc(&sample_state, &config, 1);
-        sample_scratch = (ProbIndex*)mallocCheck(vocab * sizeof(ProbIndex));
-    }
-
-    // ------------------------------------------------------------------------
-    // training loop
-    int L = config.num_layers, H = config.hidden;
-    size_t sizes[NUM_PARAM_TENSORS];
-    param_sizes(sizes, &config);
-    float dloss = 1.0f / ((float)tokens_per_micro * grad_accum);
-    float l1_scale = lambda / ((float)L * tokens_per_micro * grad_accum);
-    double val_ce = -1;
-
-    int first_step = state.step;
-    for (int step = first_step; step <= max_steps; step++) {
-        int last = step == max_steps;
-        // a resumed run already validated and sampled at its first step before the checkpoint
-        int done_before = start_step >= 0 && step == first_step;
-        if (!done_before && ((val_every > 0 && step % val_every == 0) || last)) {
-            val_ce = evaluate(&model, &val_loader, val_batches);
-            printf("step %d | val ce %.4f\n", step, val_ce);
-            log_val(log_path, step, val_ce);
-        }
-        if (!done_before && have_tokenizer && ((sample_every > 0 && step > 0 && step % sample_every == 0) || last)) {
-            print_sample(&model, &sample_state, &tokenizer, &sampler, &state.sample_rng, sample_tokens, sample_scratch);
-        }
-        if (step > first_step && ((ckpt_every > 0 && step % ckpt_every == 0) || last)) {
-            state.step = step;
-            snprintf(path, sizeof(path), "%s/model_%08d.bin", out_dir, step);
-            checkpoint_save_model(path, &config, model.params, step);
-            DataLoaderState loader_state = dataloader_get_state(&train_loader);
-            snprintf(path, sizeof(path), "%s/state_%08d_00000.bin", out_dir, step);
-            checkpoint_save_state(path, &config, &state, &loader_state, sizeof(loader_state), adam_m, adam_v);
-            printf("checkpoint: %s/model_%08d.bin\n", out_dir, step);
-        }
-        if (last) { break; }
-
-        // one optimizer step over grad_accum micro-batches
-        double t0 = now_seconds();
-        gpt_zero_grad(&model);
-        gpt_stats_reset(&model);
-        for (int micro = 0; micro < grad_accum; micro++) {
-            dataloader_next_batch(&train_loader);
-            gpt_forward(&model, train_loader.inputs, train_loader.targets, B, T, dloss);
-            gpt_backward(&model, train_loader.inputs, l1_scale);
-        }
-        gpt_stats_read(&model, (double)total_batch);
-        double grad_norm = global_norm(model.grads, n_params);
-        float clip_scale = (grad_clip > 0 && grad_norm > grad_clip) ? (float)(grad_clip / grad_norm) : 1.0f;
-        float step_lr = lr_at_step(&optim, step);
-        for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-            size_t off = model.param[i] - model.params;
-            adamw_update(model.param[i], model.grad[i], adam_m + off, adam_v + off, sizes[i], step_lr, &optim,
-                         step + 1, clip_scale, param_is_matrix(i));
-        }
-        double ms = (now_seconds() - t0) * 1000;
-
-        StepLog entry;
-        entry.step = step + 1;
-        entry.loss = model.ce + lambda * model.l1_term;
-        entry.ce = model.ce;
-        entry.l1 = lambda * model.l1_term;
-        entry.lr = step_lr;
-        entry.grad_norm = grad_norm;
-        entry.tok_per_s = total_batch / (ms / 1000);
-        entry.ms = ms;
-        entry.num_layers = L;
-        entry.hidden = H;
-        entry.layers = model.stats;
-        log_step(log_path, &entry, max_steps);
-    }
-
-    // ------------------------------------------------------------------------
-    if (have_tokenizer) {
-        infer_state_free(&sample_state);
-        free(sample_scratch);
-    }
-    if (sample_every > 0) { tokenizer_free(&tokenizer); }
-    free(adam_m);
-    free(adam_v);
-    gpt_free(&model);
-    dataloader_free(&train_loader);
-    dataloader_free(&val_loader);
     return 0;
 }

@@ -21,13 +21,14 @@ constexpr int GLOBAL_NORM_BLOCKS = 1024;
 constexpr int GLOBAL_NORM_THREADS = 256;
 
 // partial[b] = the sum of squares of the elements that block b's threads visit (grid-stride, 4 at a
-// time), summed in double
+// time), summed in double and stored as fp32
 __global__ void __launch_bounds__(GLOBAL_NORM_THREADS)
 norm_squared_partial_kernel(float* partial, const float* grads, size_t n) {
     const size_t stride = (size_t)GLOBAL_NORM_BLOCKS * GLOBAL_NORM_THREADS;
     const size_t first = (size_t)blockIdx.x * GLOBAL_NORM_THREADS + threadIdx.x;
     double sum = 0.0;
     const size_t n4 = n / 4;
+    #pragma unroll 4
     for (size_t i = first; i < n4; i += stride) {
         float4 g = reinterpret_cast<const float4*>(grads)[i];
         sum += (double)g.x * g.x + (double)g.y * g.y + (double)g.z * g.z + (double)g.w * g.w;
@@ -52,24 +53,37 @@ void global_norm_squared_cuda(float* out, const float* grads, size_t n, float* s
     cudaCheck(cudaGetLastError());
 }
 
-// one parameter per thread: seven fp32 streams and one bf16 stream, each coalesced
-__global__ void adamw_kernel(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
-                             float beta1, float beta2, float b1_correction, float b2_correction, float eps,
-                             float weight_decay, const float* grad_norm_sq, float grad_clip) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) { return; }
+constexpr int ADAMW_THREADS = 256;
+constexpr int ADAMW_PER_THREAD = 4; // parameters per thread: their 16 loads go out together
+
+// A block updates ADAMW_THREADS * ADAMW_PER_THREAD consecutive parameters; thread t takes every
+// ADAMW_THREADS-th one from its block's start + t: 32-bit accesses, each coalesced across the warp, with
+// no alignment required of any tensor. Seven fp32 streams and one bf16 stream, 30 bytes per parameter.
+// The arrays never overlap (__restrict__), so the loads of all k can go out before the first store.
+__global__ void __launch_bounds__(ADAMW_THREADS)
+adamw_kernel(float* __restrict__ master, bf16* __restrict__ params, const float* __restrict__ grads,
+             float* __restrict__ m, float* __restrict__ v, size_t n, float lr, float beta1, float beta2,
+             float b1_correction, float b2_correction, float eps, float weight_decay, const float* grad_norm_sq,
+             float grad_clip) {
     const float norm = sqrtf(*grad_norm_sq);
     const float scale = grad_clip > 0.0f && norm > grad_clip ? grad_clip / norm : 1.0f;
-    const float g = grads[i] * scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float m_hat = mi / b1_correction, v_hat = vi / b2_correction;
-    const float p = master[i];
-    const float updated = p - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
-    master[i] = updated;
-    params[i] = __float2bfloat16_rn(updated);
+    const size_t first = (size_t)blockIdx.x * ADAMW_THREADS * ADAMW_PER_THREAD + threadIdx.x;
+    #pragma unroll
+    for (int k = 0; k < ADAMW_PER_THREAD; k++) {
+        const size_t i = first + (size_t)k * ADAMW_THREADS;
+        if (i < n) {
+            const float g = grads[i] * scale;
+            const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+            const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            const float m_hat = mi / b1_correction, v_hat = vi / b2_correction;
+            const float p = master[i];
+            const float updated = p - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * p);
+            master[i] = updated;
+            params[i] = __float2bfloat16_rn(updated);
+        }
+    }
 }
 
 // t is the 1-based step; weight_decay is 0 for the tensors that take none (norm weights)
@@ -78,10 +92,22 @@ void adamw_update_cuda(float* master, bf16* params, const float* grads, float* m
                        float grad_clip) {
     const float b1_correction = 1.0f - powf(beta1, (float)t);
     const float b2_correction = 1.0f - powf(beta2, (float)t);
-    const int threads = 256;
-    adamw_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, main_stream>>>(
+    const size_t per_block = (size_t)ADAMW_THREADS * ADAMW_PER_THREAD;
+    adamw_kernel<<<(unsigned)((n + per_block - 1) / per_block), ADAMW_THREADS, 0, main_stream>>>(
         master, params, grads, m, v, n, lr, beta1, beta2, b1_correction, b2_correction, eps, weight_decay,
         grad_norm_sq, grad_clip);
+    cudaCheck(cudaGetLastError());
+}
+
+// params = bf16(master), rounded to nearest: the compute weights of freshly set master weights
+__global__ void round_to_bf16_kernel(bf16* out, const float* in, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = __float2bfloat16_rn(in[i]);
+    }
+}
+
+void round_to_bf16_cuda(bf16* out, const float* in, size_t n) {
+    round_to_bf16_kernel<<<1024, 256, 0, main_stream>>>(out, in, n);
     cudaCheck(cudaGetLastError());
 }
 

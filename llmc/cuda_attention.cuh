@@ -12,13 +12,13 @@
  The kernels work with scores in base 2 (s log2(e), exp2f), so the softmax
  costs one FMA and one exp2 per score.
 
- Fast path (hd 64 and 128, 16-byte aligned pointers). Every CTA has 8 warps;
- every warp owns 16 rows of the output tile and computes with mma.sync
- m16n8k16 (bf16 operands, fp32 accumulators), its operands read from shared
- memory with ldmatrix; tiles arrive by cp.async into a second buffer while the
- first one is being used. Shared rows are padded by 16 bytes so the 8 rows of
- an ldmatrix fall in different banks. Rows past T are loaded as zeros and
- masked.
+ Fast path (hd 64 and 128, 16-byte aligned pointers). A CTA has 8 warps (a
+ template parameter, so the benchmark can try 4); every warp owns 16 rows of
+ the CTA's output tile and computes with mma.sync m16n8k16 (bf16 operands,
+ fp32 accumulators), its operands read from shared memory with ldmatrix;
+ tiles arrive by cp.async into a second buffer while the first one is being
+ used. Shared rows are padded by 16 bytes so the 8 rows of an ldmatrix fall in
+ different banks. Rows past T are loaded as zeros and masked.
  - forward: a CTA per (b, h, block of 128 queries), heaviest blocks first.
    Each warp keeps its 16 queries in registers, walks the key/value blocks of
    64 keys up to the diagonal (a warp stops at its own last key), and keeps the
@@ -29,9 +29,9 @@
    1. delta_t = dout_t.out_t into scratch [B, NH, T];
    2. dK, dV: a CTA per (b, kv head, block of 128 keys); each warp owns 16 keys
       and accumulates their dK, dV in registers over the query heads of the
-      group and the query tiles from the diagonal to the end; it recomputes
-      S^T = K Q^T, P^T from lse, dP^T = V dO^T, dS^T = P^T (dP^T - delta);
-      dV += P^T dO, dK += dS^T Q;
+      group and the query tiles (64 queries, 32 at hd 128) from the diagonal
+      to the end; it recomputes S^T = K Q^T, P^T from lse, dP^T = V dO^T,
+      dS^T = P^T (dP^T - delta); dV += P^T dO, dK += dS^T Q;
    3. dQ: a CTA per (b, h, block of 128 queries); each warp owns 16 queries,
       walks the key blocks like the forward, recomputes S, P, dP, dS and
       accumulates dQ += dS K in registers.
@@ -137,7 +137,7 @@ __device__ __forceinline__ void warp_mma_abt(float (&acc)[NT][4], const uint32_t
     for (int ks = 0; ks < KS; ks++) {
         #pragma unroll
         for (int n = 0; n < NT; n += 2) {
-            // matrices: rows n..n+7 x cols k..k+7, then k+8.., then rows n+8.. likewise
+            // matrices of B rows 8n.. x cols 16ks.., cols 16ks+8.., then rows 8n+8.. likewise
             uint32_t bf[4];
             ldmatrix_x4(bf, b + (n * 8 + lane % 8 + (lane / 16) * 8) * stride + ks * 16 + ((lane / 8) % 2) * 8);
             mma_16816(acc[n], a[ks], bf[0], bf[1]);
@@ -160,7 +160,7 @@ __device__ __forceinline__ void warp_mma_pb(float (&acc)[NT][4], const float (&p
                          pack_bf16(p[2 * ks + 1][0], p[2 * ks + 1][1]), pack_bf16(p[2 * ks + 1][2], p[2 * ks + 1][3])};
         #pragma unroll
         for (int n = 0; n < NT; n += 2) {
-            // transposed matrices: rows k..k+7 x cols n..n+7, rows k+8.., then cols n+8.. likewise
+            // transposed matrices of B rows 16ks.. x cols 8n.., rows 16ks+8.., then cols 8n+8.. likewise
             uint32_t bf[4];
             ldmatrix_x4_trans(bf, b + (ks * 16 + lane % 16) * stride + n * 8 + (lane / 16) * 8);
             mma_16816(acc[n], a, bf[0], bf[1]);
@@ -314,7 +314,7 @@ __global__ void attention_delta_kernel(float* delta, const bf16* dout, const bf1
     const bf16* o = out + (size_t)row * hd;
     float sum = 0.0f;
     for (int i = lane; i < hd; i += 32) { sum += __bfloat162float(d[i]) * __bfloat162float(o[i]); }
-    for (int offset = 16; offset > 0; offset /= 2) { sum += __shfl_xor_sync(0xffffffff, sum, offset); }
+    sum = warp_reduce<Sum>(sum);
     if (lane == 0) {
         int token = row / NH, h = row % NH, b = token / T, t = token % T;
         delta[((size_t)b * NH + h) * T + t] = sum;
@@ -495,11 +495,6 @@ attention_backward_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, cons
 
 constexpr int kGenericSlots = 4;
 
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int offset = 16; offset > 0; offset /= 2) { x += __shfl_xor_sync(0xffffffff, x, offset); }
-    return x; // every lane adds the same pairs, so every lane gets the same bits
-}
-
 __device__ __forceinline__ void load_slots(float (&x)[kGenericSlots], const bf16* src, int hd, int lane) {
     #pragma unroll
     for (int c = 0; c < kGenericSlots; c++) {
@@ -515,7 +510,7 @@ __device__ __forceinline__ float warp_dot(const float (&x)[kGenericSlots], const
         int i = lane + 32 * c;
         if (i < hd) { sum += x[c] * __bfloat162float(y[i]); }
     }
-    return warp_sum(sum);
+    return warp_reduce<Sum>(sum); // the same bits in every lane
 }
 
 __device__ __forceinline__ void store_slots(bf16* dst, const float (&x)[kGenericSlots], float scale, int hd, int lane) {
@@ -621,8 +616,9 @@ static inline void check_attention_shape(int NH, int NKV, int hd) {
 static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 
 // the mma kernels read 16-byte pieces of head vectors
-static inline bool use_fast_path(int hd, const void* a, const void* b, const void* c, const void* d) {
-    return (hd == 64 || hd == 128) && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
+template <typename... Ptrs>
+static inline bool use_fast_path(int hd, const Ptrs*... ptrs) {
+    return (hd == 64 || hd == 128) && (aligned16(ptrs) && ...);
 }
 
 // the launchers of the mma kernels; past 48 KiB, dynamic shared memory needs an opt-in per kernel
@@ -633,7 +629,7 @@ static void attention_forward_fast(bf16* out, float* lse, const bf16* qkv, int B
     size_t smem = (size_t)(BQ + 4 * kBlockK) * (HD + kPad) * sizeof(bf16);
     cudaCheck(cudaFuncSetAttribute(attention_forward_kernel<HD, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)smem));
-    dim3 grid(B * NH, (T + BQ - 1) / BQ);
+    dim3 grid(B * NH, ceil_div(T, BQ));
     attention_forward_kernel<HD, WARPS><<<grid, 32 * WARPS, smem, main_stream>>>(out, lse, qkv, T, NH, NKV,
                                                                                  kLog2e / sqrtf((float)HD));
     cudaCheck(cudaGetLastError());
@@ -646,7 +642,7 @@ static void attention_backward_dkdv_fast(bf16* dqkv, const bf16* dout, const bf1
     size_t smem = (size_t)(2 * BK + 4 * BQ) * (HD + kPad) * sizeof(bf16) + 4 * BQ * sizeof(float);
     cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel<HD, WARPS>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid(B * NKV, (T + BK - 1) / BK);
+    dim3 grid(B * NKV, ceil_div(T, BK));
     float scale = 1.0f / sqrtf((float)HD);
     attention_backward_dkdv_kernel<HD, WARPS><<<grid, 32 * WARPS, smem, main_stream>>>(
         dqkv, dout, qkv, lse, delta, T, NH, NKV, scale * kLog2e, scale);
@@ -660,7 +656,7 @@ static void attention_backward_dq_fast(bf16* dqkv, const bf16* dout, const bf16*
     size_t smem = (size_t)(2 * BQ + 4 * kBlockK) * (HD + kPad) * sizeof(bf16);
     cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel<HD, WARPS>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid(B * NH, (T + BQ - 1) / BQ);
+    dim3 grid(B * NH, ceil_div(T, BQ));
     float scale = 1.0f / sqrtf((float)HD);
     attention_backward_dq_kernel<HD, WARPS><<<grid, 32 * WARPS, smem, main_stream>>>(
         dqkv, dout, qkv, lse, delta, T, NH, NKV, scale * kLog2e, scale);
@@ -670,7 +666,7 @@ static void attention_backward_dq_fast(bf16* dqkv, const bf16* dout, const bf16*
 // delta = rowsum(dout * out) into delta [B, NH, T]
 static void attention_delta(float* delta, const bf16* dout, const bf16* out, int B, int T, int NH, int hd) {
     int rows = B * T * NH;
-    attention_delta_kernel<<<(rows + kGenericWarps - 1) / kGenericWarps, 32 * kGenericWarps, 0, main_stream>>>(
+    attention_delta_kernel<<<ceil_div(rows, kGenericWarps), 32 * kGenericWarps, 0, main_stream>>>(
         delta, dout, out, B * T, T, NH, hd);
     cudaCheck(cudaGetLastError());
 }
@@ -685,13 +681,13 @@ void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int
     using namespace attention_detail;
     check_attention_shape(NH, NKV, hd);
     if (B == 0 || T == 0) { return; }
-    if (use_fast_path(hd, out, qkv, qkv, qkv)) {
+    if (use_fast_path(hd, out, qkv)) {
         if (hd == 64) { attention_forward_fast<64, kFwdWarps>(out, lse, qkv, B, T, NH, NKV); }
         else { attention_forward_fast<128, kFwdWarps>(out, lse, qkv, B, T, NH, NKV); }
         return;
     }
     int rows = B * NH * T;
-    attention_forward_generic_kernel<<<(rows + kGenericWarps - 1) / kGenericWarps, 32 * kGenericWarps, 0,
+    attention_forward_generic_kernel<<<ceil_div(rows, kGenericWarps), 32 * kGenericWarps, 0,
                                        main_stream>>>(out, lse, qkv, B, T, NH, NKV, hd, kLog2e / sqrtf((float)hd));
     cudaCheck(cudaGetLastError());
 }
@@ -704,7 +700,7 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
     if (B == 0 || T == 0) { return; }
     float* delta = scratch;
     attention_delta(delta, dout, out, B, T, NH, hd);
-    if (use_fast_path(hd, dqkv, dout, qkv, qkv)) {
+    if (use_fast_path(hd, dqkv, dout, qkv)) {
         if (hd == 64) {
             attention_backward_dkdv_fast<64, kDkvWarps>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV);
             attention_backward_dq_fast<64, kDqWarps>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV);
@@ -716,11 +712,11 @@ void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16
     }
     float scale = 1.0f / sqrtf((float)hd), scale_log2 = scale * kLog2e;
     int kv_rows = B * NKV * T, rows = B * NH * T;
-    attention_backward_dkdv_generic_kernel<<<(kv_rows + kGenericWarps - 1) / kGenericWarps, 32 * kGenericWarps, 0,
+    attention_backward_dkdv_generic_kernel<<<ceil_div(kv_rows, kGenericWarps), 32 * kGenericWarps, 0,
                                              main_stream>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV, hd,
                                                             scale_log2, scale);
     cudaCheck(cudaGetLastError());
-    attention_backward_dq_generic_kernel<<<(rows + kGenericWarps - 1) / kGenericWarps, 32 * kGenericWarps, 0,
+    attention_backward_dq_generic_kernel<<<ceil_div(rows, kGenericWarps), 32 * kGenericWarps, 0,
                                            main_stream>>>(dqkv, dout, qkv, lse, delta, B, T, NH, NKV, hd,
                                                           scale_log2, scale);
     cudaCheck(cudaGetLastError());

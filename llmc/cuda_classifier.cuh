@@ -6,8 +6,8 @@
      forward_stats_accumulate_cuda: acc[0] += sum_m losses; per layer l: acc[1 + 3l] += sum_m row_l1,
          acc[2 + 3l] += sum_m row_active, acc[3 + 3l] = max(acc[3 + 3l], max_m row_active)
  The cross-entropy reads each row once: a block holds up to 64K logits of its row in registers while it
- finds the maximum and the sum of exponentials (online: the sum is rescaled whenever the maximum
- grows), then writes dlogits from the registers. A longer row streams through in tiles of 64K and reads
+ finds the maximum and the sum of exponentials (online over tiles: the sum is rescaled when a tile
+ raises the maximum), then writes dlogits from the registers. A longer row streams through in tiles of 64K and reads
  all but its last tile a second time (from L2, mostly).
 */
 #ifndef LLMC_CUDA_CLASSIFIER_CUH
@@ -29,7 +29,24 @@ __device__ __forceinline__ void softmax_combine(float& max_a, float& sum_a, floa
     max_a = max_ab;
 }
 
-// one block per row; thread t owns the vectors k * CE_THREADS + t (k < CE_VECS) of each tile
+// Loads this thread's vectors of a tile: vector k starts at logit tile * CE_TILE + (k * CE_THREADS + t) * 8.
+// Logits past V (padding, or past the row) come back as -inf: they then drop out of the max and the sum,
+// and their dlogits come out 0, with no masks in the loops.
+__device__ __forceinline__ void crossentropy_load_tile(Bf16x8 (&cache)[CE_VECS], const bf16* z, int tile, int V) {
+    #pragma unroll
+    for (int k = 0; k < CE_VECS; k++) {
+        const int i0 = tile * CE_TILE + (k * CE_THREADS + threadIdx.x) * 8;
+        if (i0 < V) { cache[k] = load_bf16x8(z + i0); }
+        if (i0 + 8 > V) {
+            #pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (i0 + i >= V) { cache[k].v[i] = __float2bfloat16(-INFINITY); }
+            }
+        }
+    }
+}
+
+// one block per row
 __global__ void __launch_bounds__(CE_THREADS, 1)
 crossentropy_kernel(bf16* dlogits, float* losses, const bf16* logits, const int* targets, int V, int Vp,
                     float dloss) {
@@ -41,30 +58,27 @@ crossentropy_kernel(bf16* dlogits, float* losses, const bf16* logits, const int*
     const float z_target = threadIdx.x == 0 ? __bfloat162float(z[target]) : 0.0f;
     const int num_tiles = (Vp + CE_TILE - 1) / CE_TILE;
 
+    // this thread's (max, sum of exp(z - max)), one rescale per tile
     Bf16x8 cache[CE_VECS];
     float run_max = -INFINITY, run_sum = 0.0f;
     for (int tile = 0; tile < num_tiles; tile++) {
+        crossentropy_load_tile(cache, z, tile, V);
+        // the max on packed pairs: unpacking the whole tile to fp32 here would not fit in the registers
+        __nv_bfloat162 pair_max = __float2bfloat162_rn(-INFINITY);
         #pragma unroll
         for (int k = 0; k < CE_VECS; k++) {
-            int i0 = tile * CE_TILE + (k * CE_THREADS + threadIdx.x) * 8;
-            if (i0 < Vp) { cache[k] = load_bf16x8(z + i0); }
+            const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(cache[k].v);
+            #pragma unroll
+            for (int i = 0; i < 4; i++) { pair_max = __hmax2(pair_max, pairs[i]); }
         }
+        const float new_max = fmaxf(run_max, fmaxf(__low2float(pair_max), __high2float(pair_max)));
+        if (new_max == -INFINITY) { continue; } // no real logit yet
+        run_sum *= expf(run_max - new_max);
+        run_max = new_max;
         #pragma unroll
         for (int k = 0; k < CE_VECS; k++) {
-            int i0 = tile * CE_TILE + (k * CE_THREADS + threadIdx.x) * 8;
-            float vec_max = -INFINITY;
             #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (i0 + i < V) { vec_max = fmaxf(vec_max, __bfloat162float(cache[k].v[i])); }
-            }
-            if (vec_max > run_max) {
-                run_sum *= expf(run_max - vec_max);
-                run_max = vec_max;
-            }
-            #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (i0 + i < V) { run_sum += expf(__bfloat162float(cache[k].v[i]) - run_max); }
-            }
+            for (int i = 0; i < 8; i++) { run_sum += expf(__bfloat162float(cache[k].v[i]) - run_max); }
         }
     }
 
@@ -90,23 +104,16 @@ crossentropy_kernel(bf16* dlogits, float* losses, const bf16* logits, const int*
     bf16* dz = dlogits + (size_t)m * Vp;
     // the last tile is still in registers; earlier ones are read again
     for (int tile = num_tiles - 1; tile >= 0; tile--) {
-        if (tile < num_tiles - 1) {
-            #pragma unroll
-            for (int k = 0; k < CE_VECS; k++) {
-                int i0 = tile * CE_TILE + (k * CE_THREADS + threadIdx.x) * 8;
-                if (i0 < Vp) { cache[k] = load_bf16x8(z + i0); }
-            }
-        }
+        if (tile < num_tiles - 1) { crossentropy_load_tile(cache, z, tile, V); }
         #pragma unroll
         for (int k = 0; k < CE_VECS; k++) {
-            int i0 = tile * CE_TILE + (k * CE_THREADS + threadIdx.x) * 8;
+            const int i0 = tile * CE_TILE + (k * CE_THREADS + threadIdx.x) * 8;
             if (i0 < Vp) {
                 Bf16x8 d;
                 #pragma unroll
                 for (int i = 0; i < 8; i++) {
-                    float p = i0 + i < V ? expf(__bfloat162float(cache[k].v[i]) - lse) : 0.0f;
-                    float onehot = i0 + i == target ? 1.0f : 0.0f;
-                    d.v[i] = __float2bfloat16_rn(i0 + i < V ? (p - onehot) * dloss : 0.0f);
+                    float p = expf(__bfloat162float(cache[k].v[i]) - lse);
+                    d.v[i] = __float2bfloat16_rn((p - (i0 + i == target ? 1.0f : 0.0f)) * dloss);
                 }
                 store_bf16x8(dz + i0, d);
             }

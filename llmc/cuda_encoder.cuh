@@ -61,7 +61,8 @@ encoder_backward_kernel(float* dwte, const bf16* dout, const int* tokens, int M,
         const bool has_col = col < D;
         float acc[8];
         if (has_col) {
-            float4 lo = *reinterpret_cast<const float4*>(row + col), hi = *reinterpret_cast<const float4*>(row + col + 4);
+            float4 lo = *reinterpret_cast<const float4*>(row + col);
+            float4 hi = *reinterpret_cast<const float4*>(row + col + 4);
             acc[0] = lo.x; acc[1] = lo.y; acc[2] = lo.z; acc[3] = lo.w;
             acc[4] = hi.x; acc[5] = hi.y; acc[6] = hi.z; acc[7] = hi.w;
         }

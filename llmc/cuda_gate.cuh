@@ -19,7 +19,8 @@ constexpr int GATE_ROWS_PER_WARP = 4;
 // group instead of once per row. A mark is written only where fired still reads 0, and only as the
 // byte 1, so blocks racing on a mark all write the same value.
 __global__ void __launch_bounds__(GATE_THREADS)
-relu_gate_forward_kernel(bf16* h, float* row_l1, int* row_active, uint8_t* fired, const bf16* g, const bf16* u,
+relu_gate_forward_kernel(bf16* __restrict__ h, float* __restrict__ row_l1, int* __restrict__ row_active,
+                         uint8_t* __restrict__ fired, const bf16* __restrict__ g, const bf16* __restrict__ u,
                          int M, int H) {
     const int lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * (GATE_THREADS / 32) + threadIdx.x / 32) * GATE_ROWS_PER_WARP;
@@ -54,7 +55,7 @@ relu_gate_forward_kernel(bf16* h, float* row_l1, int* row_active, uint8_t* fired
         if (fired && fired_bits) {
             unsigned long long marks = *reinterpret_cast<const unsigned long long*>(fired + col);
             for (int i = 0; i < 8; i++) {
-                if ((fired_bits >> i & 1) && !(marks >> (8 * i) & 0xff)) { fired[col + i] = 1; }
+                if (((fired_bits >> i) & 1) && ((marks >> (8 * i)) & 0xff) == 0) { fired[col + i] = 1; }
             }
         }
     }

@@ -14,9 +14,25 @@
 
 constexpr int RMSNORM_THREADS = 256; // 8 warps, 8 rows per block
 
-// One warp per row of x (or of x + y, written to x_out and read back as stored when y is given).
+// the row as the norm sees it: x, or with y, bf16(x + y), the value stored in x_out (computed again in
+// the second pass rather than read back: reading memory this kernel writes would forbid the read-only
+// cache path for the inputs)
+__device__ __forceinline__ Bf16x8 rmsnorm_row_input(const bf16* __restrict__ x, const bf16* __restrict__ y,
+                                                   size_t offset) {
+    Bf16x8 a = load_bf16x8(x + offset);
+    if (y) {
+        Bf16x8 b = load_bf16x8(y + offset);
+        for (int i = 0; i < 8; i++) {
+            a.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) + __bfloat162float(b.v[i]));
+        }
+    }
+    return a;
+}
+
+// one warp per row
 __global__ void __launch_bounds__(RMSNORM_THREADS)
-rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* x_out, const bf16* x, const bf16* y, const bf16* w,
+rmsnorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* __restrict__ x_out,
+                       const bf16* __restrict__ x, const bf16* __restrict__ y, const bf16* __restrict__ w,
                        int M, int D, float eps) {
     const int lane = threadIdx.x % 32;
     const int m = blockIdx.x * (RMSNORM_THREADS / 32) + threadIdx.x / 32;
@@ -25,21 +41,18 @@ rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* x_out, const bf16* x, const
     float sum_sq = 0.0f;
     #pragma unroll 4
     for (int col = lane * 8; col < D; col += 32 * 8) {
-        Bf16x8 a = load_bf16x8(x + row + col);
-        if (y) {
-            Bf16x8 b = load_bf16x8(y + row + col);
-            for (int i = 0; i < 8; i++) { a.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) + __bfloat162float(b.v[i])); }
-            store_bf16x8(x_out + row + col, a);
-        }
+        Bf16x8 a = rmsnorm_row_input(x, y, row + col);
+        if (y) { store_bf16x8(x_out + row + col, a); }
         for (int i = 0; i < 8; i++) { float v = __bfloat162float(a.v[i]); sum_sq += v * v; }
     }
     sum_sq = warp_reduce<Sum>(sum_sq);
     const float r = 1.0f / sqrtf(sum_sq / D + eps);
-    const bf16* xs = y ? x_out : x; // each lane reads back only what it wrote itself
     #pragma unroll 4
     for (int col = lane * 8; col < D; col += 32 * 8) {
-        Bf16x8 a = load_bf16x8(xs + row + col), wv = load_bf16x8(w + col), o;
-        for (int i = 0; i < 8; i++) { o.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) * r * __bfloat162float(wv.v[i])); }
+        Bf16x8 a = rmsnorm_row_input(x, y, row + col), wv = load_bf16x8(w + col), o;
+        for (int i = 0; i < 8; i++) {
+            o.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) * r * __bfloat162float(wv.v[i]));
+        }
         store_bf16x8(out + row + col, o);
     }
     if (rstd && lane == 0) { rstd[m] = r; }
@@ -53,11 +66,12 @@ static void rmsnorm_launch(bf16* out, float* rstd, bf16* x_out, const bf16* x, c
     cudaCheck(cudaGetLastError());
 }
 
-// rstd may be NULL
+// rstd may be NULL; out must not overlap the inputs
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* w, int M, int D, float eps) {
     rmsnorm_launch(out, rstd, NULL, inp, NULL, w, M, D, eps);
 }
 
+// x_out and norm_out must not overlap the inputs
 void fused_residual_rmsnorm_forward(bf16* x_out, bf16* norm_out, float* rstd, const bf16* x, const bf16* y,
                                     const bf16* w, int M, int D, float eps) {
     rmsnorm_launch(norm_out, rstd, x_out, x, y, w, M, D, eps);
@@ -69,8 +83,9 @@ static inline int rmsnorm_backward_rows_per_block(int M) { return ceil_div(M, 10
 // Block b owns rows [b R, b R + R). A warp per row adds to dinp; then a thread per 8 columns sums
 // dout * n over the block's rows, in row order, into dw_partial[b, :].
 __global__ void __launch_bounds__(RMSNORM_THREADS)
-rmsnorm_backward_kernel(bf16* dinp, float* dw_partial, const bf16* dout, const bf16* inp, const bf16* w,
-                        const float* rstd, int M, int D, int rows_per_block) {
+rmsnorm_backward_kernel(bf16* __restrict__ dinp, float* __restrict__ dw_partial, const bf16* __restrict__ dout,
+                        const bf16* __restrict__ inp, const bf16* __restrict__ w, const float* __restrict__ rstd,
+                        int M, int D, int rows_per_block) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int row0 = blockIdx.x * rows_per_block;
     const int row_end = row0 + rows_per_block < M ? row0 + rows_per_block : M;
@@ -134,7 +149,7 @@ __global__ void rmsnorm_dw_kernel(float* dw, const float* dw_partial, int num_pa
     }
 }
 
-// dinp and dw accumulate; scratch holds the per-block partial sums of dw:
+// dinp and dw accumulate (dinp must not overlap dout or inp); scratch holds the per-block partial sums of dw:
 // ceil(M / rows_per_block) * D <= 1024 * D floats
 void rmsnorm_backward(bf16* dinp, float* dw, float* scratch, const bf16* dout, const bf16* inp, const bf16* w,
                       const float* rstd, int M, int D) {

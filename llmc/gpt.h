@@ -23,6 +23,15 @@
 
 #include <stdint.h>
 #include "llmc/cpu_ops.h"
+#ifdef __CUDACC__
+#include "llmc/cuda_attention.cuh"
+#include "llmc/cuda_classifier.cuh"
+#include "llmc/cuda_encoder.cuh"
+#include "llmc/cuda_gate.cuh"
+#include "llmc/cuda_matmul.cuh"
+#include "llmc/cuda_rmsnorm.cuh"
+#include "llmc/cuda_rope.cuh"
+#endif
 #include "llmc/memory.h"
 #include "llmc/model.h"
 #include "llmc/rng.h"
@@ -277,7 +286,14 @@ void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B,
     if (targets) {
         crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, a->losses, a->logits, targets, M,
                                       c->vocab_size, c->padded_vocab_size, dloss);
-        forward_stats_accumulate(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M);
+        // the one call whose argument types cannot tell the backends apart
+        if (model->device == DEVICE_CPU) {
+            forward_stats_accumulate(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M);
+        } else {
+#ifdef __CUDACC__
+            forward_stats_accumulate_cuda(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M);
+#endif
+        }
     }
 }
 

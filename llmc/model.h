@@ -63,6 +63,13 @@ static inline size_t num_parameters(const GPTConfig* c) {
     return total;
 }
 
+// training FLOPs per token at sequence length T, the numerator of MFU: 6 per
+// parameter (forward 2, backward 4) plus causal attention, whose q.k and p.v
+// products cost 2 * 2 * D * (T/2) per token and layer forward, times 3
+static inline double training_flops_per_token(const GPTConfig* c, int T) {
+    return 6.0 * (double)num_parameters(c) + 6.0 * c->num_layers * (double)c->channels * T;
+}
+
 // weight decay applies to matrices only, never to norm weights
 static inline int param_is_matrix(int i) {
     return i != P_ATTN_NORM && i != P_FFN_NORM && i != P_FINAL_NORM;

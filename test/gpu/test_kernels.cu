@@ -356,7 +356,8 @@ static void test_gate(int M, int H, bool with_fired) {
     relu_gate_forward(d_h, d_l1, d_active, d_fired, d_g, d_u, M, H);
     check_deterministic("relu_gate_forward", "h, row_l1, row_active, fired", shape,
                         same_bits(h, download(d_h, MH)) && same_bits(l1, download(d_l1, M)) &&
-                        same_bits(active, download(d_active, M)) && (!with_fired || same_bits(fired, download(d_fired, H))));
+                        same_bits(active, download(d_active, M)) &&
+                        (!with_fired || same_bits(fired, download(d_fired, H))));
 
     // backward, at the h the forward stored
     const float l1_scale = 0.3f;
@@ -551,7 +552,8 @@ static double copy_gbps = 0;
 
 static void bench_row(const char* kernel, const char* shape, float ms, double bytes) {
     double gbps = bytes / (ms * 1e-3) / 1e9;
-    printf("%-28s %-34s %9.3f ms %8.0f GB/s %5.0f%%\n", kernel, shape, ms, gbps, copy_gbps > 0 ? 100 * gbps / copy_gbps : 100.0);
+    printf("%-28s %-34s %9.3f ms %8.0f GB/s %5.0f%%\n", kernel, shape, ms, gbps,
+           copy_gbps > 0 ? 100 * gbps / copy_gbps : 100.0);
 }
 
 static void bench(void) {
@@ -561,7 +563,9 @@ static void bench(void) {
 
     const size_t copy_bytes = (size_t)1 << 31;
     char *src = device_uniform<char>(copy_bytes, 0, 100), *dst = (char*)cuda_malloc(copy_bytes);
-    float ms = time_ms([&] { cudaCheck(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, main_stream)); });
+    float ms = time_ms([&] {
+        cudaCheck(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, main_stream));
+    });
     copy_gbps = 2.0 * copy_bytes / (ms * 1e-3) / 1e9;
     bench_row("device-to-device copy", "2 GiB", ms, 2.0 * copy_bytes);
     cuda_free(src); cuda_free(dst);
@@ -575,7 +579,8 @@ static void bench(void) {
     int* d_tokens = upload(tokens);
     bf16* wte = device_uniform<bf16>((size_t)Vp * D, -1, 1);
     float* dwte = device_uniform<float>((size_t)Vp * D, -1, 1);
-    bf16 *x = device_uniform<bf16>(MD, -1, 1), *y = device_uniform<bf16>(MD, -1, 1), *out = device_uniform<bf16>(MD, -1, 1);
+    bf16 *x = device_uniform<bf16>(MD, -1, 1), *y = device_uniform<bf16>(MD, -1, 1);
+    bf16* out = device_uniform<bf16>(MD, -1, 1);
     bf16 *x_out = device_uniform<bf16>(MD, -1, 1), *w = device_uniform<bf16>(D, 0.5, 1.5);
     float *rstd = device_uniform<float>(M, 0.5, 1.5), *dw = device_uniform<float>(D, -1, 1);
     float* scratch = device_uniform<float>((size_t)1024 * D, -1, 1);
@@ -601,8 +606,9 @@ static void bench(void) {
               qkv_n * 2.0 * 2 / 3 * 2);
     cuda_free(qkv);
 
-    bf16 *g = device_uniform<bf16>(MH, -1, 1), *u = device_uniform<bf16>(MH, -1, 1), *h = device_uniform<bf16>(MH, -1, 1);
-    bf16 *dh = device_uniform<bf16>(MH, -1, 1), *dg = device_uniform<bf16>(MH, -1, 1), *du = device_uniform<bf16>(MH, -1, 1);
+    bf16 *g = device_uniform<bf16>(MH, -1, 1), *u = device_uniform<bf16>(MH, -1, 1);
+    bf16 *h = device_uniform<bf16>(MH, -1, 1), *dh = device_uniform<bf16>(MH, -1, 1);
+    bf16 *dg = device_uniform<bf16>(MH, -1, 1), *du = device_uniform<bf16>(MH, -1, 1);
     float* row_l1 = device_uniform<float>((size_t)L * M, 0, 1);
     int* row_active = (int*)cuda_malloc((size_t)L * M * sizeof(int));
     cudaCheck(cudaMemset(row_active, 0, (size_t)L * M * sizeof(int)));
@@ -627,10 +633,13 @@ static void bench(void) {
               time_ms([&] { crossentropy_forward_backward(dlogits, losses, logits, d_targets, M, V, Vp, 1.0f / M); }),
               4.0 * MV);
     bench_row("crossentropy (loss only)", shape,
-              time_ms([&] { crossentropy_forward_backward((bf16*)NULL, losses, logits, d_targets, M, V, Vp, 1.0f / M); }),
+              time_ms([&] {
+                  crossentropy_forward_backward((bf16*)NULL, losses, logits, d_targets, M, V, Vp, 1.0f / M);
+              }),
               2.0 * MV);
     snprintf(shape, sizeof(shape), "L %d, M %d", L, M);
-    bench_row("forward_stats", shape, time_ms([&] { forward_stats_accumulate_cuda(acc, losses, row_l1, row_active, L, M); }),
+    bench_row("forward_stats", shape,
+              time_ms([&] { forward_stats_accumulate_cuda(acc, losses, row_l1, row_active, L, M); }),
               4.0 * M + 8.0 * L * M);
     cuda_free(logits); cuda_free(dlogits); cuda_free(d_targets); cuda_free(losses); cuda_free(acc);
     cuda_free(row_l1); cuda_free(row_active);

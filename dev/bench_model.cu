@@ -1,0 +1,84 @@
+/*
+ Model-level GPU benchmark: training step and prefill throughput of a preset
+ shape on random tokens, with MFU against this GPU's measured bf16 GEMM rate
+ and peak device memory. Compare with dev/bench_pytorch.py on the same GPU.
+
+ usage: build/dev/bench_model PRESET B T [steps]    e.g. 1.5b 4 2048 10
+*/
+#include <time.h>
+#include "llmc/optimizer.h"
+
+typedef struct { const char* name; int layers, dim, heads, hidden; } Shape;
+static const Shape shapes[] = {
+    {"default", 4, 256, 4, 704}, {"124m", 12, 768, 12, 2048}, {"0.5b", 8, 2048, 32, 5632},
+    {"1b", 18, 2048, 32, 5632}, {"1.5b", 28, 2048, 32, 5632}, {"2b", 38, 2048, 32, 5632},
+};
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char** argv) {
+    if (argc < 4) { fatal("usage: %s PRESET B T [steps]", argv[0]); }
+    const Shape* shape = NULL;
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        if (strcmp(shapes[i].name, argv[1]) == 0) { shape = &shapes[i]; }
+    }
+    if (shape == NULL) { fatal("unknown preset %s", argv[1]); }
+    int B = atoi(argv[2]), T = atoi(argv[3]), steps = argc > 4 ? atoi(argv[4]) : 10, M = B * T;
+    GPTConfig c = {50257, 50304, shape->layers, shape->dim, shape->heads, shape->heads, shape->hidden, T, 10000.0f, 1e-5f};
+    double peak = measure_peak_bf16_flops();
+
+    GPT<bf16, float> model;
+    gpt_build(&model, &c, DEVICE_CUDA);
+    Optimizer opt;
+    optimizer_init(&opt, &model);
+    float* host = (float*)mallocCheck(model.num_parameters * sizeof(float));
+    init_params_random(host, &c, 1);
+    set_params_from_fp32(&model, &opt, host);
+    free(host);
+    int* tokens = (int*)mallocCheck((M + 1) * sizeof(int));
+    uint64_t rng = 3;
+    for (int i = 0; i <= M; i++) { tokens[i] = (int)rng_below(&rng, c.vocab_size); }
+    int* d_in = (int*)cuda_malloc(M * sizeof(int));
+    int* d_tg = (int*)cuda_malloc(M * sizeof(int));
+    cudaCheck(cudaMemcpy(d_in, tokens, M * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_tg, tokens + 1, M * sizeof(int), cudaMemcpyHostToDevice));
+    OptimConfig oc = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0, 1000, 0.1f};
+
+    // prefill: the forward with its logits, no loss, no backward
+    double t_prefill = 0;
+    for (int i = 0; i < steps + 2; i++) {
+        cudaCheck(cudaDeviceSynchronize());
+        double t0 = seconds();
+        gpt_forward(&model, d_in, (const int*)NULL, B, T, 0.0f);
+        cudaCheck(cudaDeviceSynchronize());
+        if (i >= 2) { t_prefill += seconds() - t0; }
+    }
+    double t_train = 0;
+    for (int i = 0; i < steps + 2; i++) {
+        double t0 = seconds();
+        gpt_zero_grad(&model);
+        gpt_stats_reset(&model);
+        gpt_forward(&model, d_in, d_tg, B, T, 1.0f / M);
+        gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
+        optimizer_step(&opt, &model, &oc, 1e-4f, i + 1);
+        gpt_stats_read(&model, M);
+        if (i >= 2) { t_train += seconds() - t0; }
+    }
+    size_t free_b, total_b;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    double train_tps = (double)M * steps / t_train, prefill_tps = (double)M * steps / t_prefill;
+    double mfu = train_tps * training_flops_per_token(&c, T) / peak;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("ours %s B%d T%d (%.0fM params, %s): train %.0f tok/s, MFU %.1f%% of %.0f TFLOP/s | prefill %.0f tok/s | "
+           "device memory in use %.1f GiB | loss %.4f\n", argv[1], B, T, model.num_parameters / 1e6, prop.name, train_tps,
+           100 * mfu, peak / 1e12, prefill_tps, (total_b - free_b) / 1073741824.0, model.ce);
+    optimizer_free(&opt);
+    gpt_free(&model);
+    cublaslt_free();
+    return 0;
+}

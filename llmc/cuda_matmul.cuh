@@ -1,0 +1,145 @@
+/*
+ Matrix products on the GPU through cuBLASLt: bf16 operands, fp32
+ accumulation, a bf16 or fp32 result.
+
+     C[M,N] = op(A) op(B)   (+ C when accumulate)
+
+ in row-major terms, as the CPU gemm of llmc/cpu_ops.h: op(A) is [M,K] (A is
+ stored [K,M] when trans_a), op(B) is [K,N] (B is stored [N,K] when trans_b).
+ cuBLASLt is column-major, and a row-major X is the column-major X^T, so we ask
+ it for C^T = op(B)^T op(A)^T: B comes first. The heuristic's choice of
+ algorithm is cached per shape, so after the first step no call searches.
+*/
+#ifndef LLMC_CUDA_MATMUL_CUH
+#define LLMC_CUDA_MATMUL_CUH
+
+#include <cublasLt.h>
+#include "llmc/cuda_common.cuh"
+
+static inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) { fatal("cuBLAS error %d at %s:%d", (int)status, file, line); }
+}
+#define cublasCheck(status) cublas_check((status), __FILE__, __LINE__)
+
+static const size_t cublaslt_workspace_bytes = 32 << 20;
+
+typedef struct {
+    int M, N, K, trans_a, trans_b, accumulate;
+    cudaDataType_t c_type;
+    cublasLtMatmulAlgo_t algo;
+} CachedMatmulAlgo;
+
+typedef struct {
+    cublasLtHandle_t handle;
+    void* workspace;
+    CachedMatmulAlgo* cache;
+    int cache_size, cache_capacity;
+} CublasLtState;
+
+static CublasLtState cublaslt = {NULL, NULL, NULL, 0, 0};
+
+static inline void cublaslt_init(void) {
+    if (cublaslt.handle) { return; }
+    cublasCheck(cublasLtCreate(&cublaslt.handle));
+    cublaslt.workspace = cuda_malloc(cublaslt_workspace_bytes);
+}
+
+static inline void cublaslt_free(void) {
+    if (!cublaslt.handle) { return; }
+    cublasCheck(cublasLtDestroy(cublaslt.handle));
+    cuda_free(cublaslt.workspace);
+    free(cublaslt.cache);
+    memset(&cublaslt, 0, sizeof(cublaslt));
+}
+
+static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, const bf16* B, int M, int N, int K,
+                                 int trans_a, int trans_b, int accumulate) {
+    cublaslt_init();
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // B
+    cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; // A
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+    // column-major shapes as stored: B^T is N x K (or K x N stored), A^T is K x M (or M x K stored)
+    cublasLtMatrixLayout_t layout_b, layout_a, layout_c;
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, trans_a ? M : K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&layout_c, c_type, N, M, N));
+
+    CachedMatmulAlgo* hit = NULL;
+    for (int i = 0; i < cublaslt.cache_size; i++) {
+        CachedMatmulAlgo* e = &cublaslt.cache[i];
+        if (e->M == M && e->N == N && e->K == K && e->trans_a == trans_a && e->trans_b == trans_b &&
+            e->accumulate == accumulate && e->c_type == c_type) { hit = e; break; }
+    }
+    if (hit == NULL) {
+        cublasLtMatmulPreference_t pref;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &cublaslt_workspace_bytes, sizeof(cublaslt_workspace_bytes)));
+        cublasLtMatmulHeuristicResult_t result;
+        int found = 0;
+        cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt.handle, desc, layout_b, layout_a, layout_c, layout_c, pref,
+                                                   1, &result, &found));
+        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        if (found == 0) {
+            fatal("cuBLASLt has no algorithm for C[%d,%d] = op(A) op(B), K %d, trans %d%d", M, N, K, trans_a, trans_b);
+        }
+        if (cublaslt.cache_size == cublaslt.cache_capacity) {
+            cublaslt.cache_capacity = cublaslt.cache_capacity ? 2 * cublaslt.cache_capacity : 32;
+            cublaslt.cache = (CachedMatmulAlgo*)reallocCheck(cublaslt.cache, cublaslt.cache_capacity * sizeof(CachedMatmulAlgo));
+        }
+        hit = &cublaslt.cache[cublaslt.cache_size++];
+        *hit = (CachedMatmulAlgo){M, N, K, trans_a, trans_b, accumulate, c_type, result.algo};
+    }
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(cublaslt.handle, desc, &alpha, B, layout_b, A, layout_a, &beta, C, layout_c, C, layout_c,
+                               &hit->algo, cublaslt.workspace, cublaslt_workspace_bytes, main_stream));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
+    cublasCheck(cublasLtMatrixLayoutDestroy(layout_c));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// the overloads llmc/gpt.h calls: bf16 results (activations), fp32 results (weight gradients)
+static inline void gemm(bf16* C, const bf16* A, const bf16* B, int M, int N, int K, int trans_a, int trans_b, int accumulate) {
+    gemm_cublaslt(C, CUDA_R_16BF, A, B, M, N, K, trans_a, trans_b, accumulate);
+}
+
+static inline void gemm(float* C, const bf16* A, const bf16* B, int M, int N, int K, int trans_a, int trans_b, int accumulate) {
+    gemm_cublaslt(C, CUDA_R_32F, A, B, M, N, K, trans_a, trans_b, accumulate);
+}
+
+// the bf16 rate of a large product on this GPU, in FLOP/s: the denominator of
+// MFU (an 8192^3 product, after a warmup, median of 5)
+static inline double measure_peak_bf16_flops(void) {
+    const int n = 8192;
+    bf16* a = (bf16*)cuda_malloc((size_t)n * n * sizeof(bf16));
+    bf16* c = (bf16*)cuda_malloc((size_t)n * n * sizeof(bf16));
+    cudaCheck(cudaMemsetAsync(a, 0x3c, (size_t)n * n * sizeof(bf16), main_stream)); // 0x3c3c: about 0.0115
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    float ms[6];
+    for (int i = 0; i < 6; i++) {
+        cudaCheck(cudaEventRecord(start, main_stream));
+        gemm(c, a, a, n, n, n, 0, 1, 0);
+        cudaCheck(cudaEventRecord(stop, main_stream));
+        cudaCheck(cudaEventSynchronize(stop));
+        cudaCheck(cudaEventElapsedTime(&ms[i], start, stop));
+    }
+    // sort the 5 timed runs (the first is the warmup) and take the middle one
+    for (int i = 1; i < 6; i++) {
+        for (int j = i + 1; j < 6; j++) {
+            if (ms[j] < ms[i]) { float t = ms[i]; ms[i] = ms[j]; ms[j] = t; }
+        }
+    }
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    cuda_free(a);
+    cuda_free(c);
+    return 2.0 * n * n * (double)n / (ms[3] * 1e-3);
+}
+
+#endif // LLMC_CUDA_MATMUL_CUH
