@@ -15,7 +15,8 @@ make -j16 all gpu > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit
 grep -E "warning" "$OUT/build.log" | head -n 20
 
 if has test; then
-    make test-gpu 2>&1 | tee "$OUT/test_gpu.log" | grep -vE "^  grad|^(NKV|case)" | tail -n 60
+    make test-gpu 2>&1 | tee "$OUT/test_gpu.log" | tail -n 60
+    build/gpu/test_model_gpu > "$OUT/test_model_gpu.log" 2>&1
 fi
 if has hf; then
     mkdir -p /tmp/hf && build/dev/hf_reference /tmp/hf && python3 dev/compare_hf.py /tmp/hf 2>&1 | tee "$OUT/compare_hf.log" | tail -n 40

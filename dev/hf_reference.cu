@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
     size_t n = num_parameters(&c), logits_n = (size_t)M * c.padded_vocab_size;
     float* params = (float*)mallocCheck(n * sizeof(float));
     init_params_random(params, &c, 7);
-    // larger than the training init so that every layer matters; bf16-exact so both paths see the same weights
-    for (size_t i = 0; i < n; i++) { params[i] = __bfloat162float(__float2bfloat16(params[i] * 2.5f)); }
+    // bf16-exact, so that both paths see the same weights
+    for (size_t i = 0; i < n; i++) { params[i] = __bfloat162float(__float2bfloat16(params[i])); }
     char path[4096];
     snprintf(path, sizeof(path), "%s/model.bin", argv[1]);
     checkpoint_save_model(path, &c, params, 0);
