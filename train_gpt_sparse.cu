@@ -105,7 +105,7 @@ typedef struct {
     OptimConfig optim;
     int B, T, total_batch, grad_accum;
     int val_every, val_batches, sample_every, sample_tokens, ckpt_every;
-    int resume, seed;
+    int resume, seed, recompute;
     float lambda;
 } Options;
 
@@ -233,6 +233,7 @@ void train(const Options* o, Device device) {
 
     GPT<T, float> model;
     gpt_build(&model, config, device);
+    model.recompute = o->recompute;
     Optimizer opt;
     optimizer_init(&opt, &model);
     size_t n_params = model.num_parameters;
@@ -395,7 +396,7 @@ int main(int argc, char** argv) {
     const char* device_name = "auto";
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
-    int resume = 0, seed = 1337, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
+    int resume = 0, seed = 1337, recompute = 0, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
     float lr = 1e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, lambda = 2e-5f;
     float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, rope_theta = 10000.0f, norm_eps = 1e-5f;
     ArgSpec specs[] = {
@@ -433,6 +434,7 @@ int main(int argc, char** argv) {
         {'r', "seed", ARG_INT, &seed, 0, 2147483647, "seed of the init, the data order and the samples", 0},
         {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "GPT-2 rank file, for the text samples", 0},
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
+        {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     setvbuf(stdout, NULL, _IOLBF, 0); // keep the log in order with errors on stderr
@@ -477,6 +479,7 @@ int main(int argc, char** argv) {
     o.resume = resume;
     o.seed = seed;
     o.lambda = lambda;
+    o.recompute = recompute;
 
     if (strcmp(device_name, "auto") != 0 && strcmp(device_name, "cpu") != 0 && strcmp(device_name, "cuda") != 0) {
         fatal("--device must be auto, cpu or cuda, not '%s'", device_name);

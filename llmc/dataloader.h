@@ -12,6 +12,7 @@
 #define LLMC_DATALOADER_H
 
 #include <glob.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,10 @@ typedef struct {
     // the current shard in memory
     Shard shard;
     size_t loaded_shard;         // file index of shard, or SIZE_MAX when none
+    // the shard that comes next, read by a background thread while training goes on
+    Shard next_shard;
+    size_t next_file;            // file index being read into next_shard, or SIZE_MAX
+    pthread_t prefetch_thread;
     // the batch, B * T each, filled by dataloader_next_batch
     int* inputs;
     int* targets;
@@ -118,6 +123,42 @@ static inline void dataloader_load_shard(const DataLoader* dl, size_t file_index
 }
 
 // move to (epoch, shard_pos, batch_pos): recompute the orders and load the shard if it is not in memory
+// the background read of the next shard (file reads overlap the training steps)
+static inline void* dataloader_prefetch_main(void* arg) {
+    DataLoader* dl = (DataLoader*)arg;
+    dataloader_load_shard(dl, dl->next_file, &dl->next_shard);
+    return NULL;
+}
+
+// waits for a prefetch in flight; returns the file index it read, or SIZE_MAX
+static inline size_t dataloader_prefetch_join(DataLoader* dl) {
+    size_t file = dl->next_file;
+    if (file != SIZE_MAX) {
+        if (pthread_join(dl->prefetch_thread, NULL) != 0) { fatal("cannot join the shard prefetch thread"); }
+        dl->next_file = SIZE_MAX;
+    }
+    return file;
+}
+
+// starts reading the shard after the current one (the next epoch's first, after
+// the last) unless it is the one already in memory
+static inline void dataloader_prefetch_start(DataLoader* dl) {
+    size_t next;
+    if (dl->shard_pos + 1 < dl->num_shards) {
+        next = dl->shard_order[dl->shard_pos + 1];
+    } else {
+        size_t* order = (size_t*)mallocCheck(dl->num_shards * sizeof(size_t));
+        dl_fill_order(order, dl->num_shards, dl->shuffle, dl_stream_seed(dl->seed, (uint64_t)dl->epoch + 1, 0));
+        next = order[0];
+        free(order);
+    }
+    if (next == dl->loaded_shard) { return; }
+    dl->next_file = next;
+    if (pthread_create(&dl->prefetch_thread, NULL, dataloader_prefetch_main, dl) != 0) {
+        fatal("cannot start the shard prefetch thread");
+    }
+}
+
 static inline void dataloader_seek(DataLoader* dl, int epoch, size_t shard_pos, size_t batch_pos) {
     dl->epoch = epoch;
     dl->shard_pos = shard_pos;
@@ -132,10 +173,19 @@ static inline void dataloader_seek(DataLoader* dl, int epoch, size_t shard_pos, 
     }
     dl_fill_order(dl->sample_order, num_samples, dl->shuffle,
                   dl_stream_seed(dl->seed, (uint64_t)epoch, 1 + (uint64_t)file_index));
+    // take the prefetched shard if it is the one wanted, else read it now
+    size_t prefetched = dataloader_prefetch_join(dl);
     if (dl->loaded_shard != file_index) {
-        dataloader_load_shard(dl, file_index, &dl->shard);
+        if (prefetched == file_index) {
+            Shard swap = dl->shard;
+            dl->shard = dl->next_shard;
+            dl->next_shard = swap;
+        } else {
+            dataloader_load_shard(dl, file_index, &dl->shard);
+        }
         dl->loaded_shard = file_index;
     }
+    dataloader_prefetch_start(dl);
 }
 
 static inline int dl_cmp_paths(const void* a, const void* b) {
@@ -149,6 +199,7 @@ static inline int dataloader_try_init(DataLoader* dl, const char* pattern, int B
                                       int num_processes, int shuffle, uint64_t seed, int vocab_size,
                                       char* err, size_t errlen) {
     memset(dl, 0, sizeof(*dl));
+    dl->next_file = SIZE_MAX;
     if (B <= 0 || T <= 0 || num_processes <= 0 || process_rank < 0 || process_rank >= num_processes ||
         vocab_size <= 0) {
         return shard_error(err, errlen,
@@ -304,7 +355,9 @@ static inline void dataloader_set_state(DataLoader* dl, const DataLoaderState* s
 }
 
 static inline void dataloader_free(DataLoader* dl) {
+    dataloader_prefetch_join(dl);
     shard_free(&dl->shard);
+    shard_free(&dl->next_shard);
     free(dl->sample_order);
     free(dl->shard_order);
     free(dl->shard_num_tokens);

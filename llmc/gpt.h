@@ -56,9 +56,9 @@ struct Activations {
     G* lse;        // [L, B, NH, T] attention log-sum-exp per query
     T* ffn_in;     // [L, M, D] RMSNorm output f
     G* ffn_rstd;   // [L, M]
-    T* g;          // [L, M, H] gate pre-activation
-    T* u;          // [L, M, H] up projection
-    T* h;          // [L, M, H] relu(g) * u
+    T* g;          // [L, M, H] gate pre-activation ([1, M, H] when recomputed)
+    T* u;          // [L, M, H] up projection (same)
+    T* h;          // [L, M, H] relu(g) * u (same)
     G* row_l1;     // [L, M] sum_n |h|
     int* row_active; // [L, M] firing units
     T* final_out;  // [M, D]
@@ -85,6 +85,7 @@ struct GPT {
     T* param[NUM_PARAM_TENSORS];
     G* grad[NUM_PARAM_TENSORS];
     int B, T_;     // micro-batch the activations are sized for (0 until the first forward)
+    int recompute; // 1: keep g, u, h of one layer only and recompute them in the backward
     Activations<T, G> acts;
     void* acts_memory;
     size_t acts_bytes;
@@ -144,13 +145,14 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     // attention backward wants B*NKV*T values (CPU) or B*NH*T (GPU: a delta per query);
     // the norm backward (GPU) wants a block's partial sums of D
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
+    size_t LH = model->recompute ? 1 : L; // layers whose FFN activations are kept
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
         {(void**)&a->qkv, L * M * QKV * sizeof(T)}, {(void**)&a->att, L * M * D * sizeof(T)},
         {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, L * M * D * sizeof(T)},
-        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, L * M * H * sizeof(T)},
-        {(void**)&a->u, L * M * H * sizeof(T)}, {(void**)&a->h, L * M * H * sizeof(T)},
+        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, LH * M * H * sizeof(T)},
+        {(void**)&a->u, LH * M * H * sizeof(T)}, {(void**)&a->h, LH * M * H * sizeof(T)},
         {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
         {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
         {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
@@ -238,6 +240,19 @@ void linear_backward(T* dinp, G* dw, const T* dout, const T* inp, const T* w, in
     gemm(dw, dout, inp, N, K, M, 1, 0, 1);
 }
 
+// layer l's FFN activations from its normed input: g = f Wg^T, u = f Wu^T,
+// h = relu(g) * u, with the sparsity statistics of h
+template <typename T, typename G>
+void gpt_ffn_activations(GPT<T, G>* model, int l, T* g, T* u, T* h) {
+    const GPTConfig* c = &model->config;
+    int M = model->B * model->T_, D = c->channels, H = c->hidden;
+    const T* ffn_in = model->acts.ffn_in + (size_t)l * M * D;
+    linear_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
+    linear_forward(u, ffn_in, model->param[P_WU] + (size_t)l * H * D, M, D, H);
+    relu_gate_forward(h, model->acts.row_l1 + (size_t)l * M, model->acts.row_active + (size_t)l * M,
+                      model->fired + (size_t)l * H, g, u, M, H);
+}
+
 // Forward over B sequences of T tokens (inputs and targets on the model's
 // device). With targets, adds the losses and the sparsity statistics to the
 // sums; with dloss > 0, also leaves dlogits = dloss * dCE/dlogits in place of
@@ -261,7 +276,8 @@ void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B,
         T* qkv = a->qkv + (size_t)l * M * QKV;
         T* att = a->att + l * MD;
         T* ffn_in = a->ffn_in + l * MD;
-        T *g = a->g + l * MH, *u = a->u + l * MH, *h = a->h + l * MH;
+        size_t ffn = model->recompute ? 0 : l * MH;
+        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
 
         linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
         rope_forward(qkv, B, T_, 0, NH, NKV, hd, c->rope_theta);
@@ -270,10 +286,7 @@ void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B,
         fused_residual_rmsnorm_forward(a->x_mid + l * MD, ffn_in, a->ffn_rstd + (size_t)l * M, a->x_res + l * MD,
                                        a->proj, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
 
-        linear_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
-        linear_forward(u, ffn_in, model->param[P_WU] + (size_t)l * H * D, M, D, H);
-        relu_gate_forward(h, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M, model->fired + (size_t)l * H,
-                          g, u, M, H);
+        gpt_ffn_activations(model, l, g, u, h);
         gemm(a->proj, h, model->param[P_WDT] + (size_t)l * H * D, M, D, H, 0, 0, 0);
         // the residual add, fused with the norm of the next layer (or the final norm)
         int last = l == L - 1;
@@ -321,8 +334,10 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
         const T* wg = model->param[P_WG] + (size_t)l * H * D;
         const T* wu = model->param[P_WU] + (size_t)l * H * D;
         const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
-        const T *g = a->g + l * MH, *u = a->u + l * MH, *h = a->h + l * MH;
+        size_t ffn = model->recompute ? 0 : l * MH;
+        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
         const T* ffn_in = a->ffn_in + l * MD;
+        if (model->recompute) { gpt_ffn_activations(model, l, g, u, h); }
 
         // FFN: x_out = x_mid + h Wd^T; d_res is dL/dx_out and passes through to x_mid
         gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
