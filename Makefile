@@ -18,6 +18,7 @@ HEADERS = $(wildcard llmc/*.h)
 BINARIES = train_gpt_sparse infer tokenize
 CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
+SCRIPT_TESTS = $(wildcard test/test_*.sh)
 CUDA_HEADERS = $(wildcard llmc/*.cuh)
 GPU_TESTS = $(patsubst test/gpu/%.cu,build/gpu/%,$(wildcard test/gpu/test_*.cu))
 DEV_TOOLS = $(patsubst dev/%.cu,build/dev/%,$(wildcard dev/*.cu))
@@ -42,7 +43,7 @@ build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
 	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) $< -o $@ -lm
 
 test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS)
-	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS)
+	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS) $(SCRIPT_TESTS)
 
 # GPU tests, benchmarks and dev tools: built anywhere, run on a machine with a GPU
 build/gpu/test_%: test/gpu/test_%.cu test/test.h $(HEADERS) $(CUDA_HEADERS)
@@ -56,7 +57,7 @@ build/dev/%: dev/%.cu $(HEADERS) $(CUDA_HEADERS)
 gpu: $(BINARIES) $(GPU_TESTS) $(DEV_TOOLS)
 
 test-gpu: $(BINARIES) $(GPU_TESTS)
-	@bash test/run_tests.sh --no-e2e $(GPU_TESTS) test/gpu/test_e2e_gpu.sh
+	@bash test/run_tests.sh $(GPU_TESTS) $(wildcard test/gpu/test_*.sh)
 
 clean:
 	rm -rf build $(BINARIES)

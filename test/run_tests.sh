@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test binary given on the command line and then (unless --no-e2e
-# comes first) the end-to-end script, adds up their "N passed, M failed" lines
-# and prints the total.
+# Runs every test (binary or script) given on the command line, adds up their
+# "N passed, M failed" lines and prints the total.
 set -u
 cd "$(dirname "$0")/.."
 passed=0; failed=0; broken=0
@@ -19,10 +18,9 @@ run() {
         failed=$((failed + $(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')))
     fi
 }
-e2e=1
-if [ "${1:-}" = "--no-e2e" ]; then e2e=0; shift; fi
-for t in "$@"; do run "$t"; done
-[ $e2e -eq 1 ] && run bash test/test_e2e.sh
+for t in "$@"; do
+    case "$t" in *.sh) run bash "$t" ;; *) run "$t" ;; esac
+done
 failed=$((failed + broken))
 echo "total: $passed passed, $failed failed"
 [ $failed -eq 0 ]
