@@ -8,6 +8,10 @@
  turns each piece into ids as tiktoken does: the piece's own id if it is a token, else repeatedly
  merge the adjacent pair of parts whose concatenation has the lowest rank (leftmost on ties).
  Text is encoded as ordinary text: "<|endoftext|>" in it is not the special token.
+ tokenizer_init_pattern(t, path, TOKENIZER_PATTERN_LLAMA3) instead splits with Llama-3's pattern (also
+ tiktoken's cl100k_base's)
+     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ for Llama-3's rank file (128000 ranks; the added special token, 128000, is <|begin_of_text|>).
 */
 #ifndef LLMC_TOKENIZER_H
 #define LLMC_TOKENIZER_H
@@ -27,7 +31,10 @@ typedef struct {
     size_t* offsets;         // token i is bytes[offsets[i] .. offsets[i + 1])
     int* table;              // open addressing, token bytes -> id (-1: empty slot); eot is not in it
     size_t table_mask;       // table size - 1, a power of two at least twice the ranks
+    int pattern;             // pre-tokenizer: TOKENIZER_PATTERN_GPT2 or TOKENIZER_PATTERN_LLAMA3
 } Tokenizer;
+
+enum { TOKENIZER_PATTERN_GPT2, TOKENIZER_PATTERN_LLAMA3 };
 
 // ----------------------------------------------------------------------------
 // UTF-8
@@ -156,6 +163,71 @@ static inline size_t tokenizer_piece_end(const unsigned char* s, size_t n, size_
     return j;                       // \s+: one whitespace character before a non-space
 }
 
+// end of the piece that starts at byte i < n of the valid UTF-8 s[0..n) under Llama-3's pattern, the
+// first alternative that matches at i as a backtracking regex engine picks it
+static inline size_t tokenizer_piece_end_llama3(const unsigned char* s, size_t n, size_t i) {
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d): c | 0x20 is c's lower case for ASCII letters, and no other byte
+    // maps to these letters; U+017F (long s) case-folds to s as well
+    if (s[i] == '\'' && i + 1 < n) {
+        unsigned char a = s[i + 1] | 0x20;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') { return i + 2; }
+        if (i + 2 < n) {
+            unsigned char b = s[i + 2] | 0x20;
+            if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) { return i + 3; }
+            if (s[i + 1] == 0xC5 && s[i + 2] == 0xBF) { return i + 3; }
+        }
+    }
+    size_t j = i;
+    int cls = tokenizer_next_class(s, &j);
+    int crlf = s[i] == '\r' || s[i] == '\n';
+    size_t k = j;
+    int next = j < n ? tokenizer_next_class(s, &k) : UNI_OTHER; // the class of the second character
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (cls == UNI_LETTER || (cls != UNI_NUMBER && !crlf && j < n && next == UNI_LETTER)) {
+        size_t end = cls == UNI_LETTER ? j : k;
+        while (end < n) {
+            size_t m = end;
+            if (tokenizer_next_class(s, &m) != UNI_LETTER) { break; }
+            end = m;
+        }
+        return end;
+    }
+    // \p{N}{1,3}
+    if (cls == UNI_NUMBER) {
+        size_t end = j;
+        for (int count = 1; count < 3 && end < n; count++) {
+            size_t m = end;
+            if (tokenizer_next_class(s, &m) != UNI_NUMBER) { break; }
+            end = m;
+        }
+        return end;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+    if (cls == UNI_OTHER || (s[i] == ' ' && j < n && next == UNI_OTHER)) {
+        size_t end = cls == UNI_OTHER ? j : k;
+        while (end < n) {
+            size_t m = end;
+            if (tokenizer_next_class(s, &m) != UNI_OTHER) { break; }
+            end = m;
+        }
+        while (end < n && (s[end] == '\r' || s[end] == '\n')) { end++; }
+        return end;
+    }
+    // s[i] is whitespace: the run of it, where its last character and its last \r or \n are
+    size_t end = j, last = i, after_crlf = crlf ? j : i;
+    while (end < n) {
+        size_t m = end;
+        if (tokenizer_next_class(s, &m) != UNI_SPACE) { break; }
+        if (s[end] == '\r' || s[end] == '\n') { after_crlf = m; }
+        last = end;
+        end = m;
+    }
+    if (after_crlf > i) { return after_crlf; } // \s*[\r\n]+ backs off to the last \r or \n of the run
+    if (end == n) { return n; }               // \s+(?!\S) at the end of the text
+    if (last > i) { return last; }            // \s+(?!\S) backs off one character so that it is not followed by \S
+    return end;                               // \s+: one whitespace character before a non-space
+}
+
 // ----------------------------------------------------------------------------
 // rank lookup and BPE merging
 
@@ -281,7 +353,8 @@ static inline int tokenizer_encode(const Tokenizer* t, const char* text, size_t 
     const unsigned char* s = (const unsigned char*)text;
     TokenizerScratch w = {NULL, NULL, NULL, 0};
     for (size_t i = 0; i < len;) {
-        size_t end = tokenizer_piece_end(s, len, i);
+        size_t end = t->pattern == TOKENIZER_PATTERN_LLAMA3 ? tokenizer_piece_end_llama3(s, len, i)
+                                                            : tokenizer_piece_end(s, len, i);
         int id = tokenizer_lookup(t, s + i, end - i);
         if (id >= 0) { tokenizer_push(id, ids, n_ids, cap); }
         else { tokenizer_merge(t, s + i, end - i, &w, ids, n_ids, cap); }
@@ -335,8 +408,10 @@ static inline long tokenizer_base64_decode(const char* s, size_t n, unsigned cha
     return len;
 }
 
-// loads a tiktoken rank file and adds <|endoftext|> after its ranks; fatal() if it is missing or malformed
-static inline void tokenizer_init(Tokenizer* t, const char* path) {
+// loads a tiktoken rank file and adds <|endoftext|> after its ranks; fatal() if it is missing or malformed.
+// pattern is the pre-tokenizer: TOKENIZER_PATTERN_GPT2 or TOKENIZER_PATTERN_LLAMA3
+static inline void tokenizer_init_pattern(Tokenizer* t, const char* path, int pattern) {
+    t->pattern = pattern;
     FILE* fp = fopen(path, "rb");
     if (fp == NULL) {
         fatal("cannot open tokenizer file %s: %s (dev/data/fetch_tokenizer.sh makes it)", path, strerror(errno));
@@ -402,6 +477,11 @@ static inline void tokenizer_init(Tokenizer* t, const char* path) {
         unsigned char byte = (unsigned char)b;
         if (tokenizer_lookup(t, &byte, 1) < 0) { fatal("tokenizer file %s: byte 0x%02X has no rank", path, b); }
     }
+}
+
+// GPT-2's tokenizer from its rank file
+static inline void tokenizer_init(Tokenizer* t, const char* path) {
+    tokenizer_init_pattern(t, path, TOKENIZER_PATTERN_GPT2);
 }
 
 static inline void tokenizer_free(Tokenizer* t) {

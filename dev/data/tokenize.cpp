@@ -1,38 +1,164 @@
 /*
- Turns text into llm.c token shards (GPT-2 BPE, uint16 tokens). Each input file, or with --jsonl FIELD
- each record (line) of a JSON-lines file, is one document, written as <|endoftext|> + encode(text), in
- input order. Tokens fill shards of -s tokens as llm.c's fineweb.py does: <out>_val_000000.bin first,
- then <out>_train_000001.bin, ...; a document that does not fit is split across the shard boundary, and
- the last, partial shard is written too. With --val_docs K the val shard is instead exactly the first K
- documents (a split by documents, as llm.c's tinystories.py makes), and train shards follow as above.
+ Turns text into llm.c token shards, byte for byte as llm.c's dev/data/fineweb.py writes them. Each input
+ file, or with --jsonl FIELD each line (record) of a JSON-lines input, is one document, written as the
+ separator token followed by encode(text), in input order. Tokens fill shards of -s tokens:
+ <out>_val_000000.bin first, then <out>_train_000001.bin, ...; a document that does not fit completes the
+ shard and its rest starts the next one; the last, partial shard is written too. With --val_docs K the val
+ shard is instead exactly the first K documents (a split by documents, as llm.c's tinystories.py makes),
+ and train shards follow as above.
 
-   ./tokenize -o data/corpus [-s shard_tokens] [-t rank_file] [--jsonl FIELD] [--val_docs K] FILE...
+ Vocabularies: gpt2 (r50k_base; uint16 tokens, magic 20240520; separator <|endoftext|> = 50256) and
+ llama3 (Llama-3's tiktoken ranks and pre-tokenizer; uint32 tokens, magic 20240801; separator
+ <|begin_of_text|> = 128000, as llm.c uses it).
+
+ Documents are tokenized in parallel (OpenMP) a batch at a time; one thread writes the previous batch in
+ input order and reads the next while the others tokenize, so the shards are the same bytes whatever the
+ thread count. After each complete shard <out>.state records how much of the input the complete shards
+ hold; --resume skips that much input and goes on, giving the bytes of a run that never stopped.
+
+   ./tokenize -o OUT [options] FILE...        (FILE "-" is standard input; --help lists the options)
 */
+#include <fcntl.h>
+#include <omp.h>
+#include <sys/stat.h>
 #include <time.h>
 #include "llmc/shard.h"
 #include "llmc/tokenizer.h"
 
-// ----------------------------------------------------------------------------
-// shards, filled in document order as fineweb.py fills them
+#define LLAMA3_RANKS 128000 // Llama-3's tokenizer.model; <|begin_of_text|> is the next id, 128000
+
+// a batch ends at this many input bytes (or --batch-docs documents); a longer document is a batch alone
+enum { BATCH_BYTES = 8 << 20 };
 
 typedef struct {
-    const char* out;       // shard path prefix
-    size_t shard_tokens;   // tokens per shard
-    size_t val_docs;       // 0: the val shard is the first shard_tokens tokens; else the first val_docs documents
+    const char* out;          // shard path prefix
+    const char* rank_file;
+    const char* jsonl_field;  // documents are JSON lines, the text in this field
+    int records;              // documents are records: uint32 little-endian byte count, then the text
+    int llama3;               // vocabulary: 0 gpt2, 1 llama3
+    size_t shard_tokens, val_docs;
+    int resume;
+    size_t max_shards;        // stop once this many shards are complete (0: never)
+    size_t total_docs;        // documents in the whole input, for the ETA and a check (0: unknown)
+    size_t first_doc;         // the input starts at this document of the stream (the caller skipped the rest)
+    size_t batch_docs;
+    char** inputs;
+    int n_inputs;
+} Options;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ----------------------------------------------------------------------------
+// progress line on stderr: rewritten in place on a terminal, else one line now and then
+
+typedef struct {
+    int tty;
+    double start, last;
+    size_t total_bytes;    // of all inputs, 0 if unknown (a pipe)
+    size_t total_docs;     // from --total-docs, 0 if unknown
+    size_t skipped_docs;   // documents before this run's first (resume)
+    size_t skipped_bytes;  // input bytes of those that this run read past
+    size_t bytes;          // input bytes tokenized by this run
+    int on_screen;         // a line without '\n' is showing
+} Progress;
+
+static void progress_clear(Progress* p) {
+    if (p->on_screen) { fputs("\r\033[K", stderr); }
+    p->on_screen = 0;
+}
+
+static void progress_show(Progress* p, size_t docs, size_t tokens) {
+    double t = now_seconds();
+    if (t - p->last < (p->tty ? 0.25 : 30.0)) { return; }
+    p->last = t;
+    double elapsed = t - p->start > 1e-9 ? t - p->start : 1e-9;
+    char eta[64] = "";
+    double left = -1; // seconds
+    if (p->total_docs > 0 && docs > p->skipped_docs) {
+        double rate = (double)(docs - p->skipped_docs) / elapsed;
+        left = docs < p->total_docs ? (double)(p->total_docs - docs) / rate : 0;
+        snprintf(eta, sizeof(eta), " | %.1f%%", 100.0 * (double)docs / (double)p->total_docs);
+    } else if (p->total_bytes > 0 && p->bytes > 0) {
+        size_t done = p->skipped_bytes + p->bytes;
+        left = done < p->total_bytes ? (double)(p->total_bytes - done) / ((double)p->bytes / elapsed) : 0;
+        snprintf(eta, sizeof(eta), " | %.1f%%", 100.0 * (double)done / (double)p->total_bytes);
+    }
+    if (left >= 0) {
+        long s = (long)(left + 0.5);
+        size_t used = strlen(eta);
+        snprintf(eta + used, sizeof(eta) - used, " | ETA %ldh%02ldm%02lds", s / 3600, s / 60 % 60, s % 60);
+    }
+    progress_clear(p);
+    fprintf(stderr, "tokenize: %zu docs | %zu tokens | %.1f MB/s%s%s", docs, tokens, (double)p->bytes / elapsed / 1e6,
+            eta, p->tty ? "" : "\n");
+    p->on_screen = p->tty;
+    fflush(stderr);
+}
+
+// ----------------------------------------------------------------------------
+// shards, filled in document order as fineweb.py fills them, and the resume state
+
+typedef struct {
+    const Options* o;
+    int token_bytes;       // 2 (gpt2) or 4 (llama3)
     uint32_t* buf;         // the shard being filled
     size_t n, cap;
-    int shard_index;
-    size_t docs;           // documents added so far
-    size_t tokens;         // tokens written or buffered so far
+    size_t shards;         // complete shards: 0 .. shards - 1 are written
+    size_t docs;           // documents all of whose tokens are in complete shards or buf
+    size_t tokens;         // tokens in complete shards and buf
     size_t val_tokens;
+    // resume: the first document added continues one whose first `drop` tokens complete shards hold,
+    // the last n_tail of them at the end of the last complete shard (to check that the input is the same)
+    size_t drop;
+    uint32_t* tail;
+    size_t n_tail;
+    int stop;              // --max-shards reached, or an error
+    char err[512];         // the error, empty if none
+    Progress* progress;
 } ShardWriter;
+
+static char* path_with(const char* out, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static char* path_with(const char* out, const char* fmt, ...) {
+    char suffix[64];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(suffix, sizeof(suffix), fmt, args);
+    va_end(args);
+    size_t len = strlen(out) + strlen(suffix) + 1;
+    char* path = (char*)mallocCheck(len);
+    snprintf(path, len, "%s%s", out, suffix);
+    return path;
+}
+
+static char* shard_path(const char* out, size_t index) {
+    return path_with(out, "_%s_%06zu.bin", index == 0 ? "val" : "train", index);
+}
+
+static const char* vocab_name(const Options* o) { return o->llama3 ? "llama3" : "gpt2"; }
+
+// the state after `shards` complete shards that hold `docs` whole documents and `doc_tokens` tokens of the next
+static void state_write(const ShardWriter* w, size_t docs, size_t doc_tokens) {
+    char* path = path_with(w->o->out, ".state");
+    char tmp[4096];
+    FILE* fp = atomic_open(path, tmp, sizeof(tmp));
+    fprintf(fp, "tokenize_state 1\nshards %zu\ndocs %zu\ndoc_tokens %zu\ntokens %zu\nval_tokens %zu\n"
+            "shard_tokens %zu\nval_docs %zu\nvocab %s\n",
+            w->shards, docs, doc_tokens, w->tokens, w->val_tokens, w->o->shard_tokens, w->o->val_docs,
+            vocab_name(w->o));
+    atomic_commit(fp, tmp, path);
+    free(path);
+}
 
 static void writer_append(ShardWriter* w, const int* ids, size_t n) {
     if (w->n + n > w->cap) {
         w->cap = 2 * (w->n + n);
         // only a val shard of val_docs documents can outgrow shard_tokens
-        int by_docs = w->val_docs > 0 && w->shard_index == 0;
-        if (!by_docs && w->cap > w->shard_tokens) { w->cap = w->shard_tokens; }
+        int by_docs = w->o->val_docs > 0 && w->shards == 0;
+        if (!by_docs && w->cap > w->o->shard_tokens) { w->cap = w->o->shard_tokens; }
         w->buf = (uint32_t*)reallocCheck(w->buf, w->cap * sizeof(uint32_t));
     }
     for (size_t i = 0; i < n; i++) { w->buf[w->n + i] = (uint32_t)ids[i]; }
@@ -40,43 +166,134 @@ static void writer_append(ShardWriter* w, const int* ids, size_t n) {
     w->tokens += n;
 }
 
-static void writer_flush(ShardWriter* w) {
-    const char* split = w->shard_index == 0 ? "val" : "train";
-    size_t len = strlen(w->out) + 32;
-    char* path = (char*)mallocCheck(len);
-    snprintf(path, len, "%s_%s_%06d.bin", w->out, split, w->shard_index);
-    shard_write(path, w->buf, w->n, 2);
+// writes the buffer as the next shard; docs and doc_tokens say where in the input it ends (state_write)
+static void writer_flush(ShardWriter* w, size_t docs, size_t doc_tokens) {
+    char* path = shard_path(w->o->out, w->shards);
+    shard_write(path, w->buf, w->n, w->token_bytes);
+    progress_clear(w->progress);
     printf("wrote %s: %zu tokens\n", path, w->n);
+    fflush(stdout);
     free(path);
-    if (w->shard_index == 0) { w->val_tokens = w->n; }
-    w->shard_index++;
+    if (w->shards == 0) { w->val_tokens = w->n; }
+    w->shards++;
     w->n = 0;
+    state_write(w, docs, doc_tokens);
+    if (w->o->max_shards > 0 && w->shards == w->o->max_shards) { w->stop = 1; }
 }
 
 static void writer_add_document(ShardWriter* w, const int* ids, size_t n) {
-    w->docs++;
-    if (w->val_docs > 0 && w->shard_index == 0) {
+    size_t done = 0; // tokens of this document in complete shards
+    if (w->drop > 0) {
+        int same = n >= w->drop;
+        for (size_t i = 0; same && i < w->n_tail; i++) { same = (uint32_t)ids[w->drop - w->n_tail + i] == w->tail[i]; }
+        if (!same) {
+            snprintf(w->err, sizeof(w->err), "--resume: document %zu does not continue the last complete shard "
+                     "as %s.state says; is the input the one the interrupted run had?", w->docs + 1, w->o->out);
+            w->stop = 1;
+            return;
+        }
+        done = w->drop;
+        w->drop = 0;
+    }
+    if (w->o->val_docs > 0 && w->shards == 0) {
         writer_append(w, ids, n);
-        if (w->docs == w->val_docs) { writer_flush(w); }
+        w->docs++;
+        if (w->docs == w->o->val_docs) { writer_flush(w, w->docs, 0); }
         return;
     }
     // fineweb.py: what does not fit completes this shard and the rest starts the next one
-    while (w->n + n >= w->shard_tokens) {
-        size_t take = w->shard_tokens - w->n;
-        writer_append(w, ids, take);
-        writer_flush(w);
-        ids += take;
-        n -= take;
+    while (w->n + (n - done) >= w->o->shard_tokens) {
+        size_t take = w->o->shard_tokens - w->n;
+        writer_append(w, ids + done, take);
+        done += take;
+        if (done == n) { w->docs++; }
+        writer_flush(w, w->docs, done == n ? 0 : done);
+        if (w->stop) { return; }
     }
-    writer_append(w, ids, n);
+    if (done < n) {
+        writer_append(w, ids + done, n - done);
+        w->docs++;
+    }
 }
 
-static void writer_finish(ShardWriter* w) {
-    if (w->val_docs > 0 && w->shard_index == 0) {
-        fatal("--val_docs %zu, but there are only %zu documents", w->val_docs, w->docs);
+// ----------------------------------------------------------------------------
+// resume: check the state file and the complete shards it names, and take over its position
+
+// reads "key value" where value is a whole number; the keys must come in this order
+static size_t state_field(FILE* fp, const char* path, const char* key) {
+    char name[64];
+    size_t v;
+    if (fscanf(fp, "%63s %zu", name, &v) != 2 || strcmp(name, key) != 0) {
+        fatal("%s: expected a line \"%s <number>\"; not a tokenize state file?", path, key);
     }
-    if (w->n > 0) { writer_flush(w); }
-    free(w->buf);
+    return v;
+}
+
+static void writer_resume(ShardWriter* w, size_t* skip_docs) {
+    const Options* o = w->o;
+    char* path = path_with(o->out, ".state");
+    FILE* fp = fopen(path, "rb");
+    if (fp == NULL) { // nothing to resume: start from the beginning
+        if (o->first_doc > 0) { fatal("--first-doc %zu, but there is no %s to resume from", o->first_doc, path); }
+        free(path);
+        return;
+    }
+    size_t version = state_field(fp, path, "tokenize_state");
+    if (version != 1) { fatal("%s: version %zu, this tokenize reads version 1", path, version); }
+    size_t shards = state_field(fp, path, "shards");
+    size_t docs = state_field(fp, path, "docs");
+    size_t doc_tokens = state_field(fp, path, "doc_tokens");
+    size_t tokens = state_field(fp, path, "tokens");
+    size_t val_tokens = state_field(fp, path, "val_tokens");
+    size_t shard_tokens = state_field(fp, path, "shard_tokens");
+    size_t val_docs = state_field(fp, path, "val_docs");
+    char vocab[16];
+    if (fscanf(fp, " vocab %15s", vocab) != 1) { fatal("%s: expected a line \"vocab <name>\"", path); }
+    fclose(fp);
+    if (shard_tokens != o->shard_tokens) { fatal("--resume: %s is for -s %zu, this run has -s %zu", path, shard_tokens, o->shard_tokens); }
+    if (val_docs != o->val_docs) { fatal("--resume: %s is for --val_docs %zu, this run has %zu", path, val_docs, o->val_docs); }
+    if (strcmp(vocab, vocab_name(o)) != 0) { fatal("--resume: %s is for --vocab %s, this run has %s", path, vocab, vocab_name(o)); }
+    if (shards == 0) { fatal("%s: no complete shards; not a tokenize state file?", path); }
+    if (o->first_doc > docs) { fatal("--first-doc %zu is past the %zu documents that %s says are done", o->first_doc, docs, path); }
+    // the complete shards must be there, of the sizes the state says
+    size_t sum = 0;
+    for (size_t i = 0; i < shards; i++) {
+        char* shard = shard_path(o->out, i);
+        ShardInfo info = {0, 0};
+        char err[SHARD_ERR_LEN];
+        if (shard_read_header(shard, &info, err, sizeof(err)) != 0) { fatal("--resume: %s", err); }
+        size_t want = i == 0 ? val_tokens : shard_tokens;
+        if (info.token_bytes != w->token_bytes || info.num_tokens != want) {
+            fatal("--resume: %s holds %zu tokens of %d bytes, %s says %zu of %d", shard, info.num_tokens,
+                  info.token_bytes, path, want, w->token_bytes);
+        }
+        sum += info.num_tokens;
+        free(shard);
+    }
+    if (sum != tokens) { fatal("%s: says %zu tokens, its shards hold %zu", path, tokens, sum); }
+    if (doc_tokens > 0) { // keep the end of the last shard: the resumed document must start with it
+        char* shard = shard_path(o->out, shards - 1);
+        size_t n = shards == 1 ? val_tokens : shard_tokens;
+        w->n_tail = doc_tokens < n ? doc_tokens : n;
+        w->tail = (uint32_t*)mallocCheck(w->n_tail * sizeof(uint32_t));
+        FILE* sf = fopenCheck(shard, "rb");
+        fseekCheck(sf, (long)(SHARD_HEADER_BYTES + (n - w->n_tail) * (size_t)w->token_bytes), SEEK_SET);
+        for (size_t i = 0; i < w->n_tail; i++) {
+            uint8_t b[4] = {0, 0, 0, 0};
+            freadCheck(b, 1, (size_t)w->token_bytes, sf);
+            w->tail[i] = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+        }
+        fclose(sf);
+        free(shard);
+    }
+    w->shards = shards;
+    w->docs = docs;
+    w->tokens = tokens;
+    w->val_tokens = val_tokens;
+    w->drop = doc_tokens;
+    *skip_docs = docs - o->first_doc;
+    printf("tokenize: resuming after %zu complete shards (%zu documents, %zu tokens)\n", shards, docs, tokens);
+    free(path);
 }
 
 // ----------------------------------------------------------------------------
@@ -232,138 +449,445 @@ static const char* json_field(const char* line, size_t len, const char* field, c
 }
 
 // ----------------------------------------------------------------------------
+// batches of documents: read in order, tokenized in parallel, written in order
 
-static char* read_file(const char* path, size_t* size) {
-    FILE* fp = fopen(path, "rb");
-    if (fp == NULL) { fatal("cannot read %s: %s", path, strerror(errno)); }
-    size_t cap = 1 << 20, n = 0;
-    char* data = (char*)mallocCheck(cap);
-    for (;;) { // read to the end rather than trust the size of a pipe or special file
-        n += fread(data + n, 1, cap - n, fp);
-        if (ferror(fp)) { fatal("cannot read %s: %s", path, strerror(errno)); }
-        if (n < cap) { break; }
-        cap *= 2;
-        data = (char*)reallocCheck(data, cap);
+typedef struct {
+    size_t off, len;   // the document's input (a whole file, or a JSON line) in the batch's data
+    int input;         // which input it comes from
+    size_t index;      // its line or record number there, from 1 (0: the whole file)
+    size_t file_off;   // its byte offset there
+    size_t used;       // the input bytes it took (a JSON line's '\n', a record's length too)
+    int* ids;          // separator + tokens, once tokenized
+    size_t n_ids, ids_cap;
+    const char* err;   // what is wrong with it, NULL if nothing
+    int bad_utf8;      // the error is invalid UTF-8, at byte err_at of the input
+    size_t err_at;
+} Doc;
+
+typedef struct {
+    char* data;
+    size_t len, cap;
+    Doc* docs;         // slots keep their ids buffers from batch to batch
+    size_t n, docs_cap;
+} Batch;
+
+static Doc* batch_add(Batch* b, const char* text, size_t len) {
+    if (b->n == b->docs_cap) {
+        size_t cap = b->docs_cap == 0 ? 256 : 2 * b->docs_cap;
+        b->docs = (Doc*)reallocCheck(b->docs, cap * sizeof(Doc));
+        memset(b->docs + b->docs_cap, 0, (cap - b->docs_cap) * sizeof(Doc));
+        b->docs_cap = cap;
     }
-    fclose(fp);
-    *size = n;
-    return data;
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    Doc* d = &b->docs[b->n++];
+    d->off = b->len;
+    d->len = len;
+    if (len > 0) { put_bytes(&b->data, &b->len, &b->cap, text, len); }
+    return d;
 }
 
 typedef struct {
-    const Tokenizer* tok;
-    ShardWriter writer;
-    int* ids;              // the current document's tokens
-    size_t n_ids, ids_cap;
-    size_t bytes_in;       // input bytes consumed, for the progress line
-    double start, last_report;
-} Tokenize;
+    const Options* o;
+    int input;             // the input being read, or the next to open
+    int fd;                // JSON lines and records: the open input, -1 between inputs
+    char* buf;             // its read-ahead: unread bytes are buf[start .. end)
+    size_t start, end, cap;
+    int eof;
+    size_t count;          // lines or records of the open input read so far
+    size_t offset;         // and their bytes
+    size_t skip;           // documents still to skip (resume)
+    Progress* progress;
+} Reader;
 
-// one document: <|endoftext|> + encode(text), into the shards; input_bytes is what it took of the input
-static void add_document(Tokenize* job, const char* text, size_t len, size_t input_bytes) {
-    job->n_ids = 0;
-    tokenizer_push(job->tok->eot_token, &job->ids, &job->n_ids, &job->ids_cap);
-    if (tokenizer_encode(job->tok, text, len, &job->ids, &job->n_ids, &job->ids_cap) != 0) {
-        // files are checked when read and JSON escapes when decoded, so this is a bug
-        fatal("document %zu is not valid UTF-8", job->writer.docs + 1);
+// for messages
+static const char* input_name(const char* path) { return strcmp(path, "-") == 0 ? "standard input" : path; }
+
+static int open_input(const char* path) {
+    if (strcmp(path, "-") == 0) {
+#ifdef F_SETPIPE_SZ
+        fcntl(STDIN_FILENO, F_SETPIPE_SZ, 1 << 20); // a larger pipe: fewer switches to the writer (fails harmlessly)
+#endif
+        return STDIN_FILENO;
     }
-    writer_add_document(&job->writer, job->ids, job->n_ids);
-    job->bytes_in += input_bytes;
-    double t = now_seconds();
-    if (t - job->last_report > 2.0) {
-        fprintf(stderr, "tokenize: %zu documents, %zu tokens, %.1f MB/s\n", job->writer.docs, job->writer.tokens,
-                (double)job->bytes_in / (t - job->start) / 1e6);
-        job->last_report = t;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) { fatal("cannot read %s: %s", path, strerror(errno)); }
+    return fd;
+}
+
+// reads what is there of the open input (so that a pipe's documents are handled as they come) into the
+// read-ahead; 0 at its end
+static int reader_more(Reader* r) {
+    if (r->eof) { return 0; }
+    // keep the unread bytes, at the front of a buffer with room for more
+    memmove(r->buf, r->buf + r->start, r->end - r->start);
+    r->end -= r->start;
+    r->start = 0;
+    if (r->end == r->cap) {
+        r->cap *= 2;
+        r->buf = (char*)reallocCheck(r->buf, r->cap);
+    }
+    ssize_t got;
+    do { got = read(r->fd, r->buf + r->end, r->cap - r->end); } while (got < 0 && errno == EINTR);
+    if (got < 0) { fatal("cannot read %s: %s", input_name(r->o->inputs[r->input]), strerror(errno)); }
+    r->eof = got == 0;
+    r->end += (size_t)got;
+    return got > 0;
+}
+
+// the next document of the JSON-lines or record inputs: a line without its '\n', or a record's text;
+// *used is the input bytes it took. 0 after the last input.
+static int reader_next(Reader* r, const char** text, size_t* len, size_t* used) {
+    for (;;) {
+        if (r->fd < 0) {
+            if (r->input >= r->o->n_inputs) { return 0; }
+            r->fd = open_input(r->o->inputs[r->input]);
+            r->start = r->end = 0;
+            r->eof = 0;
+            r->count = r->offset = 0;
+        }
+        size_t avail = r->end - r->start;
+        const char* p = r->buf + r->start;
+        if (r->o->records) {
+            if (avail >= 4) {
+                const uint8_t* u = (const uint8_t*)p;
+                size_t n = (size_t)u[0] | ((size_t)u[1] << 8) | ((size_t)u[2] << 16) | ((size_t)u[3] << 24);
+                if (avail - 4 >= n) {
+                    *text = p + 4;
+                    *len = n;
+                    *used = 4 + n;
+                    break;
+                }
+            }
+            if (r->eof && avail > 0) {
+                fatal("%s ends inside record %zu (at byte %zu)", input_name(r->o->inputs[r->input]), r->count + 1,
+                      r->offset);
+            }
+        } else {
+            const char* nl = (const char*)memchr(p, '\n', avail);
+            if (nl != NULL || (r->eof && avail > 0)) {
+                *text = p;
+                *len = nl != NULL ? (size_t)(nl - p) : avail;
+                *used = *len + (nl != NULL);
+                break;
+            }
+        }
+        if (!reader_more(r) && r->end == r->start) { // this input is done
+            if (r->fd != STDIN_FILENO) { close(r->fd); }
+            r->fd = -1;
+            r->input++;
+        }
+    }
+    r->start += *used;
+    r->offset += *used;
+    r->count++;
+    return 1;
+}
+
+static int blank(const char* s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') { return 0; }
+    }
+    return 1;
+}
+
+// fills b with the next documents (none at the end of the input)
+static void reader_fill(Reader* r, Batch* b) {
+    b->n = 0;
+    b->len = 0;
+    while (b->n < r->o->batch_docs && b->len < BATCH_BYTES) {
+        if (r->o->jsonl_field != NULL || r->o->records) {
+            const char* text;
+            size_t len, used;
+            if (!reader_next(r, &text, &len, &used)) { return; }
+            if (r->o->jsonl_field != NULL && blank(text, len)) { continue; } // not a document
+            if (r->skip > 0) { // resume: complete shards hold this document
+                r->skip--;
+                r->progress->skipped_bytes += used;
+                continue;
+            }
+            Doc* d = batch_add(b, text, len);
+            d->input = r->input;
+            d->index = r->count;
+            d->file_off = r->offset - used;
+            d->used = used;
+        } else {
+            if (r->input >= r->o->n_inputs) { return; }
+            const char* path = r->o->inputs[r->input];
+            if (r->skip > 0) {
+                struct stat st;
+                r->progress->skipped_bytes += stat(path, &st) == 0 ? (size_t)st.st_size : 0;
+                r->skip--;
+                r->input++;
+                continue;
+            }
+            // read to the end rather than trust the size of a pipe or special file
+            int fd = open_input(path);
+            Doc* d = batch_add(b, NULL, 0);
+            for (;;) {
+                if (b->cap - b->len < (1 << 20)) {
+                    b->cap = 2 * b->cap + (1 << 20);
+                    b->data = (char*)reallocCheck(b->data, b->cap);
+                }
+                ssize_t got = read(fd, b->data + b->len, b->cap - b->len);
+                if (got < 0 && errno == EINTR) { continue; }
+                if (got < 0) { fatal("cannot read %s: %s", path, strerror(errno)); }
+                if (got == 0) { break; }
+                b->len += (size_t)got;
+                d->len += (size_t)got;
+            }
+            if (fd != STDIN_FILENO) { close(fd); }
+            d->input = r->input++;
+            d->index = 0;
+            d->file_off = 0;
+            d->used = d->len;
+        }
     }
 }
+
+// per-thread working memory
+typedef struct {
+    char* text;   // a decoded JSON string
+    size_t len, cap;
+} Scratch;
+
+// separator + encode(text) of one document into d->ids, or d->err
+static void tokenize_doc(const Options* o, const Tokenizer* tok, const Batch* b, Doc* d, Scratch* s) {
+    const char* raw = b->data + d->off;
+    d->n_ids = 0;
+    d->err = NULL;
+    size_t bad;
+    d->bad_utf8 = !utf8_valid(raw, d->len, &bad);
+    if (d->bad_utf8) {
+        d->err = "not valid UTF-8";
+        d->err_at = d->file_off + bad;
+        return;
+    }
+    const char* text = raw;
+    size_t len = d->len;
+    if (o->jsonl_field != NULL) {
+        d->err = json_field(raw, d->len, o->jsonl_field, &s->text, &s->len, &s->cap);
+        if (d->err != NULL) { return; }
+        text = s->text;
+        len = s->len;
+    }
+    tokenizer_push(tok->eot_token, &d->ids, &d->n_ids, &d->ids_cap);
+    // the input is valid UTF-8 and JSON escapes decode to whole code points, so this cannot fail
+    if (tokenizer_encode(tok, text, len, &d->ids, &d->n_ids, &d->ids_cap) != 0) { d->err = "bug: decoded text is not UTF-8"; }
+}
+
+// adds the batch's documents to the shards in order; stops at the first bad one (w->err)
+static void write_batch(ShardWriter* w, const Batch* b) {
+    const Options* o = w->o;
+    for (size_t i = 0; i < b->n && !w->stop; i++) {
+        const Doc* d = &b->docs[i];
+        if (d->err != NULL) {
+            const char* path = input_name(o->inputs[d->input]);
+            const char* unit = o->records ? "record" : "line";
+            if (d->index == 0) {
+                snprintf(w->err, sizeof(w->err), "%s is %s at byte %zu", path, d->err, d->err_at);
+            } else if (d->bad_utf8) {
+                snprintf(w->err, sizeof(w->err), "%s: %s %zu is %s at byte %zu of the file", path, unit, d->index,
+                         d->err, d->err_at);
+            } else {
+                snprintf(w->err, sizeof(w->err), "%s:%zu: %s (--jsonl %s)", path, d->index, d->err, o->jsonl_field);
+            }
+            w->stop = 1;
+            return;
+        }
+        writer_add_document(w, d->ids, d->n_ids);
+        w->progress->bytes += d->used;
+    }
+    progress_show(w->progress, w->docs, w->tokens);
+}
+
+// ----------------------------------------------------------------------------
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: ./tokenize -o OUT [-s SHARD_TOKENS] [-t RANK_FILE] [--jsonl FIELD] [--val_docs K] FILE...\n"
-            "  each FILE (or each line of a JSON-lines FILE, field FIELD) is one document\n"
-            "  -o OUT          shard prefix: OUT_val_000000.bin, OUT_train_000001.bin, ...\n"
-            "  -s SHARD_TOKENS tokens per shard (default 100000000, as llm.c's fineweb.py)\n"
-            "  -t RANK_FILE    tokenizer rank file (default " TOKENIZER_DEFAULT_PATH ")\n"
-            "  --jsonl FIELD   read JSON lines and tokenize the string field FIELD of each\n"
-            "  --val_docs K    the val shard is the first K documents instead of the first shard\n");
+            "usage: ./tokenize -o OUT [options] FILE...   (FILE - is standard input)\n"
+            "  each FILE (or each line of a JSON-lines FILE) is one document\n"
+            "  -o OUT            shard prefix: OUT_val_000000.bin, OUT_train_000001.bin, ...; OUT.state while unfinished\n"
+            "  -s SHARD_TOKENS   tokens per shard (default 1e8, as llm.c's fineweb.py)\n"
+            "  --vocab V         gpt2 (default: uint16 shards) or llama3 (uint32 shards; needs -t)\n"
+            "  -t, --tokenizer F tiktoken rank file (default " TOKENIZER_DEFAULT_PATH " for gpt2;\n"
+            "                    for llama3, Llama-3's tokenizer.model)\n"
+            "  --jsonl FIELD     each line of a FILE is a document: a JSON object whose string field FIELD is the text\n"
+            "  --records         each FILE is a series of documents, each a uint32 little-endian byte count and then\n"
+            "                    that many bytes of text (what dev/data/fineweb.sh's parquet reader writes)\n"
+            "  --val_docs K      the val shard is the first K documents instead of the first shard\n"
+            "  --resume          continue the interrupted run that OUT.state describes (if there is one)\n"
+            "  --max-shards N    stop once N shards are complete, leaving OUT.state (for tests)\n"
+            "  --total-docs N    the input has N documents (for the ETA; another count is an error)\n"
+            "  --first-doc K     with --resume: the input starts at document K (the caller skipped K)\n"
+            "  --batch-docs N    documents per parallel batch (default 16384)\n"
+            "  threads: OMP_NUM_THREADS (default: all cores)\n");
     exit(EXIT_FAILURE);
 }
 
-static size_t parse_count(const char* flag, const char* s) {
+static size_t parse_count(const char* flag, const char* s, double min) {
     char* end;
     errno = 0;
     double v = strtod(s, &end); // accepts 1e8
-    if (errno != 0 || end == s || *end != '\0' || !(v >= 1 && v <= 1e15) || v != (double)(size_t)v) {
-        fatal("%s wants a positive whole number, got '%s'", flag, s);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= min && v <= 1e15) || v != (double)(size_t)v) {
+        fatal("%s wants a %s whole number, got '%s'", flag, min > 0 ? "positive" : "non-negative", s);
     }
     return (size_t)v;
 }
 
+// mkdir -p of the directory part of the prefix
+static void make_parent_dirs(const char* out) {
+    char* dir = (char*)mallocCheck(strlen(out) + 1);
+    strcpy(dir, out);
+    for (char* p = dir + 1; *p != '\0'; p++) {
+        if (*p != '/') { continue; }
+        *p = '\0';
+        if (mkdir(dir, 0777) != 0 && errno != EEXIST) { fatal("cannot create directory %s: %s", dir, strerror(errno)); }
+        *p = '/';
+    }
+    free(dir);
+}
+
 int main(int argc, char** argv) {
-    const char* out = NULL;
-    const char* rank_file = TOKENIZER_DEFAULT_PATH;
-    const char* jsonl_field = NULL;
-    size_t shard_tokens = 100000000, val_docs = 0;
-    int first_input = argc;
+    Options o = {NULL, NULL, NULL, 0, 0, 100000000, 0, 0, 0, 0, 0, 16384, NULL, 0};
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
-        if (a[0] != '-') { first_input = i; break; }
-        if (i + 1 >= argc) { usage(); }
-        if (strcmp(a, "-o") == 0) { out = argv[++i]; }
-        else if (strcmp(a, "-s") == 0) { shard_tokens = parse_count(a, argv[++i]); }
-        else if (strcmp(a, "-t") == 0) { rank_file = argv[++i]; }
-        else if (strcmp(a, "--jsonl") == 0) { jsonl_field = argv[++i]; }
-        else if (strcmp(a, "--val_docs") == 0) { val_docs = parse_count(a, argv[++i]); }
-        else { usage(); }
+        if (a[0] != '-' || strcmp(a, "-") == 0) {
+            o.inputs = argv + i;
+            o.n_inputs = argc - i;
+            break;
+        }
+        if (strcmp(a, "--resume") == 0) { o.resume = 1; continue; }
+        if (strcmp(a, "--records") == 0) { o.records = 1; continue; }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0 || i + 1 >= argc) { usage(); }
+        const char* v = argv[++i];
+        if (strcmp(a, "-o") == 0) { o.out = v; }
+        else if (strcmp(a, "-s") == 0) { o.shard_tokens = parse_count(a, v, 1); }
+        else if (strcmp(a, "-t") == 0 || strcmp(a, "--tokenizer") == 0) { o.rank_file = v; }
+        else if (strcmp(a, "--jsonl") == 0) { o.jsonl_field = v; }
+        else if (strcmp(a, "--val_docs") == 0) { o.val_docs = parse_count(a, v, 1); }
+        else if (strcmp(a, "--max-shards") == 0) { o.max_shards = parse_count(a, v, 1); }
+        else if (strcmp(a, "--total-docs") == 0) { o.total_docs = parse_count(a, v, 1); }
+        else if (strcmp(a, "--first-doc") == 0) { o.first_doc = parse_count(a, v, 0); }
+        else if (strcmp(a, "--batch-docs") == 0) { o.batch_docs = parse_count(a, v, 1); }
+        else if (strcmp(a, "--vocab") == 0) {
+            if (strcmp(v, "gpt2") != 0 && strcmp(v, "llama3") != 0) { fatal("--vocab is gpt2 or llama3, got '%s'", v); }
+            o.llama3 = strcmp(v, "llama3") == 0;
+        } else {
+            fatal("unknown flag '%s' (--help lists them)", a);
+        }
     }
-    if (out == NULL || first_input >= argc) { usage(); }
-    if (shard_tokens > (size_t)INT32_MAX) { fatal("-s %zu: a shard holds at most %d tokens", shard_tokens, INT32_MAX); }
+    if (o.out == NULL || o.n_inputs == 0) { usage(); }
+    if (o.shard_tokens > (size_t)INT32_MAX) { fatal("-s %zu: a shard holds at most %d tokens", o.shard_tokens, INT32_MAX); }
+    if (o.first_doc > 0 && !o.resume) { fatal("--first-doc is for --resume"); }
+    if (o.records && o.jsonl_field != NULL) { fatal("--records and --jsonl are two input formats; give one"); }
+    if (o.llama3 && o.rank_file == NULL) {
+        fatal("--vocab llama3 needs -t PATH: Llama-3's tiktoken rank file (tokenizer.model of meta-llama/Meta-Llama-3-8B, "
+              "%d lines)", LLAMA3_RANKS);
+    }
+    if (o.rank_file == NULL) { o.rank_file = TOKENIZER_DEFAULT_PATH; }
+
+    // the total input size, for the ETA, and a clear error for a missing input before any work
+    double start = now_seconds(); // the first progress line comes one interval after the start
+    Progress progress = {isatty(fileno(stderr)), start, start, 0, o.total_docs, 0, 0, 0, 0};
+    int sizes_known = 1;
+    for (int i = 0; i < o.n_inputs; i++) {
+        struct stat st;
+        const char* path = o.inputs[i];
+        int r = strcmp(path, "-") == 0 ? fstat(fileno(stdin), &st) : stat(path, &st);
+        if (r != 0) { fatal("cannot read %s: %s", path, strerror(errno)); }
+        if (S_ISDIR(st.st_mode)) { fatal("%s is a directory", path); }
+        if (S_ISREG(st.st_mode)) { progress.total_bytes += (size_t)st.st_size; } else { sizes_known = 0; }
+    }
+    if (!sizes_known) { progress.total_bytes = 0; }
 
     Tokenizer tok;
-    tokenizer_init(&tok, rank_file);
-    Tokenize job = {&tok, {out, shard_tokens, val_docs, NULL, 0, 0, 0, 0, 0, 0}, NULL, 0, 0, 0, now_seconds(), 0};
-    job.last_report = job.start;
-    char* text = NULL;
-    size_t text_len = 0, text_cap = 0;
-    for (int f = first_input; f < argc; f++) {
-        const char* path = argv[f];
-        size_t size, bad;
-        char* data = read_file(path, &size);
-        if (!utf8_valid(data, size, &bad)) { fatal("%s is not valid UTF-8 at byte %zu", path, bad); }
-        if (jsonl_field == NULL) {
-            add_document(&job, data, size, size);
-        } else {
-            size_t line_no = 0;
-            for (size_t pos = 0; pos < size;) {
-                const char* line = data + pos;
-                const char* nl = (const char*)memchr(line, '\n', size - pos);
-                size_t line_len = nl != NULL ? (size_t)(nl - line) : size - pos;
-                pos += line_len + 1;
-                line_no++;
-                size_t blank = 0;
-                while (blank < line_len && (line[blank] == ' ' || line[blank] == '\t' || line[blank] == '\r')) { blank++; }
-                if (blank == line_len) { continue; }
-                const char* err = json_field(line, line_len, jsonl_field, &text, &text_len, &text_cap);
-                if (err != NULL) { fatal("%s:%zu: %s (--jsonl %s)", path, line_no, err, jsonl_field); }
-                add_document(&job, text, text_len, line_len + 1);
+    tokenizer_init_pattern(&tok, o.rank_file, o.llama3 ? TOKENIZER_PATTERN_LLAMA3 : TOKENIZER_PATTERN_GPT2);
+    if (o.llama3 && tok.vocab_size != LLAMA3_RANKS + 1) {
+        fatal("%s has %d ranks; Llama-3's tokenizer.model has %d", o.rank_file, tok.vocab_size - 1, LLAMA3_RANKS);
+    }
+    make_parent_dirs(o.out);
+    ShardWriter w;
+    memset(&w, 0, sizeof(w));
+    w.o = &o;
+    w.token_bytes = o.llama3 ? 4 : 2;
+    w.progress = &progress;
+    Reader r;
+    memset(&r, 0, sizeof(r));
+    r.o = &o;
+    r.fd = -1;
+    r.cap = (size_t)1 << 22;
+    r.buf = (char*)mallocCheck(r.cap);
+    r.progress = &progress;
+    if (o.resume) {
+        writer_resume(&w, &r.skip);
+    } else {
+        char* state = path_with(o.out, ".state");
+        if (access(state, F_OK) == 0) {
+            fatal("%s exists: an interrupted run; --resume continues it, or delete it to start over", state);
+        }
+        free(state);
+    }
+    progress.skipped_docs = w.docs;
+
+    // one pipeline step: tokenize batch k while one thread writes batch k - 1 and reads batch k + 1
+    int n_threads = omp_get_max_threads();
+    Scratch* scratch = (Scratch*)callocCheck((size_t)n_threads, sizeof(Scratch));
+    Batch batches[3];
+    memset(batches, 0, sizeof(batches));
+    reader_fill(&r, &batches[0]);
+    for (size_t k = 0;; k++) {
+        Batch* cur = &batches[k % 3];
+        Batch* prev = k > 0 ? &batches[(k + 2) % 3] : NULL;
+        Batch* next = &batches[(k + 1) % 3];
+        int last = cur->n == 0; // the input is done: write the previous batch, and that is all
+#pragma omp parallel
+        {
+#pragma omp single nowait
+            {
+                if (prev != NULL) { write_batch(&w, prev); }
+                if (!w.stop && !last) { reader_fill(&r, next); }
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (long i = 0; i < (long)cur->n; i++) {
+                tokenize_doc(&o, &tok, cur, &cur->docs[i], &scratch[omp_get_thread_num()]);
             }
         }
-        free(data);
+        if (last || w.stop) { break; }
     }
-    writer_finish(&job.writer);
-    double seconds = now_seconds() - job.start;
-    const ShardWriter* w = &job.writer;
-    printf("tokenize: %zu documents, %zu tokens (%zu val, %zu train) in %d shards; %.1f MB of text in %.1f s\n",
-           w->docs, w->tokens, w->val_tokens, w->tokens - w->val_tokens, w->shard_index, (double)job.bytes_in / 1e6,
-           seconds);
-    free(job.ids);
-    free(text);
+    progress_clear(&progress);
+    if (w.err[0] != '\0') { fatal("%s", w.err); }
+    if (!w.stop && (r.skip > 0 || w.drop > 0)) {
+        fatal("--resume: the input ends before the %zu documents that %s.state counts; is it the input of the "
+              "interrupted run?", w.docs + (w.drop > 0), o.out);
+    }
+    if (w.stop) {
+        printf("tokenize: stopped after %zu shards (--max-shards); --resume goes on\n", w.shards);
+    } else {
+        if (o.val_docs > 0 && w.shards == 0) {
+            fatal("--val_docs %zu, but there are only %zu documents", o.val_docs, w.docs);
+        }
+        if (w.docs == 0) { fatal("no documents in the input"); }
+        if (o.total_docs > 0 && w.docs != o.total_docs) { // e.g. the program that wrote the input died
+            fatal("the input ended after %zu documents, --total-docs says %zu", w.docs, o.total_docs);
+        }
+        if (w.n > 0) { writer_flush(&w, w.docs, 0); }
+        char* state = path_with(o.out, ".state");
+        if (remove(state) != 0) { fatal("cannot remove %s: %s", state, strerror(errno)); }
+        free(state);
+        double seconds = now_seconds() - progress.start;
+        printf("tokenize: %zu documents, %zu tokens (%zu val, %zu train) in %zu shards; %.1f MB of input in %.1f s "
+               "(%.1f MB/s, %d threads)\n", w.docs, w.tokens, w.val_tokens, w.tokens - w.val_tokens, w.shards,
+               (double)progress.bytes / 1e6, seconds, (double)progress.bytes / 1e6 / seconds, n_threads);
+    }
+    for (int i = 0; i < 3; i++) {
+        for (size_t d = 0; d < batches[i].docs_cap; d++) { free(batches[i].docs[d].ids); }
+        free(batches[i].docs);
+        free(batches[i].data);
+    }
+    for (int i = 0; i < n_threads; i++) { free(scratch[i].text); }
+    free(scratch);
+    free(r.buf);
+    free(w.buf);
+    free(w.tail);
     tokenizer_free(&tok);
     return 0;
 }
