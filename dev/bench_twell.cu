@@ -1,0 +1,269 @@
+/*
+ Times the TwELL sparse FFN forward (llmc/cuda_twell.cuh) against the dense
+ cuBLAS gated FFN at the standard point of SPARSE.md: M 16384 tokens, D 2048,
+ H 5632, bf16, inputs as its "Measuring" section says (f rows N(0, 1) with the
+ last feature a carrier 1.0, 0.5 on the first 1% of rows of the realistic
+ pattern; Wg rows N(0, 1/(D-1)) with last column -Phi^-1(1 - p_n); Wu N(0, 1/D),
+ WdT N(0, 1/H)); p_n = k/H (uniform, k = 8, 30, 100, 200, 300) or log-normal
+ (sigma 1.5) scaled to mean k/H, capped at 0.5, 30% of units never firing
+ (realistic, k = 30 and 100).
+ Per pattern, in one run:
+ - dense: g = f Wg^T and u = f Wu^T as two GEMMs or as one [2H, D] GEMM, the
+   relu * mul kernel, y = h WdT; the faster of the two is "dense";
+ - the gate GEMM alone (cuBLAS, bf16 g);
+ - gate + packing: (a) cuBLAS g then the packer, (b) fused mma.sync, (c) fused
+   wgmma (compute capability 9.0);
+ - up + down from the packed gate (work list, up + reduce, down, and together);
+ - sparse total = the fastest gate + up/down, back to back;
+ - the ratio dense / sparse, and max|y_sparse - y_dense| / max|y_dense|.
+ Each time is the median of `iters` runs between two cudaEvents, each run
+ after 256 MB of writes that push the previous run's data out of L2, after 3
+ warm-up runs. Buffers start with a capacity from k and grow (and the pattern
+ runs again) if the status asks for more.
+ usage: build/dev/bench_twell [iters (default 20)]
+*/
+#include <algorithm>
+#include <math.h>
+#include <stdio.h>
+#include <vector>
+#include "llmc/cuda_twell.cuh"
+#include "llmc/rng.h"
+
+static const int M = 16384, D = 2048, H = 5632;
+static unsigned char* l2_flush = NULL;
+static const size_t l2_flush_bytes = 256u << 20;
+
+// median over `iters` runs of fn, in ms, after 3 warm-up runs; L2 flushed before each run
+template <typename F>
+static float time_ms(F fn, int iters) {
+    cudaEvent_t start, stop;
+    cudaCheck(cudaEventCreate(&start));
+    cudaCheck(cudaEventCreate(&stop));
+    for (int i = 0; i < 3; i++) { fn(); }
+    std::vector<float> times(iters);
+    for (int i = 0; i < iters; i++) {
+        cudaCheck(cudaMemsetAsync(l2_flush, i & 0xff, l2_flush_bytes, main_stream));
+        cudaCheck(cudaEventRecord(start, main_stream));
+        fn();
+        cudaCheck(cudaEventRecord(stop, main_stream));
+        cudaCheck(cudaEventSynchronize(stop));
+        cudaCheck(cudaEventElapsedTime(&times[i], start, stop));
+    }
+    cudaCheck(cudaEventDestroy(start));
+    cudaCheck(cudaEventDestroy(stop));
+    std::sort(times.begin(), times.end());
+    return times[iters / 2];
+}
+
+// the dense FFN's elementwise step on the stacked product gu [M, 2H]: h = relu(g) * u
+__global__ void relu_mul_stacked_kernel(bf16* h, const bf16* gu, int M, int H) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = H / 8;
+    if (k >= (size_t)M * per_row) { return; }
+    size_t m = k / per_row, n = (k % per_row) * 8;
+    Bf16x8 gv = load_bf16x8(gu + m * 2 * H + n), uv = load_bf16x8(gu + m * 2 * H + H + n), hv;
+    #pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float gate = __bfloat162float(gv.v[e]);
+        hv.v[e] = __float2bfloat16_rn(gate > 0.0f ? gate * __bfloat162float(uv.v[e]) : 0.0f);
+    }
+    store_bf16x8(h + m * H + n, hv);
+}
+
+// rows x cols of N(0, std^2) in bf16, each row from its own seed (OpenMP)
+static void fill_normal(std::vector<bf16>& x, int rows, int cols, double std, uint64_t seed) {
+    x.resize((size_t)rows * cols);
+    #pragma omp parallel for
+    for (int r = 0; r < rows; r++) {
+        uint64_t state = rng_mix64(seed * 0x9E3779B97F4A7C15ull + (uint64_t)r);
+        for (int c = 0; c < cols; c++) { x[(size_t)r * cols + c] = __float2bfloat16_rn((float)(std * rng_normal(&state))); }
+    }
+}
+
+static double normal_tail_inverse(double p) { // t with P(N(0,1) > t) = p
+    double lo = -40, hi = 40;
+    for (int it = 0; it < 200; it++) {
+        double mid = 0.5 * (lo + hi);
+        (0.5 * erfc(mid / sqrt(2.0)) > p ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+
+static std::vector<double> firing_probabilities(double k, bool realistic, uint64_t seed) {
+    std::vector<double> p(H, k / H);
+    if (!realistic) { return p; }
+    uint64_t state = seed;
+    for (int n = 0; n < H; n++) { p[n] = rng_uniform(&state) < 0.3 ? 0.0 : exp(1.5 * rng_normal(&state)); }
+    for (int pass = 0; pass < 20; pass++) {
+        double sum = 0;
+        for (int n = 0; n < H; n++) { sum += p[n]; }
+        for (int n = 0; n < H; n++) { p[n] = std::min(0.5, p[n] * k / sum); }
+    }
+    return p;
+}
+
+static double max_rel_diff(const bf16* a_dev, const bf16* ref_dev, size_t n) {
+    std::vector<bf16> a(n), ref(n);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(a.data(), a_dev, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(ref.data(), ref_dev, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    double max_diff = 0, max_ref = 0;
+    for (size_t k = 0; k < n; k++) {
+        double x = __bfloat162float(a[k]), r = __bfloat162float(ref[k]);
+        if (isnan(x)) { return NAN; }
+        max_diff = fmax(max_diff, fabs(x - r));
+        max_ref = fmax(max_ref, fabs(r));
+    }
+    return max_diff / max_ref;
+}
+
+struct Row {
+    char name[24];
+    double active, dense, gate_cublas, gate_a, gate_mma, gate_wgmma, list, up, down, up_down, sparse, err;
+};
+
+int main(int argc, char** argv) {
+    int iters = argc > 1 ? atoi(argv[1]) : 20;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    bool has_wgmma = prop.major == 9;
+    printf("%s, %d SMs. M %d D %d H %d, median of %d runs, L2 flushed before each\n", prop.name,
+           prop.multiProcessorCount, M, D, H, iters);
+    l2_flush = (unsigned char*)cuda_malloc(l2_flush_bytes);
+    cublaslt_init();
+
+    std::vector<bf16> f, wg, wu, wdT;
+    fill_normal(f, M, D, 1.0, 1);
+    fill_normal(wg, H, D, 1.0 / sqrt(D - 1.0), 2);
+    fill_normal(wu, H, D, 1.0 / sqrt((double)D), 3);
+    fill_normal(wdT, H, D, 1.0 / sqrt((double)H), 4);
+    bf16* f_d = (bf16*)cuda_malloc((size_t)M * D * sizeof(bf16));
+    bf16* wgu_d = (bf16*)cuda_malloc((size_t)2 * H * D * sizeof(bf16)); // Wg then Wu: the stacked weights
+    bf16* wg_d = wgu_d;
+    bf16* wu_d = wgu_d + (size_t)H * D;
+    bf16* wdT_d = (bf16*)cuda_malloc((size_t)H * D * sizeof(bf16));
+    bf16* g_d = (bf16*)cuda_malloc((size_t)M * H * sizeof(bf16));
+    bf16* u_d = (bf16*)cuda_malloc((size_t)M * H * sizeof(bf16));
+    bf16* gu_d = (bf16*)cuda_malloc((size_t)M * 2 * H * sizeof(bf16));
+    bf16* y_dense = (bf16*)cuda_malloc((size_t)M * D * sizeof(bf16));
+    bf16* y_sparse = (bf16*)cuda_malloc((size_t)M * D * sizeof(bf16));
+    cudaCheck(cudaMemcpy(wu_d, wu.data(), wu.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(wdT_d, wdT.data(), wdT.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+
+    struct Pattern { const char* name; double k; bool realistic; };
+    const Pattern patterns[] = {{"uniform k=8", 8, false},    {"uniform k=30", 30, false},
+                                {"uniform k=100", 100, false}, {"uniform k=200", 200, false},
+                                {"uniform k=300", 300, false}, {"realistic k=30", 30, true},
+                                {"realistic k=100", 100, true}};
+    std::vector<Row> rows;
+    const double gate_flops = 2.0 * M * (double)D * H;
+    for (const Pattern& pat : patterns) {
+        std::vector<double> p = firing_probabilities(pat.k, pat.realistic, 5);
+        for (int n = 0; n < H; n++) {
+            wg[(size_t)n * D + D - 1] = __float2bfloat16_rn((float)-(p[n] > 0 ? normal_tail_inverse(p[n]) : 40.0));
+        }
+        for (int m = 0; m < M; m++) {
+            f[(size_t)m * D + D - 1] = __float2bfloat16_rn(pat.realistic && m < M / 100 ? 0.5f : 1.0f);
+        }
+        cudaCheck(cudaMemcpy(f_d, f.data(), f.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(wg_d, wg.data(), wg.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+        Row r = {};
+        snprintf(r.name, sizeof(r.name), "%s", pat.name);
+        printf("\n%s\n", pat.name);
+
+        float dense_two = time_ms([&] { ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H); }, iters);
+        float dense_stacked = time_ms([&] {
+            gemm(gu_d, f_d, wgu_d, M, 2 * H, D, 0, 1, 0);
+            relu_mul_stacked_kernel<<<(unsigned int)(((size_t)M * H / 8 + 255) / 256), 256, 0, main_stream>>>(g_d, gu_d, M, H);
+            cudaCheck(cudaGetLastError());
+            gemm(y_dense, g_d, wdT_d, M, D, H, 0, 0, 0);
+        }, iters);
+        r.dense = std::min(dense_two, dense_stacked);
+        r.gate_cublas = time_ms([&] { gemm(g_d, f_d, wg_d, M, H, D, 0, 1, 0); }, iters);
+        printf("  dense FFN: gate and up as two GEMMs %.3f ms, as one [2H, D] GEMM %.3f ms\n", dense_two, dense_stacked);
+        printf("  gate GEMM alone (cuBLAS, bf16 g) %.3f ms, %.0f TFLOP/s\n", r.gate_cublas,
+               gate_flops / (r.gate_cublas * 1e-3) / 1e12);
+        ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H); // the reference y
+
+        // buffers from k, grown until the status is ok
+        double per_row = pat.k * (pat.realistic ? 1.5 : 1.1) + 8;
+        TwellFFN ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, 16384, twell_chunk_capacity_for(M, H, per_row));
+        TwellGatePath best_path = has_wgmma ? TWELL_GATE_WGMMA : TWELL_GATE_MMA;
+        for (;;) {
+            twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d);
+            TwellStatus st = twell_ffn_status(&ffn);
+            if (st.ok) { break; }
+            printf("  grow: records %d -> %d, chunks %d -> %d, and run again\n", ffn.tw.record_capacity,
+                   st.records_needed, ffn.chunk_capacity, st.chunks_needed);
+            int records = std::max(st.records_needed + st.records_needed / 4, ffn.tw.record_capacity);
+            int chunks = std::max(st.chunks_needed + st.chunks_needed / 8, ffn.chunk_capacity);
+            twell_ffn_free(&ffn);
+            ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, records, chunks);
+        }
+        r.err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
+        TwellStatus st = twell_ffn_status(&ffn);
+        {
+            std::vector<uint32_t> words(twell_num_words(&ffn.tw));
+            cudaCheck(cudaMemcpy(words.data(), ffn.words, words.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+            double total = 0;
+            for (size_t b = 0; b < words.size(); b += twell_words_per_block(&ffn.tw)) { total += words[b]; }
+            r.active = total / M;
+        }
+        printf("  %.1f active units per row, %d overflow records, %d chunks (%.0f%% of slots used)\n", r.active,
+               st.records_needed, st.chunks_needed, 100.0 * r.active * M / (16.0 * st.chunks_needed));
+
+        r.gate_a = time_ms([&] { twell_gate_cublas(&ffn, g_d, f_d, wg_d); }, iters);
+        r.gate_mma = time_ms([&] { twell_gate_fused(&ffn, f_d, wg_d, TWELL_GATE_MMA); }, iters);
+        r.gate_wgmma = has_wgmma ? time_ms([&] { twell_gate_fused(&ffn, f_d, wg_d, TWELL_GATE_WGMMA); }, iters) : NAN;
+        printf("  gate + packing: (a) cuBLAS + pack %.3f ms, (b) fused mma.sync %.3f ms (%.0f TFLOP/s)", r.gate_a,
+               r.gate_mma, gate_flops / (r.gate_mma * 1e-3) / 1e12);
+        if (has_wgmma) { printf(", (c) fused wgmma %.3f ms (%.0f TFLOP/s)", r.gate_wgmma, gate_flops / (r.gate_wgmma * 1e-3) / 1e12); }
+        printf("\n");
+        double best_gate = std::min(r.gate_a, std::min(r.gate_mma, has_wgmma ? r.gate_wgmma : 1e30));
+        if (best_gate == r.gate_mma) { best_path = TWELL_GATE_MMA; }
+        twell_gate_fused(&ffn, f_d, wg_d, best_path);
+        r.list = time_ms([&] { twell_build_list(&ffn); }, iters);
+        r.up = time_ms([&] { twell_up(&ffn, f_d, wu_d); }, iters);
+        r.down = time_ms([&] { twell_down(&ffn, y_sparse, wdT_d); }, iters);
+        r.up_down = time_ms([&] { twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); }, iters);
+        printf("  up + down %.3f ms: work list %.3f, up + reduce %.3f, down %.3f\n", r.up_down, r.list, r.up, r.down);
+        if (best_gate == r.gate_a) {
+            r.sparse = time_ms([&] {
+                twell_gate_cublas(&ffn, g_d, f_d, wg_d);
+                twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
+            }, iters);
+        } else {
+            r.sparse = time_ms([&] {
+                twell_gate_fused(&ffn, f_d, wg_d, best_path);
+                twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
+            }, iters);
+        }
+        printf("  sparse total %.3f ms: %.2fx dense; max|y - y_dense| / max|y_dense| = %.2e\n", r.sparse,
+               r.dense / r.sparse, r.err);
+        rows.push_back(r);
+        twell_ffn_free(&ffn);
+    }
+
+    printf("\nms (median); gate (a) = cuBLAS + pack, (b) = fused mma.sync, (c) = fused wgmma\n");
+    printf("%-16s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %8s\n", "pattern", "active", "dense", "gemm g", "gate a",
+           "gate b", "gate c", "up+dn", "sparse", "ratio", "", "err");
+    for (const Row& r : rows) {
+        printf("%-16s %7.1f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6.2fx %6s %8.1e\n", r.name, r.active, r.dense,
+               r.gate_cublas, r.gate_a, r.gate_mma, r.gate_wgmma, r.up_down, r.sparse, r.dense / r.sparse, "", r.err);
+    }
+    const Row* last_faster = NULL;
+    const Row* first_slower = NULL;
+    for (const Row& r : rows) {
+        if (strncmp(r.name, "uniform", 7) != 0) { continue; }
+        if (r.sparse < r.dense && first_slower == NULL) { last_faster = &r; }
+        if (r.sparse >= r.dense && first_slower == NULL) { first_slower = &r; }
+    }
+    if (first_slower == NULL) {
+        printf("crossover: sparse is faster than dense at every uniform k measured\n");
+    } else {
+        printf("crossover (uniform): sparse faster at %s, slower from %s\n", last_faster ? last_faster->name : "none",
+               first_slower->name);
+    }
+    printf("targets: >= 2.2x at uniform k=30, >= 2.0x realistic k=30, >= 1x at uniform k=100\n");
+    cuda_free(l2_flush);
+    return 0;
+}

@@ -1,0 +1,1107 @@
+/*
+ The TwELL sparse FFN forward on the GPU, for many token rows at once (prefill).
+ The format and the CPU reference are in llmc/twell.h. Math, for M rows f_m:
+     g = f Wg^T                 the one dense product (it decides which units fire),
+                                packed to TwELL with relu applied (TW = 256)
+     for each row m and each unit n with g_mn > 0:
+         u_mn = f_m . Wu[n],    a_mn = g_mn u_mn,    y_m += a_mn WdT[n]
+ bf16 operands, fp32 accumulation, bf16 y. h is never a dense tensor.
+
+ Gate + packing, three ways that write the same words:
+ - baseline: cuBLASLt writes g [M, H] (bf16), then a warp per (row, tile) packs it;
+ - fused, mma.sync (sm_80 on): CTA tile 128 x 256 (8 warps of 64 x 64), BK 32,
+   a 4-stage cp.async pipeline; the epilogue packs straight from the fp32
+   accumulators, so g never reaches memory;
+ - fused, wgmma (sm_90a): persistent CTAs of three warpgroups: one issues TMA
+   loads (128 x 64 of f, 256 x 64 of Wg, 128-byte swizzle) into 4 stages, two
+   multiply 64 x 256 each (wgmma m64n256k16, 128 fp32 accumulators per thread)
+   and pack; the loads of a CTA's next tile overlap the packing of this one.
+ A block's slots are in increasing column order: each positive's slot is a
+ prefix count over the quad (and warps) holding the row, not an atomic, so the
+ words do not depend on scheduling. Only overflow records are numbered by an
+ atomic counter: their order may vary, their content does not.
+
+ Up + down, in six launches over a work list:
+ 1-3. count, scan, fill: rows go in groups of 16, units in stages of 512 (two
+   tiles). The active units of a (stage, group) are dealt into chunks of 16
+   slots in the order of twell_chunk_position (llmc/twell.h); a slot is
+   unit within the stage (12 bits) | row within the group (4 bits) << 12 |
+   bf16 value << 16. Tail slots of a chunk are 0 (value 0: no effect).
+ 4. up: a CTA owns 1024 rows and a 64-wide slice of D. Its rows' f slice sits
+   in registers as mma B fragments; Wu[stage units, slice] streams through
+   shared memory (cp.async, two buffers). Per chunk, 8 mma.sync multiply the
+   chunk's 16 Wu rows by the group's 16 f rows; entry (slot q, row of q) is
+   q's partial u over the slice, written to partials[slice][slot].
+ 5. reduce: u = the sum of the D/64 partials in slice order, a = g u, written
+   over g in the slot.
+ 6. down: a CTA owns 512 rows and a 64-wide slice of D with y^T in registers;
+   WdT[stage units, slice] streams the same way; per chunk 8 mma.sync add
+   WdT[chunk units, slice]^T A to y^T, where A[q][r] = a_q if row(q) == r.
+ Why this shape: the work is M k 2D multiply-adds over weight rows that random
+ rows rarely share (at k = 30 a unit fires in ~87 of 16384 rows), so the cost
+ is moving gathered weight bytes, not arithmetic. A warp per row reading whole
+ weight rows (the paper's kernel) moves M k 2D 2 bytes (4 GB at the standard
+ point) through L2. Slicing D lets a CTA keep 512-1024 rows on chip and read
+ each weight slice from L2 once per CTA (~0.4 + 0.7 GB); the gathered slices
+ then come from shared memory, each phase of 8 lanes reading 8 distinct bank
+ groups when the slot order's residues allow, and the tensor cores do the
+ multiply-adds (1/8 of each product is useful, still far cheaper than the
+ CUDA cores' unpack + FMA per element). What it costs: the partials,
+ D/64 floats per slot written once and read once.
+
+ Exactness: a block with more positives than slots is packed as an overflow
+ record (the tile's relu(g) row) and the fill step expands it, so it is
+ computed exactly. When the record buffer or the slot buffer is too small, the
+ counters say how much was needed (twell_ffn_status), and the rows concerned
+ come out NaN until the caller grows the buffers and runs again.
+ Deterministic: the same inputs give the same bits (fixed slot orders, fixed
+ summation orders, no float atomics).
+
+ Requirements of the GPU path: TW = 256, H % 8 == 0, D % 64 == 0, 16-byte
+ aligned pointers. No launch function synchronises with the host.
+*/
+#ifndef LLMC_CUDA_TWELL_CUH
+#define LLMC_CUDA_TWELL_CUH
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+#include "llmc/cuda_common.cuh"
+#include "llmc/cuda_matmul.cuh"
+#include "llmc/twell.h"
+
+constexpr int TWELL_TILE = 256;        // TW of every GPU packer: the GEMMs' output tile width
+constexpr int TWELL_GROUP_ROWS = 16;   // rows of a work-list group
+constexpr int TWELL_STAGE_TILES = 2;   // tiles of a work-list stage
+constexpr int TWELL_STAGE_UNITS = TWELL_STAGE_TILES * TWELL_TILE;
+constexpr int TWELL_CHUNK = 16;        // slots of a chunk
+constexpr int TWELL_SLICE = 64;        // width of the D slice of an up or down CTA
+
+// counters in device memory, written by the launches, read by twell_ffn_status
+enum { TWELL_RECORDS_NEEDED, TWELL_CHUNKS_NEEDED, TWELL_NUM_COUNTERS };
+
+namespace twell_detail {
+
+// ----------------------------------------------------------------------------
+// PTX wrappers
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, asynchronously; zeros when !valid
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// four 8x8 bf16 matrices; lane i gives the address of row i % 8 of matrix i / 8
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+// 16 bytes of shared memory (volatile: never moved across a barrier)
+__device__ __forceinline__ uint4 lds_128(const bf16* p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
+    return v;
+}
+
+// c[16x8] += a[16x16] b[16x8], bf16 in, fp32 accumulators. Lane l (g = l/4,
+// i = l%4) holds a: rows g, g+8 x cols 2i, 2i+1 (a0: row g, a1: row g+8),
+// then cols 2i+8, 2i+9 (a2, a3); b: rows 2i, 2i+1 (b0) and 2i+8, 2i+9 (b1) of
+// col g; c: rows g (c0, c1), g+8 (c2, c3) x cols 2i, 2i+1. Not volatile: a pure
+// function of its operands, which the compiler may schedule among the loads.
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16_bits(float x) { return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
+
+// ----------------------------------------------------------------------------
+// packing one block with a warp: lane l holds the values of columns 8l..8l+7
+// of the tile, so the lane order is the column order and a warp prefix of the
+// lanes' counts gives each positive its slot. Used by the baseline packer and
+// by the mma.sync GEMM's epilogue.
+
+__device__ __forceinline__ void pack_block_warp(uint32_t* block, uint16_t* records, unsigned int* counters,
+                                                const float (&v)[8], int lane, int S, int record_capacity) {
+    unsigned int mask = 0;
+    #pragma unroll
+    for (int e = 0; e < 8; e++) { mask |= (unsigned int)(v[e] > 0.0f) << e; }
+    int count = __popc(mask), inclusive = count;
+    #pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+        int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) { inclusive += other; }
+    }
+    int total = __shfl_sync(0xffffffffu, inclusive, 31);
+    if (lane == 0) { block[0] = (uint32_t)total; }
+    if (total <= S) {
+        int slot = inclusive - count;
+        #pragma unroll
+        for (int e = 0; e < 8; e++) {
+            if ((mask >> e) & 1) { block[1 + slot++] = (uint32_t)(lane * 8 + e) | bf16_bits(v[e]) << 16; }
+        }
+        return;
+    }
+    unsigned int r = 0;
+    if (lane == 0) { r = atomicAdd(&counters[TWELL_RECORDS_NEEDED], 1u); }
+    r = __shfl_sync(0xffffffffu, r, 0);
+    if (lane == 0) { block[1] = r < (unsigned int)record_capacity ? r : TWELL_RECORD_LOST; }
+    if (r < (unsigned int)record_capacity) {
+        uint32_t relu[8]; // a select, not fmaxf, which may keep a -0 whose bits would read as active
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { relu[e] = (mask >> e) & 1 ? bf16_bits(v[e]) : 0; }
+        *reinterpret_cast<uint4*>(records + (size_t)r * TWELL_TILE + lane * 8) =
+            make_uint4(relu[0] | relu[1] << 16, relu[2] | relu[3] << 16, relu[4] | relu[5] << 16, relu[6] | relu[7] << 16);
+    }
+}
+
+// the baseline packer: a warp per (row, tile) of a bf16 g [M, H]
+constexpr int PACK_THREADS = 256;
+
+__global__ void __launch_bounds__(PACK_THREADS)
+pack_kernel(uint32_t* words, uint16_t* records, unsigned int* counters, const bf16* g, int M, int H, int T, int S,
+            int record_capacity) {
+    long long block_id = (long long)blockIdx.x * (PACK_THREADS / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (block_id >= (long long)M * T) { return; }
+    int m = (int)(block_id / T), col = (int)(block_id % T) * TWELL_TILE + lane * 8;
+    float v[8] = {};
+    if (col < H) { // H % 8 == 0: the lane's 8 columns are all in or all out
+        Bf16x8 x = load_bf16x8(g + (size_t)m * H + col);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { v[e] = __bfloat162float(x.v[e]); }
+    }
+    pack_block_warp(words + (size_t)block_id * (S + 1), records, counters, v, lane, S, record_capacity);
+}
+
+// ----------------------------------------------------------------------------
+// fused gate GEMM + packing with mma.sync (sm_80 on). CTA tile 128 rows x 256
+// columns (one tile of the format), 8 warps of 64 x 64 (2 along M, 4 along N),
+// BK 32, 4 cp.async stages. Shared rows are padded to 80 bytes so the 8 rows of
+// an ldmatrix fall in 8 different bank groups. A row's 256 columns are spread
+// over 4 warps, so the epilogue puts the fp32 tile in shared memory and packs
+// it by rows (packing from the registers kept all 128 accumulators live with
+// the masks: 255 registers and 450 bytes of spill).
+
+constexpr int MMA_BM = 128, MMA_BN = 256, MMA_BK = 32, MMA_STAGES = 4, MMA_THREADS = 256;
+constexpr int MMA_LD = MMA_BK + 8;
+constexpr int MMA_STAGE_ELEMS = (MMA_BM + MMA_BN) * MMA_LD;
+constexpr int MMA_C_LD = MMA_BN + 8; // fp32 tile rows for the epilogue: a half-warp's float2 stores hit distinct banks
+constexpr size_t MMA_SMEM = (size_t)MMA_STAGES * MMA_STAGE_ELEMS * sizeof(bf16) > (size_t)MMA_BM * MMA_C_LD * sizeof(float)
+                                ? (size_t)MMA_STAGES * MMA_STAGE_ELEMS * sizeof(bf16)
+                                : (size_t)MMA_BM * MMA_C_LD * sizeof(float);
+
+__global__ void __launch_bounds__(MMA_THREADS, 1)
+gate_pack_mma_kernel(uint32_t* words, uint16_t* records, unsigned int* counters, const bf16* f, const bf16* wg,
+                     int M, int D, int H, int T, int S, int record_capacity) {
+    extern __shared__ __align__(16) bf16 mma_smem[];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
+    const int tile = blockIdx.x, m0 = blockIdx.y * MMA_BM, n0 = tile * MMA_BN, num_kb = D / MMA_BK;
+
+    // rows past M or H are loaded as zeros, so their products are 0 and never packed
+    auto load_stage = [&](int kb, int stage) {
+        bf16* a = mma_smem + stage * MMA_STAGE_ELEMS;
+        bf16* b = a + MMA_BM * MMA_LD;
+        int k0 = kb * MMA_BK;
+        #pragma unroll
+        for (int j = 0; j < MMA_BM * 4 / MMA_THREADS; j++) {
+            int c = tid + j * MMA_THREADS, r = c / 4, piece = c % 4, row = m0 + r;
+            cp_async_16(a + r * MMA_LD + piece * 8, f + (size_t)(row < M ? row : 0) * D + k0 + piece * 8, row < M);
+        }
+        #pragma unroll
+        for (int j = 0; j < MMA_BN * 4 / MMA_THREADS; j++) {
+            int c = tid + j * MMA_THREADS, r = c / 4, piece = c % 4, row = n0 + r;
+            cp_async_16(b + r * MMA_LD + piece * 8, wg + (size_t)(row < H ? row : 0) * D + k0 + piece * 8, row < H);
+        }
+    };
+
+    float acc[4][8][4] = {};
+    #pragma unroll
+    for (int s = 0; s < MMA_STAGES - 1; s++) {
+        if (s < num_kb) { load_stage(s, s); }
+        cp_async_commit();
+    }
+    for (int kb = 0; kb < num_kb; kb++) {
+        cp_async_wait<MMA_STAGES - 2>();
+        __syncthreads(); // stage kb has landed, and every warp is done with the buffer refilled next
+        if (kb + MMA_STAGES - 1 < num_kb) { load_stage(kb + MMA_STAGES - 1, (kb + MMA_STAGES - 1) % MMA_STAGES); }
+        cp_async_commit();
+        const bf16* a = mma_smem + (kb % MMA_STAGES) * MMA_STAGE_ELEMS;
+        const bf16* b = a + MMA_BM * MMA_LD;
+        #pragma unroll
+        for (int ks = 0; ks < MMA_BK / 16; ks++) {
+            uint32_t af[4][4];
+            #pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                ldmatrix_x4(af[mt], a + (wm * 64 + mt * 16 + lane % 16) * MMA_LD + ks * 16 + (lane / 16) * 8);
+            }
+            #pragma unroll
+            for (int nt = 0; nt < 8; nt += 2) {
+                // n-tiles nt, nt+1 x k 0-7, 8-15 of this k-step
+                uint32_t bfr[4];
+                ldmatrix_x4(bfr, b + (wn * 64 + nt * 8 + lane % 8 + (lane / 16) * 8) * MMA_LD + ks * 16 + ((lane / 8) % 2) * 8);
+                #pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    mma_16816(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[0], bfr[1]);
+                    mma_16816(acc[mt][nt + 1], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[2], bfr[3]);
+                }
+            }
+        }
+    }
+    // epilogue: the fp32 tile goes to shared memory (over the stage buffers),
+    // then each warp packs 16 rows the way the baseline packer does
+    cp_async_wait<0>();
+    __syncthreads();
+    float* c_s = reinterpret_cast<float*>(mma_smem);
+    #pragma unroll
+    for (int mt = 0; mt < 4; mt++) {
+        #pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            float* p = c_s + (wm * 64 + mt * 16 + lane / 4) * MMA_C_LD + wn * 64 + nt * 8 + 2 * (lane % 4);
+            *reinterpret_cast<float2*>(p) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+            *reinterpret_cast<float2*>(p + 8 * MMA_C_LD) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+        }
+    }
+    __syncthreads();
+    for (int r = warp * (MMA_BM / 8); r < (warp + 1) * (MMA_BM / 8); r++) {
+        if (m0 + r >= M) { break; }
+        float4 lo = *reinterpret_cast<const float4*>(c_s + r * MMA_C_LD + lane * 8);
+        float4 hi = *reinterpret_cast<const float4*>(c_s + r * MMA_C_LD + lane * 8 + 4);
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        pack_block_warp(words + ((size_t)(m0 + r) * T + tile) * (S + 1), records, counters, v, lane, S, record_capacity);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// fused gate GEMM + packing with wgmma (sm_90a): persistent CTAs of 3
+// warpgroups. Warpgroup 0 (one thread) issues TMA loads of the 128 x 64 tile
+// of f and the 256 x 64 tile of Wg (128-byte swizzle) into 4 stages, each
+// completing on its "full" mbarrier; warpgroups 1 and 2 multiply rows 0-63 and
+// 64-127 of the CTA tile (wgmma m64n256k16 from shared memory, one k-block in
+// flight while the next is issued) and release a stage on its "empty" mbarrier
+// (one arrival per consumer warp). Then each consumer packs its 64 rows: a
+// row's 256 columns sit in one quad, so no cross-warp step is needed. Tiles go
+// to CTAs round-robin, N fastest, so the CTAs at work share their f rows and
+// all of Wg stays in L2.
+
+constexpr int WG_BM = 128, WG_BN = 256, WG_BK = 64, WG_STAGES = 4, WG_THREADS = 384;
+constexpr int WG_A_BYTES = WG_BM * WG_BK * 2, WG_B_BYTES = WG_BN * WG_BK * 2;
+constexpr size_t WG_SMEM = 1024 + (size_t)WG_STAGES * (WG_A_BYTES + WG_B_BYTES) + 2 * WG_STAGES * sizeof(uint64_t);
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// waits until the phase of the given parity has completed
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned int parity) {
+    unsigned int done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+// the box at (x = column, y = row) of a 2D tensor map into shared memory, completing on bar
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// descriptor of a K-major operand in the 128-byte swizzle: start address,
+// leading byte offset 16 (unused by this layout), 1024 bytes from one 8-row
+// group to the next. A k-step of 16 is 32 bytes further into the rows.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t address) {
+    return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(16 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 | 1ull << 62;
+}
+
+#define WGMMA_D(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+
+// D[64 x 256] (+)= A[64 x 16] B[256 x 16]^T, both K-major in shared memory.
+// Thread (warp w of the warpgroup, lane l) holds d[j][e] = row 16w + l/4 + 8(e/2),
+// column 8j + 2(l%4) + e%2: the mma.sync accumulator layout, 32 times over.
+__device__ __forceinline__ void wgmma_m64n256(float (&d)[32][4], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : WGMMA_D(0), WGMMA_D(1), WGMMA_D(2), WGMMA_D(3), WGMMA_D(4), WGMMA_D(5), WGMMA_D(6), WGMMA_D(7),
+                   WGMMA_D(8), WGMMA_D(9), WGMMA_D(10), WGMMA_D(11), WGMMA_D(12), WGMMA_D(13), WGMMA_D(14), WGMMA_D(15),
+                   WGMMA_D(16), WGMMA_D(17), WGMMA_D(18), WGMMA_D(19), WGMMA_D(20), WGMMA_D(21), WGMMA_D(22), WGMMA_D(23),
+                   WGMMA_D(24), WGMMA_D(25), WGMMA_D(26), WGMMA_D(27), WGMMA_D(28), WGMMA_D(29), WGMMA_D(30), WGMMA_D(31)
+                 : "l"(a), "l"(b), "r"(accumulate));
+}
+#undef WGMMA_D
+
+// an empty asm that reads and writes the accumulators: the compiler keeps their
+// uses on the same side of it as in the source (after a wgmma wait)
+__device__ __forceinline__ void fence_acc(float (&d)[32][4]) {
+    #pragma unroll
+    for (int j = 0; j < 32; j++) { asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory"); }
+}
+
+// The wgmma kernel packs from the registers. Lane (g = lane/4, i = lane%4) of a
+// consumer warp holds acc[j][2h + e] = row g + 8h of the warp's 16, column
+// 8j + 2i + e: a row's 256 columns sit in one quad. Each lane makes a mask of
+// its positives (bit 2j + e), the quad swaps masks, and the count of the quad's
+// positives in earlier columns gives each positive its slot.
+
+__device__ __forceinline__ uint64_t positives_mask(const float (&acc)[32][4], int h) {
+    uint64_t mask = 0;
+    #pragma unroll
+    for (int j = 0; j < 32; j++) {
+        mask |= (uint64_t)(acc[j][2 * h] > 0.0f) << (2 * j);
+        mask |= (uint64_t)(acc[j][2 * h + 1] > 0.0f) << (2 * j + 1);
+    }
+    return mask;
+}
+
+// the masks of the 4 lanes of this lane's quad
+__device__ __forceinline__ void quad_masks(uint64_t (&q)[4], uint64_t mine, int lane) {
+    #pragma unroll
+    for (int k = 0; k < 4; k++) { q[k] = __shfl_sync(0xffffffffu, mine, (lane & ~3) | k); }
+}
+
+// Writes this lane's part of row g + 8h of a block: the entries of its
+// positives when the row's total fits, else its relu(g) values into the
+// overflow record `record` (NULL when lost). Column pairs j where no lane of
+// the quad has a positive are skipped: at 99% sparsity nearly all of them.
+__device__ __forceinline__ void store_row(uint32_t* block, uint16_t* record, const float (&acc)[32][4], int h,
+                                          const uint64_t (&q)[4], int i, int total, int S) {
+    if (total <= S) {
+        uint64_t mine = i == 0 ? q[0] : i == 1 ? q[1] : i == 2 ? q[2] : q[3];
+        uint64_t any = q[0] | q[1] | q[2] | q[3];
+        int run = 0; // the row's positives in column pairs before j
+        #pragma unroll
+        for (int j = 0; j < 32; j++) {
+            if (((any >> (2 * j)) & 3) == 0) { continue; }
+            int c0 = __popc((uint32_t)(q[0] >> (2 * j)) & 3), c1 = __popc((uint32_t)(q[1] >> (2 * j)) & 3);
+            int c2 = __popc((uint32_t)(q[2] >> (2 * j)) & 3), c3 = __popc((uint32_t)(q[3] >> (2 * j)) & 3);
+            int slot = run + (i > 0 ? c0 : 0) + (i > 1 ? c1 : 0) + (i > 2 ? c2 : 0);
+            uint32_t bitpair = (uint32_t)(mine >> (2 * j)) & 3;
+            int col = 8 * j + 2 * i;
+            if (bitpair & 1) { block[1 + slot] = (uint32_t)col | bf16_bits(acc[j][2 * h]) << 16; }
+            if (bitpair & 2) { block[1 + slot + (bitpair & 1)] = (uint32_t)(col + 1) | bf16_bits(acc[j][2 * h + 1]) << 16; }
+            run += c0 + c1 + c2 + c3;
+        }
+    } else if (record != NULL) {
+        #pragma unroll
+        for (int j = 0; j < 32; j++) {
+            uint32_t lo = acc[j][2 * h] > 0.0f ? bf16_bits(acc[j][2 * h]) : 0;
+            uint32_t hi = acc[j][2 * h + 1] > 0.0f ? bf16_bits(acc[j][2 * h + 1]) : 0;
+            *reinterpret_cast<uint32_t*>(record + 8 * j + 2 * i) = lo | hi << 16;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(WG_THREADS, 1)
+gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_constant__ CUtensorMap map_w,
+                       uint32_t* words, uint16_t* records, unsigned int* counters, int M, int D, int T, int S,
+                       int record_capacity) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
+    // the swizzle repeats every 1024 bytes: stages start on a 1024-byte boundary
+    uint8_t* a_s = wg_smem_raw + ((1024 - (smem_u32(wg_smem_raw) & 1023)) & 1023);
+    uint8_t* b_s = a_s + WG_STAGES * WG_A_BYTES;
+    uint64_t* full = reinterpret_cast<uint64_t*>(b_s + WG_STAGES * WG_B_BYTES);
+    uint64_t* empty = full + WG_STAGES;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int num_tiles = (M + WG_BM - 1) / WG_BM * T, num_kb = D / WG_BK;
+    if (tid == 0) {
+        for (int s = 0; s < WG_STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0; // k-blocks issued so far: stage it % STAGES, use number it / STAGES of that stage
+            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+                int tm = tile / T, tn = tile % T;
+                for (int kb = 0; kb < num_kb; kb++, it++) {
+                    int s = it % WG_STAGES;
+                    mbar_wait(&empty[s], ((it / WG_STAGES) & 1) ^ 1); // a fresh barrier passes parity 1
+                    mbar_expect_tx(&full[s], WG_A_BYTES + WG_B_BYTES);
+                    tma_load_2d(a_s + s * WG_A_BYTES, &map_f, &full[s], kb * WG_BK, tm * WG_BM);
+                    tma_load_2d(b_s + s * WG_B_BYTES, &map_w, &full[s], kb * WG_BK, tn * WG_BN);
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int c = wg - 1, warp = (tid / 32) % 4, lane = tid % 32, i = lane % 4;
+        int it = 0;
+        float acc[32][4];
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+            int tm = tile / T, tn = tile % T;
+            for (int kb = 0; kb < num_kb; kb++, it++) {
+                int s = it % WG_STAGES;
+                mbar_wait(&full[s], (it / WG_STAGES) & 1);
+                wgmma_fence();
+                uint32_t a_addr = smem_u32(a_s + s * WG_A_BYTES + c * 64 * 128), b_addr = smem_u32(b_s + s * WG_B_BYTES);
+                #pragma unroll
+                for (int ks = 0; ks < WG_BK / 16; ks++) {
+                    wgmma_m64n256(acc, wgmma_desc(a_addr + ks * 32), wgmma_desc(b_addr + ks * 32), kb > 0 || ks > 0);
+                }
+                wgmma_commit();
+                if (kb > 0) { // the k-block before this one is done: its stage can be refilled
+                    wgmma_wait<1>();
+                    if (lane == 0) { mbar_arrive(&empty[(it - 1) % WG_STAGES]); }
+                }
+            }
+            wgmma_wait<0>();
+            fence_acc(acc);
+            if (lane == 0) { mbar_arrive(&empty[(it - 1) % WG_STAGES]); }
+
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = tm * WG_BM + c * 64 + warp * 16 + lane / 4 + 8 * h;
+                uint64_t q[4];
+                quad_masks(q, positives_mask(acc, h), lane);
+                int total = __popcll(q[0]) + __popcll(q[1]) + __popcll(q[2]) + __popcll(q[3]);
+                unsigned int rec = 0;
+                if (i == 0 && total > S && row < M) { rec = atomicAdd(&counters[TWELL_RECORDS_NEEDED], 1u); }
+                rec = __shfl_sync(0xffffffffu, rec, lane & ~3);
+                if (row >= M) { continue; }
+                uint32_t* block = words + ((size_t)row * T + tn) * (S + 1);
+                if (i == 0) {
+                    block[0] = (uint32_t)total;
+                    if (total > S) { block[1] = rec < (unsigned int)record_capacity ? rec : TWELL_RECORD_LOST; }
+                }
+                uint16_t* record = total > S && rec < (unsigned int)record_capacity ? records + (size_t)rec * TWELL_TILE : NULL;
+                store_row(block, record, acc, h, q, i, total, S);
+            }
+        }
+    }
+#endif
+}
+
+// ----------------------------------------------------------------------------
+// the work list: a warp per (stage s, group G) = entry s * groups + G; lane l
+// reads block (row 16G + l/2, tile 2s + l%2), so lane order is (row, tile) order
+
+constexpr int LIST_THREADS = 256;
+
+// calls fn(column within the tile, bf16 bits of g) for each active unit of a
+// block, in increasing column order; a lost record is one NaN entry at column 0
+template <typename F>
+__device__ __forceinline__ void for_each_active(const uint32_t* words, const uint16_t* records, int row, int tile,
+                                                int T, int S, F fn) {
+    const uint32_t* block = words + ((size_t)row * T + tile) * (S + 1);
+    uint32_t count = block[0];
+    if (count <= (uint32_t)S) {
+        for (uint32_t e = 1; e <= count; e++) {
+            uint32_t w = block[e];
+            fn(w & 0xffff, w >> 16);
+        }
+    } else if (block[1] == TWELL_RECORD_LOST) {
+        fn(0u, 0x7fc0u);
+    } else {
+        const uint4* rec = reinterpret_cast<const uint4*>(records + (size_t)block[1] * TWELL_TILE);
+        for (int v = 0; v < TWELL_TILE / 8; v++) {
+            uint4 x = rec[v];
+            uint32_t w[4] = {x.x, x.y, x.z, x.w};
+            #pragma unroll
+            for (int e = 0; e < 8; e++) {
+                uint32_t b = (w[e / 2] >> (16 * (e % 2))) & 0xffff;
+                if (b != 0) { fn((uint32_t)(8 * v + e), b); }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ int active_count(const uint32_t* words, const uint16_t* records, int row, int tile, int T,
+                                            int S) {
+    const uint32_t* block = words + ((size_t)row * T + tile) * (S + 1);
+    if (block[0] <= (uint32_t)S) { return (int)block[0]; }
+    int n = 0;
+    for_each_active(words, records, row, tile, T, S, [&](uint32_t, uint32_t) { n++; });
+    return n;
+}
+
+// chunks of each entry, into chunk_ptr[entry]
+__global__ void __launch_bounds__(LIST_THREADS)
+count_kernel(int* chunk_ptr, const uint32_t* words, const uint16_t* records, int M, int T, int S, int num_groups,
+             int num_entries) {
+    int entry = blockIdx.x * (LIST_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (entry >= num_entries) { return; }
+    int row = entry % num_groups * TWELL_GROUP_ROWS + lane / 2, tile = entry / num_groups * TWELL_STAGE_TILES + lane % 2;
+    int n = row < M && tile < T ? active_count(words, records, row, tile, T, S) : 0;
+    n = warp_reduce<Sum>(n);
+    if (lane == 0) { chunk_ptr[entry] = (n + TWELL_CHUNK - 1) / TWELL_CHUNK; }
+}
+
+// in place: the chunk counts of chunk_ptr[0..n) become their exclusive prefix,
+// chunk_ptr[n] the total (also the "chunks needed" counter). One block.
+constexpr int SCAN_THREADS = 1024;
+__global__ void __launch_bounds__(SCAN_THREADS) scan_kernel(int* chunk_ptr, unsigned int* counters, int n) {
+    __shared__ int sums[SCAN_THREADS];
+    int per = (n + SCAN_THREADS - 1) / SCAN_THREADS, begin = threadIdx.x * per, end = min(begin + per, n);
+    int mine = 0;
+    for (int k = begin; k < end; k++) { mine += chunk_ptr[k]; }
+    sums[threadIdx.x] = mine;
+    __syncthreads();
+    for (int offset = 1; offset < SCAN_THREADS; offset *= 2) {
+        int other = threadIdx.x >= offset ? sums[threadIdx.x - offset] : 0;
+        __syncthreads();
+        sums[threadIdx.x] += other;
+        __syncthreads();
+    }
+    int run = sums[threadIdx.x] - mine;
+    for (int k = begin; k < end; k++) {
+        int count = chunk_ptr[k];
+        chunk_ptr[k] = run;
+        run += count;
+    }
+    if (threadIdx.x == SCAN_THREADS - 1) {
+        chunk_ptr[n] = sums[SCAN_THREADS - 1];
+        counters[TWELL_CHUNKS_NEEDED] = (unsigned int)sums[SCAN_THREADS - 1];
+    }
+}
+
+// the slots of each entry: its active units dealt round-robin over their
+// residues mod 4 (see twell.h), the chunk tail zeroed. Per-residue counts are
+// packed in 16-bit fields of a uint64 (at most 32 blocks x 256 per entry).
+__global__ void __launch_bounds__(LIST_THREADS)
+fill_kernel(uint32_t* slots, const int* chunk_ptr, const uint32_t* words, const uint16_t* records, int M, int T, int S,
+            int num_groups, int num_entries, int chunk_capacity) {
+    int entry = blockIdx.x * (LIST_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (entry >= num_entries) { return; }
+    int row = entry % num_groups * TWELL_GROUP_ROWS + lane / 2, tile = entry / num_groups * TWELL_STAGE_TILES + lane % 2;
+    bool has = row < M && tile < T;
+    uint64_t mine = 0;
+    if (has) { for_each_active(words, records, row, tile, T, S, [&](uint32_t col, uint32_t) { mine += 1ull << (16 * (col & 3)); }); }
+    uint64_t inclusive = mine;
+    #pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+        uint64_t other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) { inclusive += other; }
+    }
+    uint64_t totals = __shfl_sync(0xffffffffu, inclusive, 31);
+    int n[4];
+    #pragma unroll
+    for (int r = 0; r < 4; r++) { n[r] = (int)((totals >> (16 * r)) & 0xffff); }
+    int first = chunk_ptr[entry], chunks = chunk_ptr[entry + 1] - first;
+    if (has) {
+        uint64_t cursor = inclusive - mine; // per residue: how many of it come before this lane's
+        uint32_t high = (uint32_t)(lane % 2) * TWELL_TILE | (uint32_t)(lane / 2) << 12;
+        for_each_active(words, records, row, tile, T, S, [&](uint32_t col, uint32_t value) {
+            int rho = col & 3, k = (int)((cursor >> (16 * rho)) & 0xffff);
+            cursor += 1ull << (16 * rho);
+            int x = twell_round_robin_index(n, rho, k), chunk = first + x / TWELL_CHUNK;
+            if (chunk < chunk_capacity) {
+                slots[(size_t)chunk * TWELL_CHUNK + twell_chunk_position(x % TWELL_CHUNK)] = (high + col) | value << 16;
+            }
+        });
+    }
+    for (int x = n[0] + n[1] + n[2] + n[3] + lane; x < chunks * TWELL_CHUNK; x += 32) {
+        int chunk = first + x / TWELL_CHUNK;
+        if (chunk < chunk_capacity) { slots[(size_t)chunk * TWELL_CHUNK + twell_chunk_position(x % TWELL_CHUNK)] = 0; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// up and down over the work list. A stage buffer holds the D slice of the
+// weights of 512 units, rows of 64 bf16 padded to 144 bytes: unit u's row
+// starts in 16-byte bank group u % 8. The up kernel's lane (g, i) reads bytes
+// 32i..32i+31 of slot g's and slot g+8's unit: a phase of 8 lanes reads slots
+// 2j and 2j+1, 4 pieces each, which fill all 8 bank groups when the two units
+// differ in parity. The down kernel's lane (g, i) reads the 16-byte piece
+// piece(g) of slots 2i, 2i+1, 2i+8, 2i+9: a phase reads 4 slots x pieces p and
+// p + 4, all 8 groups when the 4 units differ mod 4. The slot order makes
+// both true where the residues allow (twell_chunk_position).
+
+constexpr int UP_THREADS = 512, UP_GROUPS_PER_WARP = 4, UP_GROUPS = UP_THREADS / 32 * UP_GROUPS_PER_WARP;
+constexpr int DOWN_THREADS = 512, DOWN_GROUPS_PER_WARP = 2, DOWN_GROUPS = DOWN_THREADS / 32 * DOWN_GROUPS_PER_WARP;
+constexpr int STAGE_LD = TWELL_SLICE + 8;
+constexpr int STAGE_ELEMS = TWELL_STAGE_UNITS * STAGE_LD;
+constexpr size_t LIST_SMEM = 2 * (size_t)STAGE_ELEMS * sizeof(bf16);
+
+// cp.async of w[stage's units][d0 .. d0+63] into a stage buffer; units past H are zeros
+template <int THREADS>
+__device__ __forceinline__ void load_weight_stage(bf16* buf, const bf16* w, int stage, int d0, int D, int H) {
+    constexpr int PIECES = TWELL_STAGE_UNITS * TWELL_SLICE / 8;
+    static_assert(PIECES % THREADS == 0, "every thread copies the same number of pieces");
+    #pragma unroll
+    for (int j = 0; j < PIECES / THREADS; j++) {
+        int p = threadIdx.x + j * THREADS, r = p / 8, piece = p % 8, unit = stage * TWELL_STAGE_UNITS + r;
+        cp_async_16(buf + r * STAGE_LD + piece * 8, w + (size_t)(unit < H ? unit : 0) * D + d0 + piece * 8, unit < H);
+    }
+}
+
+// partials[slice][slot] = the slot's u over D slice `slice`. CTA: 1024 rows
+// (64 groups, 4 per warp) x 64 columns of D. The mma: A = the chunk's 16 Wu
+// rows (slot q = A row q) x 16 k, B = the group's f rows (n-tile 0: rows 0-7,
+// n-tile 1: rows 8-15). The 64 columns of the slice are permuted the same way
+// in A and B: k-step kk, k 2i + e and 2i + 8 + e are columns 16i + 4kk + e and
+// 16i + 4kk + 2 + e, so lane (g, i) needs columns 16i..16i+15 only: f in 8
+// registers per row, Wu as two 16-byte loads per slot.
+__global__ void __launch_bounds__(UP_THREADS, 1)
+up_kernel(float* partials, const uint32_t* slots, const int* chunk_ptr, const bf16* f, const bf16* wu, int M, int D,
+          int H, int num_groups, int num_stages, int chunk_capacity) {
+    extern __shared__ __align__(16) bf16 list_smem[];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
+    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE;
+    float* out = partials + (size_t)slice * chunk_capacity * TWELL_CHUNK;
+    uint32_t fb[UP_GROUPS_PER_WARP][2][8];
+    #pragma unroll
+    for (int t = 0; t < UP_GROUPS_PER_WARP; t++) {
+        #pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            int row = (blockIdx.x * UP_GROUPS + warp + 16 * t) * TWELL_GROUP_ROWS + 8 * nt + g;
+            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+            if (row < M) {
+                lo = *reinterpret_cast<const uint4*>(f + (size_t)row * D + d0 + 16 * i);
+                hi = *reinterpret_cast<const uint4*>(f + (size_t)row * D + d0 + 16 * i + 8);
+            }
+            uint32_t v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            #pragma unroll
+            for (int j = 0; j < 8; j++) { fb[t][nt][j] = v[j]; }
+        }
+    }
+    load_weight_stage<UP_THREADS>(list_smem, wu, 0, d0, D, H);
+    cp_async_commit();
+    for (int s = 0; s < num_stages; s++) {
+        if (s + 1 < num_stages) { load_weight_stage<UP_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wu, s + 1, d0, D, H); }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
+        #pragma unroll
+        for (int t = 0; t < UP_GROUPS_PER_WARP; t++) {
+            int G = blockIdx.x * UP_GROUPS + warp + 16 * t;
+            if (G >= num_groups) { continue; }
+            int entry = s * num_groups + G;
+            int c = chunk_ptr[entry], end = min(chunk_ptr[entry + 1], chunk_capacity);
+            uint32_t wa = 0, wb = 0;
+            if (c < end) {
+                wa = slots[(size_t)c * TWELL_CHUNK + g];
+                wb = slots[(size_t)c * TWELL_CHUNK + g + 8];
+            }
+            for (; c < end; c++) {
+                uint32_t next_a = 0, next_b = 0; // the next chunk's slots, loaded while this one computes
+                if (c + 1 < end) {
+                    next_a = slots[(size_t)(c + 1) * TWELL_CHUNK + g];
+                    next_b = slots[(size_t)(c + 1) * TWELL_CHUNK + g + 8];
+                }
+                uint4 a_lo = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i), a_hi = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i + 8);
+                uint4 b_lo = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i), b_hi = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i + 8);
+                uint32_t pa[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+                uint32_t pb[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
+                float c0[4] = {}, c1[4] = {};
+                #pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    mma_16816(c0, pa[2 * kk], pb[2 * kk], pa[2 * kk + 1], pb[2 * kk + 1], fb[t][0][2 * kk], fb[t][0][2 * kk + 1]);
+                    mma_16816(c1, pa[2 * kk], pb[2 * kk], pa[2 * kk + 1], pb[2 * kk + 1], fb[t][1][2 * kk], fb[t][1][2 * kk + 1]);
+                }
+                // the entry (slot g, its row r) is in lane (g, (r % 8) / 2), element r % 2 of
+                // n-tile r / 8; (slot g + 8, r) likewise in elements 2 + r % 2. Empty slots are skipped.
+                int ra = (wa >> 12) & 15, rb = (wb >> 12) & 15;
+                if ((wa >> 16) != 0 && (ra & 7) / 2 == i) {
+                    out[(size_t)c * TWELL_CHUNK + g] = ra & 8 ? (ra & 1 ? c1[1] : c1[0]) : (ra & 1 ? c0[1] : c0[0]);
+                }
+                if ((wb >> 16) != 0 && (rb & 7) / 2 == i) {
+                    out[(size_t)c * TWELL_CHUNK + g + 8] = rb & 8 ? (rb & 1 ? c1[3] : c1[2]) : (rb & 1 ? c0[3] : c0[2]);
+                }
+                wa = next_a;
+                wb = next_b;
+            }
+        }
+        __syncthreads(); // the buffer of stage s is refilled next
+    }
+}
+
+// u = the sum of the slot's partials in slice order; the slot's g becomes a = g u
+__global__ void reduce_kernel(uint32_t* slots, const float* partials, const int* chunk_ptr, int num_entries,
+                              int num_slices, int chunk_capacity) {
+    size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t used = (size_t)min(chunk_ptr[num_entries], chunk_capacity) * TWELL_CHUNK;
+    if (x >= used) { return; }
+    uint32_t w = slots[x];
+    if ((w >> 16) == 0) { return; }
+    size_t stride = (size_t)chunk_capacity * TWELL_CHUNK;
+    float u = 0.0f;
+    for (int s = 0; s < num_slices; s++) { u += partials[s * stride + x]; }
+    slots[x] = (w & 0xffff) | bf16_bits(bf16_bits_to_float(w >> 16) * u) << 16;
+}
+
+// y[rows, d0..d0+63] = sum over the rows' slots of a WdT[unit, d0..d0+63]. CTA:
+// 512 rows (32 groups, 2 per warp) x 64 columns of D; y^T in registers. The mma:
+// A = WdT[chunk units, slice]^T (16 columns of the slice x 16 slots), B[q][r] =
+// a_q if row(q) == r else 0 (n-tile 0: rows 0-7, n-tile 1: rows 8-15). Columns
+// are permuted so that lane (g, i) needs the 8 columns of one 16-byte piece:
+// m-tile mt, A row g is column 8 piece(g) + 2mt, row g + 8 the next one.
+__global__ void __launch_bounds__(DOWN_THREADS, 1)
+down_kernel(bf16* y, const uint32_t* slots, const int* chunk_ptr, const bf16* wdT, int M, int D, int H, int num_groups,
+            int num_stages, int chunk_capacity) {
+    extern __shared__ __align__(16) bf16 list_smem[];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
+    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE;
+    const int piece = g / 2 + 4 * (g % 2);
+    float acc[DOWN_GROUPS_PER_WARP][4][2][4] = {};
+    bool clipped[DOWN_GROUPS_PER_WARP] = {};
+    load_weight_stage<DOWN_THREADS>(list_smem, wdT, 0, d0, D, H);
+    cp_async_commit();
+    for (int s = 0; s < num_stages; s++) {
+        if (s + 1 < num_stages) { load_weight_stage<DOWN_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wdT, s + 1, d0, D, H); }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
+        #pragma unroll
+        for (int t = 0; t < DOWN_GROUPS_PER_WARP; t++) {
+            int G = blockIdx.x * DOWN_GROUPS + warp + 16 * t;
+            if (G >= num_groups) { continue; }
+            int entry = s * num_groups + G;
+            int c = chunk_ptr[entry], end = chunk_ptr[entry + 1];
+            if (end > chunk_capacity && end > c) { // the list lost chunks of this group: its rows become NaN
+                clipped[t] = true;
+                end = chunk_capacity;
+            }
+            uint2 s01 = make_uint2(0, 0), s89 = s01;
+            if (c < end) {
+                s01 = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i);
+                s89 = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i + 8);
+            }
+            for (; c < end; c++) {
+                uint2 next01 = make_uint2(0, 0), next89 = next01;
+                if (c + 1 < end) {
+                    next01 = *reinterpret_cast<const uint2*>(slots + (size_t)(c + 1) * TWELL_CHUNK + 2 * i);
+                    next89 = *reinterpret_cast<const uint2*>(slots + (size_t)(c + 1) * TWELL_CHUNK + 2 * i + 8);
+                }
+                const uint32_t sw[4] = {s01.x, s01.y, s89.x, s89.y}; // slots 2i, 2i+1, 2i+8, 2i+9
+                uint32_t wr[4][4];
+                #pragma unroll
+                for (int p = 0; p < 4; p++) {
+                    uint4 v = lds_128(w + (sw[p] & 0xfff) * STAGE_LD + 8 * piece);
+                    wr[p][0] = v.x; wr[p][1] = v.y; wr[p][2] = v.z; wr[p][3] = v.w;
+                }
+                uint32_t b0[2], b1[2];
+                #pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    uint32_t target = 8 * nt + g, v[4];
+                    #pragma unroll
+                    for (int p = 0; p < 4; p++) { v[p] = ((sw[p] >> 12) & 15) == target ? sw[p] >> 16 : 0; }
+                    b0[nt] = v[0] | v[1] << 16;
+                    b1[nt] = v[2] | v[3] << 16;
+                }
+                #pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    uint32_t a0 = __byte_perm(wr[0][mt], wr[1][mt], 0x5410), a1 = __byte_perm(wr[0][mt], wr[1][mt], 0x7632);
+                    uint32_t a2 = __byte_perm(wr[2][mt], wr[3][mt], 0x5410), a3 = __byte_perm(wr[2][mt], wr[3][mt], 0x7632);
+                    mma_16816(acc[t][mt][0], a0, a1, a2, a3, b0[0], b1[0]);
+                    mma_16816(acc[t][mt][1], a0, a1, a2, a3, b0[1], b1[1]);
+                }
+                s01 = next01;
+                s89 = next89;
+            }
+        }
+        __syncthreads();
+    }
+    // lane (g, i) holds rows 8nt + 2i + e, columns 8 piece .. 8 piece + 7 of each group
+    #pragma unroll
+    for (int t = 0; t < DOWN_GROUPS_PER_WARP; t++) {
+        int G = blockIdx.x * DOWN_GROUPS + warp + 16 * t;
+        #pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int row = G * TWELL_GROUP_ROWS + 8 * nt + 2 * i + e;
+                if (G >= num_groups || row >= M) { continue; }
+                Bf16x8 out;
+                #pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    out.v[2 * mt] = __float2bfloat16_rn(clipped[t] ? NAN : acc[t][mt][nt][e]);
+                    out.v[2 * mt + 1] = __float2bfloat16_rn(clipped[t] ? NAN : acc[t][mt][nt][2 + e]);
+                }
+                store_bf16x8(y + (size_t)row * D + d0 + 8 * piece, out);
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the dense FFN's elementwise step: h = bf16(relu(g) * u), 8 values per thread
+__global__ void relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n8) { return; }
+    Bf16x8 gv = load_bf16x8(g + 8 * k), uv = load_bf16x8(u + 8 * k), hv;
+    #pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float gate = __bfloat162float(gv.v[e]);
+        hv.v[e] = __float2bfloat16_rn(gate > 0.0f ? gate * __bfloat162float(uv.v[e]) : 0.0f);
+    }
+    store_bf16x8(h + 8 * k, hv);
+}
+
+} // namespace twell_detail
+
+// ----------------------------------------------------------------------------
+// host API. One TwellFFN holds the buffers of one FFN shape: the format (words,
+// overflow records, counters) and the work list (chunk offsets, slots, partials).
+
+typedef struct {
+    Twell tw;                // M rows, H columns, TW 256, S slots, record capacity
+    int D;
+    int num_groups;          // ceil(M / 16)
+    int num_stages;          // ceil(T / 2)
+    int chunk_capacity;      // chunks of 16 slots the work list holds
+    uint32_t* words;         // [M][T][1 + S]
+    uint16_t* records;       // [record capacity][256] bf16 bits
+    unsigned int* counters;  // [TWELL_NUM_COUNTERS]
+    int* chunk_ptr;          // [num_stages * num_groups + 1]
+    uint32_t* slots;         // [chunk capacity * 16]
+    float* partials;         // [D / 64][chunk capacity * 16]
+} TwellFFN;
+
+typedef struct {
+    int records_needed, chunks_needed; // what the last run asked for
+    int ok;                            // both fit: the last run's output is exact
+} TwellStatus;
+
+typedef enum { TWELL_GATE_AUTO, TWELL_GATE_MMA, TWELL_GATE_WGMMA } TwellGatePath;
+
+// a chunk capacity for about `active_per_row` active units per row: every
+// (stage, group) rounds up to whole chunks, plus the slots with 25% to spare
+static inline int twell_chunk_capacity_for(int M, int H, double active_per_row) {
+    double groups = (M + TWELL_GROUP_ROWS - 1) / TWELL_GROUP_ROWS;
+    double stages = ((H + TWELL_TILE - 1) / TWELL_TILE + TWELL_STAGE_TILES - 1) / TWELL_STAGE_TILES;
+    double chunks = groups * stages + 1.25 * M * active_per_row / TWELL_CHUNK;
+    return chunks < 2e9 ? (int)chunks : 2000000000;
+}
+
+static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int record_capacity, int chunk_capacity) {
+    if (D % TWELL_SLICE != 0) { fatal("twell: D %d must be a multiple of %d on the GPU", D, TWELL_SLICE); }
+    if (H % 8 != 0) { fatal("twell: H %d must be a multiple of 8 on the GPU", H); }
+    if (chunk_capacity < 1) { fatal("twell: chunk capacity %d must be >= 1", chunk_capacity); }
+    TwellFFN ffn;
+    ffn.tw = twell_layout(M, H, TWELL_TILE, slots, record_capacity);
+    ffn.D = D;
+    ffn.num_groups = (M + TWELL_GROUP_ROWS - 1) / TWELL_GROUP_ROWS;
+    ffn.num_stages = (ffn.tw.tiles + TWELL_STAGE_TILES - 1) / TWELL_STAGE_TILES;
+    ffn.chunk_capacity = chunk_capacity;
+    size_t slot_count = (size_t)chunk_capacity * TWELL_CHUNK;
+    ffn.words = (uint32_t*)cuda_malloc(twell_num_words(&ffn.tw) * sizeof(uint32_t));
+    ffn.records = (uint16_t*)cuda_malloc((twell_record_values(&ffn.tw) + 8) * sizeof(uint16_t));
+    ffn.counters = (unsigned int*)cuda_malloc(TWELL_NUM_COUNTERS * sizeof(unsigned int));
+    ffn.chunk_ptr = (int*)cuda_malloc(((size_t)ffn.num_stages * ffn.num_groups + 1) * sizeof(int));
+    ffn.slots = (uint32_t*)cuda_malloc(slot_count * sizeof(uint32_t));
+    ffn.partials = (float*)cuda_malloc((size_t)(D / TWELL_SLICE) * slot_count * sizeof(float));
+    cudaCheck(cudaMemset(ffn.counters, 0, TWELL_NUM_COUNTERS * sizeof(unsigned int)));
+    return ffn;
+}
+
+static inline void twell_ffn_free(TwellFFN* ffn) {
+    cuda_free(ffn->words);
+    cuda_free(ffn->records);
+    cuda_free(ffn->counters);
+    cuda_free(ffn->chunk_ptr);
+    cuda_free(ffn->slots);
+    cuda_free(ffn->partials);
+    memset(ffn, 0, sizeof(*ffn));
+}
+
+// the counters of the last run (waits for it): the caller grows the buffers
+// (records_needed records, chunks_needed chunks) and runs again when !ok
+static inline TwellStatus twell_ffn_status(const TwellFFN* ffn) {
+    unsigned int c[TWELL_NUM_COUNTERS];
+    cudaCheck(cudaMemcpy(c, ffn->counters, sizeof(c), cudaMemcpyDeviceToHost));
+    TwellStatus st;
+    st.records_needed = (int)c[TWELL_RECORDS_NEEDED];
+    st.chunks_needed = (int)c[TWELL_CHUNKS_NEEDED];
+    st.ok = st.records_needed <= ffn->tw.record_capacity && st.chunks_needed <= ffn->chunk_capacity;
+    return st;
+}
+
+static inline int twell_device_attribute(cudaDeviceAttr attr) {
+    int device = 0, value = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&value, attr, device));
+    return value;
+}
+
+// the baseline packer: TwELL words from a bf16 g [M, H]
+static inline void twell_pack(TwellFFN* ffn, const bf16* g) {
+    const Twell* tw = &ffn->tw;
+    cudaCheck(cudaMemsetAsync(&ffn->counters[TWELL_RECORDS_NEEDED], 0, sizeof(unsigned int), main_stream));
+    long long blocks = ((long long)tw->rows * tw->tiles + twell_detail::PACK_THREADS / 32 - 1) / (twell_detail::PACK_THREADS / 32);
+    twell_detail::pack_kernel<<<(unsigned int)blocks, twell_detail::PACK_THREADS, 0, main_stream>>>(
+        ffn->words, ffn->records, ffn->counters, g, tw->rows, tw->cols, tw->tiles, tw->slots, tw->record_capacity);
+    cudaCheck(cudaGetLastError());
+}
+
+// gate + packing, baseline: g = f Wg^T by cuBLASLt into g [M, H], then the packer
+static inline void twell_gate_cublas(TwellFFN* ffn, bf16* g, const bf16* f, const bf16* wg) {
+    gemm(g, f, wg, ffn->tw.rows, ffn->tw.cols, ffn->D, 0, 1, 0);
+    twell_pack(ffn, g);
+}
+
+typedef CUresult (*TensorMapEncoder)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// a [rows, cols] bf16 row-major matrix as a TMA map of boxes of box_rows x 64
+// columns (128 bytes: the 128-byte swizzle); boxes past the edge read zeros
+static inline CUtensorMap twell_tensor_map(const bf16* ptr, int rows, int cols, int box_rows) {
+    static TensorMapEncoder encode = NULL;
+    if (encode == NULL) { // the driver's entry point, without linking libcuda
+        void* fn = NULL;
+        cudaDriverEntryPointQueryResult found;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || fn == NULL) { fatal("twell: the driver has no cuTensorMapEncodeTiled"); }
+        encode = (TensorMapEncoder)fn;
+    }
+    CUtensorMap map;
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)cols * sizeof(bf16)};
+    cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    cuuint32_t element_strides[2] = {1, 1};
+    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)ptr, dims, strides, box, element_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) { fatal("twell: cuTensorMapEncodeTiled failed (%d) for a %d x %d matrix", (int)r, rows, cols); }
+    return map;
+}
+
+// gate + packing, fused: g never leaves the GEMM. AUTO takes wgmma on compute
+// capability 9.0 (the sm_90a build), mma.sync elsewhere.
+static inline void twell_gate_fused(TwellFFN* ffn, const bf16* f, const bf16* wg, TwellGatePath path) {
+    using namespace twell_detail;
+    const Twell* tw = &ffn->tw;
+    static int major = -1, num_sms = 0;
+    if (major < 0) {
+        major = twell_device_attribute(cudaDevAttrComputeCapabilityMajor);
+        num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount);
+        cudaCheck(cudaFuncSetAttribute(gate_pack_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MMA_SMEM));
+        if (major == 9) {
+            cudaCheck(cudaFuncSetAttribute(gate_pack_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
+        }
+    }
+    if (path == TWELL_GATE_AUTO) { path = major == 9 ? TWELL_GATE_WGMMA : TWELL_GATE_MMA; }
+    if (path == TWELL_GATE_WGMMA && major != 9) { fatal("twell: the wgmma gate needs compute capability 9.0, not %d.x", major); }
+    cudaCheck(cudaMemsetAsync(&ffn->counters[TWELL_RECORDS_NEEDED], 0, sizeof(unsigned int), main_stream));
+    if (path == TWELL_GATE_WGMMA) {
+        CUtensorMap map_f = twell_tensor_map(f, tw->rows, ffn->D, WG_BM);
+        CUtensorMap map_w = twell_tensor_map(wg, tw->cols, ffn->D, WG_BN);
+        int tiles = (tw->rows + WG_BM - 1) / WG_BM * tw->tiles;
+        gate_pack_wgmma_kernel<<<tiles < num_sms ? tiles : num_sms, WG_THREADS, WG_SMEM, main_stream>>>(
+            map_f, map_w, ffn->words, ffn->records, ffn->counters, tw->rows, ffn->D, tw->tiles, tw->slots,
+            tw->record_capacity);
+    } else {
+        dim3 grid(tw->tiles, (tw->rows + MMA_BM - 1) / MMA_BM);
+        gate_pack_mma_kernel<<<grid, MMA_THREADS, MMA_SMEM, main_stream>>>(ffn->words, ffn->records, ffn->counters, f, wg,
+                                                                            tw->rows, ffn->D, tw->cols, tw->tiles,
+                                                                            tw->slots, tw->record_capacity);
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// the work list from the packed gate: count, scan, fill
+static inline void twell_build_list(TwellFFN* ffn) {
+    using namespace twell_detail;
+    const Twell* tw = &ffn->tw;
+    int entries = ffn->num_stages * ffn->num_groups, blocks = (entries + LIST_THREADS / 32 - 1) / (LIST_THREADS / 32);
+    count_kernel<<<blocks, LIST_THREADS, 0, main_stream>>>(ffn->chunk_ptr, ffn->words, ffn->records, tw->rows, tw->tiles,
+                                                          tw->slots, ffn->num_groups, entries);
+    cudaCheck(cudaGetLastError());
+    scan_kernel<<<1, SCAN_THREADS, 0, main_stream>>>(ffn->chunk_ptr, ffn->counters, entries);
+    cudaCheck(cudaGetLastError());
+    fill_kernel<<<blocks, LIST_THREADS, 0, main_stream>>>(ffn->slots, ffn->chunk_ptr, ffn->words, ffn->records, tw->rows,
+                                                         tw->tiles, tw->slots, ffn->num_groups, entries,
+                                                         ffn->chunk_capacity);
+    cudaCheck(cudaGetLastError());
+}
+
+// the slots' g become a = g (f . Wu[unit]): partial sums per D slice, then their sum
+static inline void twell_up(TwellFFN* ffn, const bf16* f, const bf16* wu) {
+    using namespace twell_detail;
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)LIST_SMEM));
+        configured = true;
+    }
+    const Twell* tw = &ffn->tw;
+    dim3 grid((ffn->num_groups + UP_GROUPS - 1) / UP_GROUPS, ffn->D / TWELL_SLICE);
+    up_kernel<<<grid, UP_THREADS, LIST_SMEM, main_stream>>>(ffn->partials, ffn->slots, ffn->chunk_ptr, f, wu, tw->rows,
+                                                            ffn->D, tw->cols, ffn->num_groups, ffn->num_stages,
+                                                            ffn->chunk_capacity);
+    cudaCheck(cudaGetLastError());
+    size_t slot_count = (size_t)ffn->chunk_capacity * TWELL_CHUNK;
+    reduce_kernel<<<(unsigned int)((slot_count + 255) / 256), 256, 0, main_stream>>>(
+        ffn->slots, ffn->partials, ffn->chunk_ptr, ffn->num_stages * ffn->num_groups, ffn->D / TWELL_SLICE,
+        ffn->chunk_capacity);
+    cudaCheck(cudaGetLastError());
+}
+
+// y = sum over the slots of a WdT[unit]
+static inline void twell_down(TwellFFN* ffn, bf16* y, const bf16* wdT) {
+    using namespace twell_detail;
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)LIST_SMEM));
+        configured = true;
+    }
+    const Twell* tw = &ffn->tw;
+    dim3 grid((ffn->num_groups + DOWN_GROUPS - 1) / DOWN_GROUPS, ffn->D / TWELL_SLICE);
+    down_kernel<<<grid, DOWN_THREADS, LIST_SMEM, main_stream>>>(y, ffn->slots, ffn->chunk_ptr, wdT, tw->rows, ffn->D,
+                                                                tw->cols, ffn->num_groups, ffn->num_stages,
+                                                                ffn->chunk_capacity);
+    cudaCheck(cudaGetLastError());
+}
+
+// the FFN after the gate: y [M, D] from the packed gate, f, Wu and WdT
+static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wu, const bf16* wdT) {
+    twell_build_list(ffn);
+    twell_up(ffn, f, wu);
+    twell_down(ffn, y, wdT);
+}
+
+// the whole sparse FFN forward (check twell_ffn_status before trusting y)
+static inline void twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wg, const bf16* wu,
+                                     const bf16* wdT) {
+    twell_gate_fused(ffn, f, wg, TWELL_GATE_AUTO);
+    twell_up_down(ffn, y, f, wu, wdT);
+}
+
+// the dense gated FFN (the reference, and the exact path for layers too active
+// for sparsity): g and u [M, H] are scratch, h overwrites g
+static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
+                                     const bf16* wdT, int M, int D, int H) {
+    if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
+    gemm(g, f, wg, M, H, D, 0, 1, 0);
+    gemm(u, f, wu, M, H, D, 0, 1, 0);
+    size_t n8 = (size_t)M * H / 8;
+    twell_detail::relu_mul_kernel<<<(unsigned int)((n8 + 255) / 256), 256, 0, main_stream>>>(g, g, u, n8);
+    cudaCheck(cudaGetLastError());
+    gemm(y, g, wdT, M, D, H, 0, 0, 0);
+}
+
+#endif // LLMC_CUDA_TWELL_CUH
