@@ -1,8 +1,11 @@
 /*
  Times the CUDA attention (llmc/cuda_attention.cuh) at B 4, T 2048, D 2048:
  32 heads of 64 (the paper's 1.5B shape) and 16 heads of 128, NKV = NH.
- - forward, and forward + backward, through the entry points gpt.h calls;
- - each kernel alone at 4 and at 8 warps per CTA (the tile sizes follow);
+ - forward, and forward + backward, through the entry points gpt.h calls
+   (the wgmma path on a Hopper GPU), and on the mma.sync path;
+ - each kernel alone: the mma.sync ones at their default warps, the wgmma
+   ones at their default tiles and a few others (warpgroups per CTA x keys or
+   queries per shared tile);
  - a naive baseline on the same inputs: S = Q K^T for all T x T pairs with
    cublasGemmStridedBatchedEx (bf16 out, fp32 accumulation), a causal softmax
    kernel in place, O = P V, as a framework without fused attention would do;
@@ -15,6 +18,7 @@
  usage: build/dev/bench_attention [iters (default 20)]
 */
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 #include <cublas_v2.h>
 #include "llmc/cuda_attention.cuh"
@@ -132,33 +136,87 @@ static void bench_shape(cublasHandle_t handle, int B, int T, int NH, int iters) 
         attention_forward(out, lse, qkv, B, T, NH, NKV, hd);
         attention_backward(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hd);
     }, iters);
+    float mma_fwd = time_ms([&] { attention_forward_on(kMmaPath, out, lse, qkv, B, T, NH, NKV, hd); }, iters);
+    float mma_fwd_bwd = time_ms([&] {
+        attention_forward_on(kMmaPath, out, lse, qkv, B, T, NH, NKV, hd);
+        attention_backward_on(kMmaPath, dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hd);
+    }, iters);
     float naive = time_ms([&] { naive_attention_forward(handle, out_naive, scores, qkv, B, T, NH, hd); }, iters);
+    printf("  entry points (%s path):\n", attention_path(hd, out, qkv) == kWgmmaPath ? "wgmma" : "mma.sync");
     report("forward", fwd, fwd_flops);
     report("forward + backward", fwd_bwd, 3.5 * fwd_flops);
     report("backward (difference)", fwd_bwd - fwd, 2.5 * fwd_flops);
+    printf("  mma.sync path:\n");
+    report("forward", mma_fwd, fwd_flops);
+    report("forward + backward", mma_fwd_bwd, 3.5 * fwd_flops);
+    report("backward (difference)", mma_fwd_bwd - mma_fwd, 2.5 * fwd_flops);
     report("naive cuBLAS forward (causal flops)", naive, fwd_flops);
     printf("  forward speedup over naive: %.2fx\n", naive / fwd);
 
-    // each kernel at 4 and 8 warps per CTA (out, lse, delta from the runs above)
+    // each kernel alone (out, lse, delta from the runs above); flops of the products each does
+    printf("  kernels, mma.sync path:\n");
     attention_delta(scratch, dout, out, B, T, NH, hd);
     float delta_ms = time_ms([&] { attention_delta(scratch, dout, out, B, T, NH, hd); }, iters);
     printf("  %-40s %8.3f ms %7.1f GB/s\n", "delta", delta_ms, 2.0 * M * D * sizeof(bf16) / (delta_ms * 1e-3) / 1e9);
-    report("forward kernel, 4 warps (64 queries)",
-           time_ms([&] { attention_forward_fast<HD, 4>(out, lse, qkv, B, T, NH, NKV); }, iters), fwd_flops);
-    report("forward kernel, 8 warps (128 queries)",
-           time_ms([&] { attention_forward_fast<HD, 8>(out, lse, qkv, B, T, NH, NKV); }, iters), fwd_flops);
-    report("dK dV kernel, 4 warps (64 keys)",
-           time_ms([&] { attention_backward_dkdv_fast<HD, 4>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV); }, iters),
-           2.0 * fwd_flops);
-    report("dK dV kernel, 8 warps (128 keys)",
-           time_ms([&] { attention_backward_dkdv_fast<HD, 8>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV); }, iters),
-           2.0 * fwd_flops);
-    report("dQ kernel, 4 warps (64 queries)",
-           time_ms([&] { attention_backward_dq_fast<HD, 4>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV); }, iters),
-           1.5 * fwd_flops);
-    report("dQ kernel, 8 warps (128 queries)",
-           time_ms([&] { attention_backward_dq_fast<HD, 8>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV); }, iters),
-           1.5 * fwd_flops);
+    char what[64];
+    snprintf(what, sizeof(what), "forward, %d warps", kFwdWarps);
+    report(what, time_ms([&] { attention_forward_mma<HD, kFwdWarps>(out, lse, qkv, B, T, NH, NKV); }, iters),
+           fwd_flops);
+    snprintf(what, sizeof(what), "dK dV, %d warps", kDkvWarps);
+    report(what, time_ms([&] {
+        attention_backward_dkdv_mma<HD, kDkvWarps>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV);
+    }, iters), 2.0 * fwd_flops);
+    snprintf(what, sizeof(what), "dQ, %d warps", kDqWarps);
+    report(what, time_ms([&] {
+        attention_backward_dq_mma<HD, kDqWarps>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV);
+    }, iters), 1.5 * fwd_flops);
+    if (device_has_wgmma()) {
+        printf("  kernels, wgmma path (warpgroups x rows of a shared tile, stages; * the default):\n");
+        using Tiles = WgmmaTiles<HD>;
+        auto fwd_variant = [&](auto bk, auto nwg, auto stages) {
+            constexpr int BK = decltype(bk)::value, NWG = decltype(nwg)::value, S = decltype(stages)::value;
+            bool dflt = BK == Tiles::kFwdBlockK && NWG == Tiles::kFwdWarpgroups && S == Tiles::kFwdStages;
+            snprintf(what, sizeof(what), "forward, %d x %d keys, %d%s", NWG, BK, S, dflt ? " *" : "");
+            report(what, time_ms([&] { attention_forward_wgmma<HD, BK, NWG, S>(out, lse, qkv, B, T, NH, NKV); }, iters),
+                   fwd_flops);
+        };
+        auto dq_variant = [&](auto bk, auto nwg, auto stages) {
+            constexpr int BK = decltype(bk)::value, NWG = decltype(nwg)::value, S = decltype(stages)::value;
+            bool dflt = BK == Tiles::kDqBlockK && NWG == Tiles::kDqWarpgroups && S == Tiles::kDqStages;
+            snprintf(what, sizeof(what), "dQ + delta, %d x %d keys, %d%s", NWG, BK, S, dflt ? " *" : "");
+            report(what, time_ms([&] {
+                attention_backward_dq_wgmma<HD, BK, NWG, S>(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV);
+            }, iters), 1.5 * fwd_flops);
+        };
+        auto dkdv_variant = [&](auto bq, auto nwg, auto stages) {
+            constexpr int BQ = decltype(bq)::value, NWG = decltype(nwg)::value, S = decltype(stages)::value;
+            bool dflt = BQ == Tiles::kDkvBlockQ && NWG == Tiles::kDkvWarpgroups && S == Tiles::kDkvStages;
+            snprintf(what, sizeof(what), "dK dV, %d x %d queries, %d%s", NWG, BQ, S, dflt ? " *" : "");
+            report(what, time_ms([&] {
+                attention_backward_dkdv_wgmma<HD, BQ, NWG, S>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV);
+            }, iters), 2.0 * fwd_flops);
+        };
+        using I1 = std::integral_constant<int, 1>;
+        using I2 = std::integral_constant<int, 2>;
+        using I3 = std::integral_constant<int, 3>;
+        using I64 = std::integral_constant<int, 64>;
+        using I128 = std::integral_constant<int, 128>;
+        if constexpr (HD == 64) {
+            fwd_variant(I64(), I2(), I3());
+            fwd_variant(I64(), I2(), I2());
+            fwd_variant(I128(), I2(), I2());
+            dq_variant(I128(), I2(), I2());
+            dq_variant(I64(), I2(), I2());
+            dkdv_variant(I128(), I1(), I2());
+            dkdv_variant(I64(), I1(), I2());
+        } else {
+            fwd_variant(I128(), I2(), I2());
+            fwd_variant(I64(), I2(), I2());
+            dq_variant(I64(), I2(), I2());
+            dkdv_variant(I64(), I1(), I2());
+            dkdv_variant(I64(), I2(), I2());
+        }
+    }
 
     // the two forwards agree up to the baseline's bf16 scores and probabilities
     attention_forward(out, lse, qkv, B, T, NH, NKV, hd);

@@ -1,10 +1,12 @@
 /*
  The CUDA attention (llmc/cuda_attention.cuh) against the CPU reference
  attention_forward / attention_backward<float> of llmc/cpu_ops.h, on the same
- bf16 inputs:
+ bf16 inputs, on every path that can take the shape on this GPU: hd 64 and 128
+ run on the mma.sync path and, on a Hopper GPU, on the wgmma path too; other
+ head sizes take the generic path.
  - fresh seeded random q, k, v, dout per case, over shapes that cover T = 1,
-   T not a multiple of any tile, GQA groups of 1, 4 and 4 (NH 8/2, 32/8),
-   hd 64 and 128 (the mma path) and other head sizes (the generic path);
+   T not a multiple of any tile (64 or 128 rows), GQA groups of 1 and 4
+   (NH 8/2, 32/8, 4/1);
  - every output buffer (and the scratch) is filled with 0xFF bytes (NaN)
    before each run, so an element that is not written fails the NaN check;
  - a second run must give bit-identical out, lse and dqkv.
@@ -67,17 +69,17 @@ static std::vector<T> host_copy_of(const T* d, size_t n) {
 
 typedef struct { int B, T, NH, NKV, hd; double sigma; } Case;
 
-static void test_case(const Case* c, uint64_t seed) {
+static const char* path_name(attention_detail::Path path) {
+    return path == attention_detail::kWgmmaPath ? "wgmma" : path == attention_detail::kMmaPath ? "mma" : "generic";
+}
+
+// one case on one path: runs, checks, prints its part of the case's line
+static void test_path(const Case* c, attention_detail::Path path, const std::vector<bf16>& qkv,
+                      const std::vector<float>& qkv_f, const std::vector<bf16>& dout,
+                      const std::vector<float>& dout_f) {
     int B = c->B, T = c->T, NH = c->NH, NKV = c->NKV, hd = c->hd;
     size_t M = (size_t)B * T, D = (size_t)NH * hd, QKV = D + 2 * (size_t)NKV * hd;
     size_t n_qkv = M * QKV, n_out = M * D, n_lse = M * NH;
-    uint64_t rng = seed;
-
-    // q and k of std sigma make scores of std sigma^2: sigma > 1 tests peaked softmaxes
-    std::vector<bf16> qkv(n_qkv), dout(n_out);
-    std::vector<float> qkv_f(n_qkv), dout_f(n_out);
-    random_bf16(qkv, qkv_f, c->sigma, &rng);
-    random_bf16(dout, dout_f, 1.0, &rng);
 
     bf16* d_qkv = device_copy_of(qkv);
     bf16* d_dout = device_copy_of(dout);
@@ -94,15 +96,16 @@ static void test_case(const Case* c, uint64_t seed) {
         cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * sizeof(float)));
         cudaCheck(cudaMemset(d_dqkv, 0xFF, n_qkv * sizeof(bf16)));
         cudaCheck(cudaMemset(d_scratch, 0xFF, n_lse * sizeof(float)));
-        attention_forward(d_out, d_lse, d_qkv, B, T, NH, NKV, hd);
-        attention_backward(d_dqkv, d_scratch, d_dout, d_out, d_qkv, d_lse, B, T, NH, NKV, hd);
+        attention_detail::attention_forward_on(path, d_out, d_lse, d_qkv, B, T, NH, NKV, hd);
+        attention_detail::attention_backward_on(path, d_dqkv, d_scratch, d_dout, d_out, d_qkv, d_lse, B, T, NH, NKV,
+                                                hd);
         cudaCheck(cudaDeviceSynchronize());
         out[run] = host_copy_of(d_out, n_out);
         lse[run] = host_copy_of(d_lse, n_lse);
         dqkv[run] = host_copy_of(d_dqkv, n_qkv);
     }
 
-    // the CPU reference: the forward on the same inputs, the backward on the GPU's out and lse
+    // the CPU reference: the forward on the same inputs, the backward on this path's out and lse
     std::vector<float> out_ref(n_out), lse_ref(n_lse), out_gpu(n_out), dqkv_ref(n_qkv), dqkv_gpu(n_qkv);
     std::vector<float> cpu_scratch((size_t)B * NKV * T);
     attention_forward(out_ref.data(), lse_ref.data(), qkv_f.data(), B, T, NH, NKV, hd);
@@ -134,9 +137,9 @@ static void test_case(const Case* c, uint64_t seed) {
                 memcmp(dqkv[0].data(), dqkv[1].data(), n_qkv * sizeof(bf16)) == 0;
 
     char name[96];
-    snprintf(name, sizeof(name), "B%d T%d NH%d/%d hd%d sigma%.1f", B, T, NH, NKV, hd, c->sigma);
-    printf("%-32s out %.2e  lse %.2e  dq %.2e  dk %.2e  dv %.2e  nan %d  %s\n", name, err_out, err_lse, err_d[0],
-           err_d[1], err_d[2], nans, same ? "deterministic" : "NOT DETERMINISTIC");
+    snprintf(name, sizeof(name), "B%d T%d NH%d/%d hd%d sigma%.1f %s", B, T, NH, NKV, hd, c->sigma, path_name(path));
+    printf(" | %s %.1e %.1e %.1e %.1e %.1e%s%s", path_name(path), err_out, err_lse, err_d[0], err_d[1], err_d[2],
+           nans ? " NaN" : "", same ? "" : " NOT DETERMINISTIC");
     CHECK(nans == 0, "%s: %d NaNs (unwritten or overflowed elements)", name, nans);
     CHECK(err_out < kTolerance, "%s: out error %g", name, err_out);
     CHECK(err_lse < kLseTolerance, "%s: lse error %g", name, err_lse);
@@ -153,21 +156,46 @@ static void test_case(const Case* c, uint64_t seed) {
     cuda_free(d_scratch);
 }
 
+// one line per case: the errors on each path
+static void test_case(const Case* c, uint64_t seed) {
+    using namespace attention_detail;
+    size_t M = (size_t)c->B * c->T, QKV = (size_t)(c->NH + 2 * c->NKV) * c->hd;
+    uint64_t rng = seed;
+    // q and k of std sigma make scores of std sigma^2: sigma > 1 tests peaked softmaxes
+    std::vector<bf16> qkv(M * QKV), dout(M * c->NH * c->hd);
+    std::vector<float> qkv_f(qkv.size()), dout_f(dout.size());
+    random_bf16(qkv, qkv_f, c->sigma, &rng);
+    random_bf16(dout, dout_f, 1.0, &rng);
+
+    printf("B%d T%d NH%d/%d hd%d s%.1f", c->B, c->T, c->NH, c->NKV, c->hd, c->sigma);
+    if (c->hd == 64 || c->hd == 128) {
+        test_path(c, kMmaPath, qkv, qkv_f, dout, dout_f);
+        if (device_has_wgmma()) { test_path(c, kWgmmaPath, qkv, qkv_f, dout, dout_f); }
+    } else {
+        test_path(c, kGenericPath, qkv, qkv_f, dout, dout_f);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
 int main(void) {
     const Case cases[] = {
-        // the mma path: hd 64 and 128
+        // the tensor-core paths: hd 64 and 128
         {1, 1, 4, 4, 64, 1.0}, {2, 1, 8, 2, 128, 1.0},
         {2, 17, 4, 4, 64, 1.0}, {1, 17, 32, 8, 128, 1.0},
         {3, 64, 8, 2, 64, 1.0}, {1, 64, 4, 4, 128, 2.0},
         {2, 100, 32, 8, 64, 1.0}, {4, 100, 8, 2, 128, 1.0},
+        {2, 129, 8, 2, 64, 1.0}, {1, 129, 4, 4, 128, 1.0},
         {1, 256, 4, 4, 64, 2.0}, {2, 256, 32, 8, 128, 1.0},
+        {2, 300, 8, 2, 64, 1.0}, {1, 390, 4, 1, 128, 1.5},
         {1, 1024, 8, 2, 64, 1.0}, {2, 1024, 4, 4, 128, 1.0}, {1, 1024, 32, 8, 128, 2.0},
         {1, 1000, 8, 2, 64, 1.5}, {4, 200, 4, 4, 128, 1.0},
-        {2, 2048, 16, 16, 128, 1.0},
+        {2, 2048, 16, 16, 128, 1.0}, {1, 2048, 32, 32, 64, 1.0},
         // the generic path: other head sizes
         {2, 100, 8, 2, 32, 1.0}, {1, 130, 4, 4, 48, 1.0}, {1, 65, 6, 2, 96, 2.0}, {2, 17, 2, 1, 2, 1.0},
         {1, 1, 4, 2, 34, 1.0},
     };
+    printf("errors of out, lse, dq, dk, dv on each path\n");
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) { test_case(&cases[i], 1000 + i); }
     return test_summary("test_attention");
 }
