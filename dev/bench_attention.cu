@@ -23,6 +23,7 @@
 #include <cublas_v2.h>
 #include "llmc/cuda_attention.cuh"
 #include "llmc/rng.h"
+#include "test/gpu/gpu_util.cuh"
 
 static void cublas_check(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS) { fatal("cuBLAS error %d at %s:%d", (int)status, file, line); }
@@ -88,27 +89,6 @@ static void naive_attention_forward(cublasHandle_t handle, bf16* out, bf16* s, c
     }
 }
 
-// median over `iters` runs of fn, in ms, after 3 warm-up runs
-template <typename F>
-static float time_ms(F fn, int iters) {
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; i++) { fn(); }
-    std::vector<float> times(iters);
-    for (int i = 0; i < iters; i++) {
-        cudaCheck(cudaEventRecord(start, main_stream));
-        fn();
-        cudaCheck(cudaEventRecord(stop, main_stream));
-        cudaCheck(cudaEventSynchronize(stop));
-        cudaCheck(cudaEventElapsedTime(&times[i], start, stop));
-    }
-    cudaCheck(cudaEventDestroy(start));
-    cudaCheck(cudaEventDestroy(stop));
-    std::sort(times.begin(), times.end());
-    return times[iters / 2];
-}
-
 static void report(const char* what, float ms, double flops) {
     printf("  %-40s %8.3f ms %7.1f TFLOP/s\n", what, ms, flops / (ms * 1e-3) / 1e12);
 }
@@ -131,17 +111,17 @@ static void bench_shape(cublasHandle_t handle, int B, int T, int NH, int iters) 
 
     double fwd_flops = 2.0 * 2.0 * B * NH * (double)T * T * hd / 2; // one causal product is fwd_flops / 2
     printf("B %d T %d NH %d NKV %d hd %d\n", B, T, NH, NKV, hd);
-    float fwd = time_ms([&] { attention_forward(out, lse, qkv, B, T, NH, NKV, hd); }, iters);
-    float fwd_bwd = time_ms([&] {
+    float fwd = median_ms([&] { attention_forward(out, lse, qkv, B, T, NH, NKV, hd); }, iters, 3);
+    float fwd_bwd = median_ms([&] {
         attention_forward(out, lse, qkv, B, T, NH, NKV, hd);
         attention_backward(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hd);
-    }, iters);
-    float mma_fwd = time_ms([&] { attention_forward_on(kMmaPath, out, lse, qkv, B, T, NH, NKV, hd); }, iters);
-    float mma_fwd_bwd = time_ms([&] {
+    }, iters, 3);
+    float mma_fwd = median_ms([&] { attention_forward_on(kMmaPath, out, lse, qkv, B, T, NH, NKV, hd); }, iters, 3);
+    float mma_fwd_bwd = median_ms([&] {
         attention_forward_on(kMmaPath, out, lse, qkv, B, T, NH, NKV, hd);
         attention_backward_on(kMmaPath, dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV, hd);
-    }, iters);
-    float naive = time_ms([&] { naive_attention_forward(handle, out_naive, scores, qkv, B, T, NH, hd); }, iters);
+    }, iters, 3);
+    float naive = median_ms([&] { naive_attention_forward(handle, out_naive, scores, qkv, B, T, NH, hd); }, iters, 3);
     printf("  entry points (%s path):\n", attention_path(hd, out, qkv) == kWgmmaPath ? "wgmma" : "mma.sync");
     report("forward", fwd, fwd_flops);
     report("forward + backward", fwd_bwd, 3.5 * fwd_flops);
@@ -156,20 +136,20 @@ static void bench_shape(cublasHandle_t handle, int B, int T, int NH, int iters) 
     // each kernel alone (out, lse, delta from the runs above); flops of the products each does
     printf("  kernels, mma.sync path:\n");
     attention_delta(scratch, dout, out, B, T, NH, hd);
-    float delta_ms = time_ms([&] { attention_delta(scratch, dout, out, B, T, NH, hd); }, iters);
+    float delta_ms = median_ms([&] { attention_delta(scratch, dout, out, B, T, NH, hd); }, iters, 3);
     printf("  %-40s %8.3f ms %7.1f GB/s\n", "delta", delta_ms, 2.0 * M * D * sizeof(bf16) / (delta_ms * 1e-3) / 1e9);
     char what[64];
     snprintf(what, sizeof(what), "forward, %d warps", kFwdWarps);
-    report(what, time_ms([&] { attention_forward_mma<HD, kFwdWarps>(out, lse, qkv, B, T, NH, NKV); }, iters),
+    report(what, median_ms([&] { attention_forward_mma<HD, kFwdWarps>(out, lse, qkv, B, T, NH, NKV); }, iters, 3),
            fwd_flops);
     snprintf(what, sizeof(what), "dK dV, %d warps", kDkvWarps);
-    report(what, time_ms([&] {
+    report(what, median_ms([&] {
         attention_backward_dkdv_mma<HD, kDkvWarps>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV);
-    }, iters), 2.0 * fwd_flops);
+    }, iters, 3), 2.0 * fwd_flops);
     snprintf(what, sizeof(what), "dQ, %d warps", kDqWarps);
-    report(what, time_ms([&] {
+    report(what, median_ms([&] {
         attention_backward_dq_mma<HD, kDqWarps>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV);
-    }, iters), 1.5 * fwd_flops);
+    }, iters, 3), 1.5 * fwd_flops);
     if (device_has_wgmma()) {
         printf("  kernels, wgmma path (warpgroups x rows of a shared tile, stages; * the default):\n");
         using Tiles = WgmmaTiles<HD>;
@@ -177,24 +157,24 @@ static void bench_shape(cublasHandle_t handle, int B, int T, int NH, int iters) 
             constexpr int BK = decltype(bk)::value, NWG = decltype(nwg)::value, S = decltype(stages)::value;
             bool dflt = BK == Tiles::kFwdBlockK && NWG == Tiles::kFwdWarpgroups && S == Tiles::kFwdStages;
             snprintf(what, sizeof(what), "forward, %d x %d keys, %d%s", NWG, BK, S, dflt ? " *" : "");
-            report(what, time_ms([&] { attention_forward_wgmma<HD, BK, NWG, S>(out, lse, qkv, B, T, NH, NKV); }, iters),
+            report(what, median_ms([&] { attention_forward_wgmma<HD, BK, NWG, S>(out, lse, qkv, B, T, NH, NKV); }, iters, 3),
                    fwd_flops);
         };
         auto dq_variant = [&](auto bk, auto nwg, auto stages) {
             constexpr int BK = decltype(bk)::value, NWG = decltype(nwg)::value, S = decltype(stages)::value;
             bool dflt = BK == Tiles::kDqBlockK && NWG == Tiles::kDqWarpgroups && S == Tiles::kDqStages;
             snprintf(what, sizeof(what), "dQ + delta, %d x %d keys, %d%s", NWG, BK, S, dflt ? " *" : "");
-            report(what, time_ms([&] {
+            report(what, median_ms([&] {
                 attention_backward_dq_wgmma<HD, BK, NWG, S>(dqkv, scratch, dout, out, qkv, lse, B, T, NH, NKV);
-            }, iters), 1.5 * fwd_flops);
+            }, iters, 3), 1.5 * fwd_flops);
         };
         auto dkdv_variant = [&](auto bq, auto nwg, auto stages) {
             constexpr int BQ = decltype(bq)::value, NWG = decltype(nwg)::value, S = decltype(stages)::value;
             bool dflt = BQ == Tiles::kDkvBlockQ && NWG == Tiles::kDkvWarpgroups && S == Tiles::kDkvStages;
             snprintf(what, sizeof(what), "dK dV, %d x %d queries, %d%s", NWG, BQ, S, dflt ? " *" : "");
-            report(what, time_ms([&] {
+            report(what, median_ms([&] {
                 attention_backward_dkdv_wgmma<HD, BQ, NWG, S>(dqkv, dout, qkv, lse, scratch, B, T, NH, NKV);
-            }, iters), 2.0 * fwd_flops);
+            }, iters, 3), 2.0 * fwd_flops);
         };
         using I1 = std::integral_constant<int, 1>;
         using I2 = std::integral_constant<int, 2>;

@@ -17,6 +17,7 @@
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda_attention.cuh"
 #include "llmc/rng.h"
+#include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 
 // Error of a tensor: max |gpu - ref| / max(max |ref|, floor). The inputs are
@@ -53,20 +54,6 @@ static void random_bf16(std::vector<bf16>& x, std::vector<float>& xf, double sig
     }
 }
 
-template <typename T>
-static T* device_copy_of(const std::vector<T>& host) {
-    T* d = (T*)cuda_malloc(host.size() * sizeof(T));
-    cudaCheck(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
-template <typename T>
-static std::vector<T> host_copy_of(const T* d, size_t n) {
-    std::vector<T> host(n);
-    cudaCheck(cudaMemcpy(host.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-}
-
 typedef struct { int B, T, NH, NKV, hd; double sigma; } Case;
 
 static const char* path_name(attention_detail::Path path) {
@@ -81,8 +68,8 @@ static void test_path(const Case* c, attention_detail::Path path, const std::vec
     size_t M = (size_t)B * T, D = (size_t)NH * hd, QKV = D + 2 * (size_t)NKV * hd;
     size_t n_qkv = M * QKV, n_out = M * D, n_lse = M * NH;
 
-    bf16* d_qkv = device_copy_of(qkv);
-    bf16* d_dout = device_copy_of(dout);
+    bf16* d_qkv = upload(qkv);
+    bf16* d_dout = upload(dout);
     bf16* d_out = (bf16*)cuda_malloc(n_out * sizeof(bf16));
     bf16* d_dqkv = (bf16*)cuda_malloc(n_qkv * sizeof(bf16));
     float* d_lse = (float*)cuda_malloc(n_lse * sizeof(float));
@@ -100,9 +87,9 @@ static void test_path(const Case* c, attention_detail::Path path, const std::vec
         attention_detail::attention_backward_on(path, d_dqkv, d_scratch, d_dout, d_out, d_qkv, d_lse, B, T, NH, NKV,
                                                 hd);
         cudaCheck(cudaDeviceSynchronize());
-        out[run] = host_copy_of(d_out, n_out);
-        lse[run] = host_copy_of(d_lse, n_lse);
-        dqkv[run] = host_copy_of(d_dqkv, n_qkv);
+        out[run] = download(d_out, n_out);
+        lse[run] = download(d_lse, n_lse);
+        dqkv[run] = download(d_dqkv, n_qkv);
     }
 
     // the CPU reference: the forward on the same inputs, the backward on this path's out and lse

@@ -36,28 +36,13 @@
 #include "llmc/cuda_gate.cuh"
 #include "llmc/cuda_rmsnorm.cuh"
 #include "llmc/cuda_rope.cuh"
+#include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 
 static uint64_t rng = 20240520; // one seeded stream: every check draws new values from it
 
 // ----------------------------------------------------------------------------
 // host and device buffers
-
-template <typename T>
-static T* upload(const std::vector<T>& host) {
-    T* dev = (T*)cuda_malloc(host.size() * sizeof(T));
-    cudaCheck(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return dev;
-}
-
-// waits for the kernels before it, so a launch that failed on the device is reported here
-template <typename T>
-static std::vector<T> download(const T* dev, size_t n) {
-    std::vector<T> host(n);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-}
 
 // a device buffer full of 0xFF bytes: NaN as bf16, float and double, -1 as int
 template <typename T>
@@ -525,29 +510,6 @@ static T* device_uniform(size_t n, float lo, float hi) {
     return x;
 }
 
-// median over 20 runs after a warm-up, in ms
-template <typename F>
-static float time_ms(F run) {
-    const int reps = 20;
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    run();
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> ms(reps);
-    for (int r = 0; r < reps; r++) {
-        cudaCheck(cudaEventRecord(start, main_stream));
-        run();
-        cudaCheck(cudaEventRecord(stop, main_stream));
-        cudaCheck(cudaEventSynchronize(stop));
-        cudaCheck(cudaEventElapsedTime(&ms[r], start, stop));
-    }
-    cudaCheck(cudaEventDestroy(start));
-    cudaCheck(cudaEventDestroy(stop));
-    std::sort(ms.begin(), ms.end());
-    return ms[reps / 2];
-}
-
 static double copy_gbps = 0;
 
 static void bench_row(const char* kernel, const char* shape, float ms, double bytes) {
@@ -563,7 +525,7 @@ static void bench(void) {
 
     const size_t copy_bytes = (size_t)1 << 31;
     char *src = device_uniform<char>(copy_bytes, 0, 100), *dst = (char*)cuda_malloc(copy_bytes);
-    float ms = time_ms([&] {
+    float ms = median_ms([&] {
         cudaCheck(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, main_stream));
     });
     copy_gbps = 2.0 * copy_bytes / (ms * 1e-3) / 1e9;
@@ -586,15 +548,15 @@ static void bench(void) {
     float* scratch = device_uniform<float>((size_t)1024 * D, -1, 1);
     char shape[64];
     snprintf(shape, sizeof(shape), "M %d, D %d", M, D);
-    bench_row("encoder_forward", shape, time_ms([&] { encoder_forward(out, d_tokens, wte, M, D); }), 4.0 * MD);
+    bench_row("encoder_forward", shape, median_ms([&] { encoder_forward(out, d_tokens, wte, M, D); }), 4.0 * MD);
     snprintf(shape, sizeof(shape), "M %d, D %d, %zu ids", M, D, unique);
-    bench_row("encoder_backward", shape, time_ms([&] { encoder_backward(dwte, x, d_tokens, M, D); }),
+    bench_row("encoder_backward", shape, median_ms([&] { encoder_backward(dwte, x, d_tokens, M, D); }),
               2.0 * MD + 8.0 * unique * D);
     snprintf(shape, sizeof(shape), "M %d, D %d", M, D);
-    bench_row("rmsnorm_forward", shape, time_ms([&] { rmsnorm_forward(out, rstd, x, w, M, D, 1e-5f); }), 4.0 * MD);
+    bench_row("rmsnorm_forward", shape, median_ms([&] { rmsnorm_forward(out, rstd, x, w, M, D, 1e-5f); }), 4.0 * MD);
     bench_row("fused_residual_rmsnorm", shape,
-              time_ms([&] { fused_residual_rmsnorm_forward(x_out, out, rstd, x, y, w, M, D, 1e-5f); }), 8.0 * MD);
-    bench_row("rmsnorm_backward", shape, time_ms([&] { rmsnorm_backward(out, dw, scratch, y, x, w, rstd, M, D); }),
+              median_ms([&] { fused_residual_rmsnorm_forward(x_out, out, rstd, x, y, w, M, D, 1e-5f); }), 8.0 * MD);
+    bench_row("rmsnorm_backward", shape, median_ms([&] { rmsnorm_backward(out, dw, scratch, y, x, w, rstd, M, D); }),
               8.0 * MD);
     cuda_free(d_tokens); cuda_free(wte); cuda_free(dwte); cuda_free(x); cuda_free(y); cuda_free(out);
     cuda_free(x_out); cuda_free(w); cuda_free(rstd); cuda_free(dw); cuda_free(scratch);
@@ -602,7 +564,7 @@ static void bench(void) {
     const size_t qkv_n = (size_t)B * T * 3 * NH * hd;
     bf16* qkv = device_uniform<bf16>(qkv_n, -1, 1);
     snprintf(shape, sizeof(shape), "B %d, T %d, NH=NKV %d, hd %d", B, T, NH, hd);
-    bench_row("rope_forward", shape, time_ms([&] { rope_forward(qkv, B, T, 0, NH, NH, hd, 10000.0f); }),
+    bench_row("rope_forward", shape, median_ms([&] { rope_forward(qkv, B, T, 0, NH, NH, hd, 10000.0f); }),
               qkv_n * 2.0 * 2 / 3 * 2);
     cuda_free(qkv);
 
@@ -614,11 +576,11 @@ static void bench(void) {
     cudaCheck(cudaMemset(row_active, 0, (size_t)L * M * sizeof(int)));
     uint8_t* fired = (uint8_t*)cuda_malloc(H);
     snprintf(shape, sizeof(shape), "M %d, H %d", M, H);
-    bench_row("relu_gate_forward", shape, time_ms([&] {
+    bench_row("relu_gate_forward", shape, median_ms([&] {
         cudaCheck(cudaMemsetAsync(fired, 0, H, main_stream)); // each step starts with no marks
         relu_gate_forward(h, row_l1, row_active, fired, g, u, M, H);
     }), 6.0 * MH);
-    bench_row("relu_gate_backward", shape, time_ms([&] { relu_gate_backward(dg, du, dh, g, u, h, 1e-6f, M, H); }),
+    bench_row("relu_gate_backward", shape, median_ms([&] { relu_gate_backward(dg, du, dh, g, u, h, 1e-6f, M, H); }),
               12.0 * MH);
     cuda_free(g); cuda_free(u); cuda_free(h); cuda_free(dh); cuda_free(dg); cuda_free(du); cuda_free(fired);
 
@@ -630,16 +592,16 @@ static void bench(void) {
     double* acc = device_uniform<double>(1 + 3 * L, 0, 1);
     snprintf(shape, sizeof(shape), "M %d, V %d, Vp %d", M, V, Vp);
     bench_row("crossentropy", shape,
-              time_ms([&] { crossentropy_forward_backward(dlogits, losses, logits, d_targets, M, V, Vp, 1.0f / M); }),
+              median_ms([&] { crossentropy_forward_backward(dlogits, losses, logits, d_targets, M, V, Vp, 1.0f / M); }),
               4.0 * MV);
     bench_row("crossentropy (loss only)", shape,
-              time_ms([&] {
+              median_ms([&] {
                   crossentropy_forward_backward((bf16*)NULL, losses, logits, d_targets, M, V, Vp, 1.0f / M);
               }),
               2.0 * MV);
     snprintf(shape, sizeof(shape), "L %d, M %d", L, M);
     bench_row("forward_stats", shape,
-              time_ms([&] { forward_stats_accumulate_cuda(acc, losses, row_l1, row_active, L, M); }),
+              median_ms([&] { forward_stats_accumulate_cuda(acc, losses, row_l1, row_active, L, M); }),
               4.0 * M + 8.0 * L * M);
     cuda_free(logits); cuda_free(dlogits); cuda_free(d_targets); cuda_free(losses); cuda_free(acc);
     cuda_free(row_l1); cuda_free(row_active);
@@ -650,9 +612,9 @@ static void bench(void) {
     float *norm_sq = device_uniform<float>(1, 0, 1), *norm_scratch = device_uniform<float>(GLOBAL_NORM_BLOCKS, 0, 1);
     bf16* params = device_uniform<bf16>(n, -1, 1);
     snprintf(shape, sizeof(shape), "n 2^28");
-    bench_row("global_norm_squared", shape, time_ms([&] { global_norm_squared_cuda(norm_sq, grads, n, norm_scratch); }),
+    bench_row("global_norm_squared", shape, median_ms([&] { global_norm_squared_cuda(norm_sq, grads, n, norm_scratch); }),
               4.0 * n);
-    bench_row("adamw_update", shape, time_ms([&] {
+    bench_row("adamw_update", shape, median_ms([&] {
         adamw_update_cuda(master, params, grads, m, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, norm_sq, 1.0f);
     }), 30.0 * n);
     cuda_free(master); cuda_free(grads); cuda_free(m); cuda_free(v); cuda_free(norm_sq); cuda_free(norm_scratch);
