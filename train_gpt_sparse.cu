@@ -30,20 +30,6 @@
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
 
-// ----------------------------------------------------------------------------
-// model presets: the small default for the embedded corpus and the paper's shapes
-
-typedef struct { const char* name; int layers, dim, heads, kv_heads, hidden; } ModelPreset;
-
-static const ModelPreset presets[] = {
-    {"default", 4, 256, 4, 4, 704},
-    {"124m", 12, 768, 12, 12, 2048},
-    {"0.5b", 8, 2048, 32, 32, 5632},
-    {"1b", 18, 2048, 32, 32, 5632},
-    {"1.5b", 28, 2048, 32, 32, 5632},
-    {"2b", 38, 2048, 32, 32, 5632},
-};
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -441,10 +427,7 @@ int main(int argc, char** argv) {
     cli_parse(argc, argv, "usage: ./train_gpt_sparse [flags]\n"
               "Trains a sparse ReLU language model; with no flags, the default model on data/.", specs, num_specs);
 
-    const ModelPreset* preset = NULL;
-    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
-        if (strcmp(presets[i].name, preset_name) == 0) { preset = &presets[i]; }
-    }
+    const ModelPreset* preset = find_preset(preset_name);
     if (preset == NULL) { fatal("unknown model '%s' (default, 124m, 0.5b, 1b, 1.5b, 2b)", preset_name); }
     Options o;
     o.train_pattern = train_pattern;

@@ -8,12 +8,6 @@
 #include <time.h>
 #include "llmc/optimizer.h"
 
-typedef struct { const char* name; int layers, dim, heads, hidden; } Shape;
-static const Shape shapes[] = {
-    {"default", 4, 256, 4, 704}, {"124m", 12, 768, 12, 2048}, {"0.5b", 8, 2048, 32, 5632},
-    {"1b", 18, 2048, 32, 5632}, {"1.5b", 28, 2048, 32, 5632}, {"2b", 38, 2048, 32, 5632},
-};
-
 static double seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -22,10 +16,7 @@ static double seconds(void) {
 
 int main(int argc, char** argv) {
     if (argc < 4) { fatal("usage: %s PRESET B T [steps]", argv[0]); }
-    const Shape* shape = NULL;
-    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
-        if (strcmp(shapes[i].name, argv[1]) == 0) { shape = &shapes[i]; }
-    }
+    const ModelPreset* shape = find_preset(argv[1]);
     if (shape == NULL) { fatal("unknown preset %s", argv[1]); }
     int B = atoi(argv[2]), T = atoi(argv[3]), steps = argc > 4 ? atoi(argv[4]) : 10, M = B * T;
     GPTConfig c = {50257, 50304, shape->layers, shape->dim, shape->heads, shape->heads, shape->hidden, T, 10000.0f, 1e-5f};

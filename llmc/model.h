@@ -13,6 +13,7 @@
 #define LLMC_MODEL_H
 
 #include <stddef.h>
+#include <string.h>
 #include "llmc/utils.h"
 
 typedef struct {
@@ -61,6 +62,26 @@ static inline size_t num_parameters(const GPTConfig* c) {
     param_sizes(sizes, c);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { total += sizes[i]; }
     return total;
+}
+
+// model shapes by name: the small default for the embedded corpus and the paper's family
+typedef struct { const char* name; int layers, dim, heads, hidden; } ModelPreset;
+
+static const ModelPreset model_presets[] = {
+    {"default", 4, 256, 4, 704},
+    {"124m", 12, 768, 12, 2048},
+    {"0.5b", 8, 2048, 32, 5632},
+    {"1b", 18, 2048, 32, 5632},
+    {"1.5b", 28, 2048, 32, 5632},
+    {"2b", 38, 2048, 32, 5632},
+};
+
+// the preset called name, or NULL
+static inline const ModelPreset* find_preset(const char* name) {
+    for (size_t i = 0; i < sizeof(model_presets) / sizeof(model_presets[0]); i++) {
+        if (strcmp(model_presets[i].name, name) == 0) { return &model_presets[i]; }
+    }
+    return NULL;
 }
 
 // training FLOPs per token at sequence length T, the numerator of MFU: 6 per
