@@ -11,11 +11,15 @@
  - dense: g = f Wg^T and u = f Wu^T as two GEMMs or as one [2H, D] GEMM, the
    relu * mul kernel, y = h WdT; the faster of the two is "dense";
  - the gate GEMM alone (cuBLAS, bf16 g);
- - gate + packing: (a) cuBLAS g then the packer, (b) fused mma.sync, (c) fused
-   wgmma (compute capability 9.0);
- - up + down from the packed gate (work list, up + reduce, down, and together);
- - sparse total = the fastest gate + up/down, back to back;
- - the ratio dense / sparse, and max|y_sparse - y_dense| / max|y_dense|.
+ - gate + packing: (a) cuBLAS g then the packer, (c) fused wgmma (compute
+   capability 9.0);
+ - up + down from the packed gate: work list (scan + fill), up (+ reduce),
+   down, and the three together;
+ - sparse = the fastest gate + up/down, back to back (the sparse path forced);
+ - auto = twell_ffn_forward as a model calls it, after 3 calls with
+   twell_ffn_status that measure the activity and the costs it chooses from;
+   the path it took; ratio = dense / auto; and the relative error
+   max|y_sparse - y_dense| / max|y_dense|.
  Each time is the median of `iters` runs between two cudaEvents, each run
  after 256 MB of writes that push the previous run's data out of L2, after 3
  warm-up runs. Buffers start with a capacity from k and grow (and the pattern
@@ -118,7 +122,9 @@ static double max_rel_diff(const bf16* a_dev, const bf16* ref_dev, size_t n) {
 
 struct Row {
     char name[24];
-    double active, dense, gate_cublas, gate_a, gate_mma, gate_wgmma, list, up, down, up_down, sparse, err;
+    double active, dense, gate_cublas, gate_a, gate_wgmma, list, up, down, up_down, sparse, auto_ms, err;
+    TwellPath auto_path;
+    float dense_above;
 };
 
 int main(int argc, char** argv) {
@@ -170,7 +176,7 @@ int main(int argc, char** argv) {
         snprintf(r.name, sizeof(r.name), "%s", pat.name);
         printf("\n%s\n", pat.name);
 
-        float dense_two = time_ms([&] { ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H); }, iters);
+        float dense_two = time_ms([&] { ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); }, iters);
         float dense_stacked = time_ms([&] {
             gemm(gu_d, f_d, wgu_d, M, 2 * H, D, 0, 1, 0);
             relu_mul_stacked_kernel<<<(unsigned int)(((size_t)M * H / 8 + 255) / 256), 256, 0, main_stream>>>(g_d, gu_d, M, H);
@@ -182,73 +188,77 @@ int main(int argc, char** argv) {
         printf("  dense FFN: gate and up as two GEMMs %.3f ms, as one [2H, D] GEMM %.3f ms\n", dense_two, dense_stacked);
         printf("  gate GEMM alone (cuBLAS, bf16 g) %.3f ms, %.0f TFLOP/s\n", r.gate_cublas,
                gate_flops / (r.gate_cublas * 1e-3) / 1e12);
-        ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H); // the reference y
+        ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); // the reference y
 
-        // buffers from k, grown until the status is ok
+        // buffers from k, grown until the status is ok (the sparse path forced)
         double per_row = pat.k * (pat.realistic ? 1.5 : 1.1) + 8;
         TwellFFN ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, 16384, twell_chunk_capacity_for(M, H, per_row));
-        TwellGatePath best_path = has_wgmma ? TWELL_GATE_WGMMA : TWELL_GATE_MMA;
+        ffn.choice = TWELL_FORCE_SPARSE;
         for (;;) {
-            twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d);
+            twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d);
             TwellStatus st = twell_ffn_status(&ffn);
             if (st.ok) { break; }
-            printf("  grow: records %d -> %d, chunks %d -> %d, and run again\n", ffn.tw.record_capacity,
+            printf("  grow: records %d -> %lld, chunks %d -> %lld, and run again\n", ffn.tw.record_capacity,
                    st.records_needed, ffn.chunk_capacity, st.chunks_needed);
-            int records = std::max(st.records_needed + st.records_needed / 4, ffn.tw.record_capacity);
-            int chunks = std::max(st.chunks_needed + st.chunks_needed / 8, ffn.chunk_capacity);
+            long long records = std::max(st.records_needed + st.records_needed / 4, (long long)ffn.tw.record_capacity);
+            long long chunks = std::max(st.chunks_needed + st.chunks_needed / 8, (long long)ffn.chunk_capacity);
             twell_ffn_free(&ffn);
-            ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, records, chunks);
+            ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records, (int)chunks);
+            ffn.choice = TWELL_FORCE_SPARSE;
         }
         r.err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
         TwellStatus st = twell_ffn_status(&ffn);
-        {
-            std::vector<uint32_t> words(twell_num_words(&ffn.tw));
-            cudaCheck(cudaMemcpy(words.data(), ffn.words, words.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-            double total = 0;
-            for (size_t b = 0; b < words.size(); b += twell_words_per_block(&ffn.tw)) { total += words[b]; }
-            r.active = total / M;
-        }
-        printf("  %.1f active units per row, %d overflow records, %d chunks (%.0f%% of slots used)\n", r.active,
+        r.active = st.active_per_row;
+        printf("  %.1f active units per row, %lld overflow records, %lld chunks (%.0f%% of slots used)\n", r.active,
                st.records_needed, st.chunks_needed, 100.0 * r.active * M / (16.0 * st.chunks_needed));
 
         r.gate_a = time_ms([&] { twell_gate_cublas(&ffn, g_d, f_d, wg_d); }, iters);
-        r.gate_mma = time_ms([&] { twell_gate_fused(&ffn, f_d, wg_d, TWELL_GATE_MMA); }, iters);
-        r.gate_wgmma = has_wgmma ? time_ms([&] { twell_gate_fused(&ffn, f_d, wg_d, TWELL_GATE_WGMMA); }, iters) : NAN;
-        printf("  gate + packing: (a) cuBLAS + pack %.3f ms, (b) fused mma.sync %.3f ms (%.0f TFLOP/s)", r.gate_a,
-               r.gate_mma, gate_flops / (r.gate_mma * 1e-3) / 1e12);
+        r.gate_wgmma = has_wgmma ? time_ms([&] { twell_gate_wgmma(&ffn, f_d, wg_d); }, iters) : NAN;
+        printf("  gate + packing: (a) cuBLAS + pack %.3f ms", r.gate_a);
         if (has_wgmma) { printf(", (c) fused wgmma %.3f ms (%.0f TFLOP/s)", r.gate_wgmma, gate_flops / (r.gate_wgmma * 1e-3) / 1e12); }
         printf("\n");
-        double best_gate = std::min(r.gate_a, std::min(r.gate_mma, has_wgmma ? r.gate_wgmma : 1e30));
-        if (best_gate == r.gate_mma) { best_path = TWELL_GATE_MMA; }
-        twell_gate_fused(&ffn, f_d, wg_d, best_path);
+        bool wgmma_best = has_wgmma && r.gate_wgmma < r.gate_a;
+        auto gate = [&] {
+            if (wgmma_best) { twell_gate_wgmma(&ffn, f_d, wg_d); } else { twell_gate_cublas(&ffn, g_d, f_d, wg_d); }
+        };
+        gate();
         r.list = time_ms([&] { twell_build_list(&ffn); }, iters);
-        r.up = time_ms([&] { twell_up(&ffn, f_d, wu_d); }, iters);
+        r.up = time_ms([&] { twell_up(&ffn, f_d, wu_d); }, iters); // each run multiplies the slots by u again: timing only
+        twell_build_list(&ffn);
+        twell_up(&ffn, f_d, wu_d);
         r.down = time_ms([&] { twell_down(&ffn, y_sparse, wdT_d); }, iters);
         r.up_down = time_ms([&] { twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); }, iters);
         printf("  up + down %.3f ms: work list %.3f, up + reduce %.3f, down %.3f\n", r.up_down, r.list, r.up, r.down);
-        if (best_gate == r.gate_a) {
-            r.sparse = time_ms([&] {
-                twell_gate_cublas(&ffn, g_d, f_d, wg_d);
-                twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
-            }, iters);
-        } else {
-            r.sparse = time_ms([&] {
-                twell_gate_fused(&ffn, f_d, wg_d, best_path);
-                twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
-            }, iters);
-        }
+        r.sparse = time_ms([&] {
+            gate();
+            twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
+        }, iters);
         printf("  sparse total %.3f ms: %.2fx dense; max|y - y_dense| / max|y_dense| = %.2e\n", r.sparse,
                r.dense / r.sparse, r.err);
+
+        // twell_ffn_forward choosing its path from what twell_ffn_status measured
+        ffn.choice = TWELL_AUTO;
+        for (int i = 0; i < 3; i++) {
+            twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d);
+            if (!twell_ffn_status(&ffn).ok) { fatal("bench_twell: the buffers grown above are too small now"); }
+        }
+        r.dense_above = (float)ffn.dense_above;
+        r.auto_ms = time_ms([&] { r.auto_path = twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d); }, iters);
+        double auto_err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
+        printf("  auto (twell_ffn_forward) %.3f ms, %s path (dense above %.1f active per row): %.2fx dense; "
+               "rel diff %.2e\n", r.auto_ms, r.auto_path == TWELL_DENSE ? "dense" : "sparse", r.dense_above,
+               r.dense / r.auto_ms, auto_err);
         rows.push_back(r);
         twell_ffn_free(&ffn);
     }
 
-    printf("\nms (median); gate (a) = cuBLAS + pack, (b) = fused mma.sync, (c) = fused wgmma\n");
-    printf("%-16s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %8s\n", "pattern", "active", "dense", "gemm g", "gate a",
-           "gate b", "gate c", "up+dn", "sparse", "ratio", "", "err");
+    printf("\nms (median); gate (a) = cuBLAS + pack, (c) = fused wgmma; sparse = best gate + up/down; auto = twell_ffn_forward\n");
+    printf("%-16s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %7s %8s\n", "pattern", "active", "dense", "gemm g",
+           "gate a", "gate c", "list", "up", "down", "up+dn", "sparse", "auto", "path", "ratio", "err");
     for (const Row& r : rows) {
-        printf("%-16s %7.1f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6.2fx %6s %8.1e\n", r.name, r.active, r.dense,
-               r.gate_cublas, r.gate_a, r.gate_mma, r.gate_wgmma, r.up_down, r.sparse, r.dense / r.sparse, "", r.err);
+        printf("%-16s %7.1f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6s %6.2fx %8.1e\n", r.name,
+               r.active, r.dense, r.gate_cublas, r.gate_a, r.gate_wgmma, r.list, r.up, r.down, r.up_down, r.sparse,
+               r.auto_ms, r.auto_path == TWELL_DENSE ? "dense" : "sparse", r.dense / r.auto_ms, r.err);
     }
     const Row* last_faster = NULL;
     const Row* first_slower = NULL;
@@ -258,12 +268,12 @@ int main(int argc, char** argv) {
         if (r.sparse >= r.dense && first_slower == NULL) { first_slower = &r; }
     }
     if (first_slower == NULL) {
-        printf("crossover: sparse is faster than dense at every uniform k measured\n");
+        printf("crossover: the sparse path is faster than dense at every uniform k measured\n");
     } else {
-        printf("crossover (uniform): sparse faster at %s, slower from %s\n", last_faster ? last_faster->name : "none",
-               first_slower->name);
+        printf("crossover (uniform): the sparse path is faster at %s, slower from %s\n",
+               last_faster ? last_faster->name : "none", first_slower->name);
     }
-    printf("targets: >= 2.2x at uniform k=30, >= 2.0x realistic k=30, >= 1x at uniform k=100\n");
+    printf("targets: auto >= 2.2x at uniform k=30, >= 2.0x realistic k=30, >= 1x everywhere (dense above the crossover)\n");
     cuda_free(l2_flush);
     return 0;
 }

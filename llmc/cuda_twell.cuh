@@ -5,55 +5,67 @@
                                 packed to TwELL with relu applied (TW = 256)
      for each row m and each unit n with g_mn > 0:
          u_mn = f_m . Wu[n],    a_mn = g_mn u_mn,    y_m += a_mn WdT[n]
- bf16 operands, fp32 accumulation, bf16 y. h is never a dense tensor.
+ bf16 operands, fp32 accumulation, bf16 y. h is never a dense tensor. When too
+ many units fire for this to pay, twell_ffn_forward runs the dense FFN instead.
 
- Gate + packing, three ways that write the same words:
- - baseline: cuBLASLt writes g [M, H] (bf16), then a warp per (row, tile) packs it;
- - fused, mma.sync (sm_80 on): CTA tile 128 x 256 (8 warps of 64 x 64), BK 32,
-   a 4-stage cp.async pipeline; the epilogue packs straight from the fp32
-   accumulators, so g never reaches memory;
+ Gate + packing, two ways that write the same words:
+ - cuBLASLt writes g [M, H] (bf16), then a warp per (row, tile) packs it (any GPU);
  - fused, wgmma (sm_90a): persistent CTAs of three warpgroups: one issues TMA
    loads (128 x 64 of f, 256 x 64 of Wg, 128-byte swizzle) into 4 stages, two
    multiply 64 x 256 each (wgmma m64n256k16, 128 fp32 accumulators per thread)
-   and pack; the loads of a CTA's next tile overlap the packing of this one.
+   and pack from the registers; g never reaches memory.
  A block's slots are in increasing column order: each positive's slot is a
- prefix count over the quad (and warps) holding the row, not an atomic, so the
- words do not depend on scheduling. Only overflow records are numbered by an
- atomic counter: their order may vary, their content does not.
+ prefix count over the lanes holding the row, not an atomic, so the words do
+ not depend on scheduling. Overflow records are numbered by an atomic counter:
+ their order may vary, their content does not. Both packers also add each
+ block's count (word 0) to counts[entry], the active units of the work-list
+ entry (below) the block belongs to: integer atomics, exact in any order.
 
- Up + down, in six launches over a work list:
- 1-3. count, scan, fill: rows go in groups of 16, units in stages of 512 (two
-   tiles). The active units of a (stage, group) are dealt into chunks of 16
-   slots in the order of twell_chunk_position (llmc/twell.h); a slot is
-   unit within the stage (12 bits) | row within the group (4 bits) << 12 |
-   bf16 value << 16. Tail slots of a chunk are 0 (value 0: no effect).
- 4. up: a CTA owns 1024 rows and a 64-wide slice of D. Its rows' f slice sits
-   in registers as mma B fragments; Wu[stage units, slice] streams through
-   shared memory (cp.async, two buffers). Per chunk, 8 mma.sync multiply the
-   chunk's 16 Wu rows by the group's 16 f rows; entry (slot q, row of q) is
-   q's partial u over the slice, written to partials[slice][slot].
- 5. reduce: u = the sum of the D/64 partials in slice order, a = g u, written
+ Up + down, in five launches over a work list:
+ 1. scan: entries e = (stage s of 512 units, group G of 16 rows), s-major;
+   entry e gets ceil(counts[e] / 16) chunks of 16 slots, chunk_ptr their
+   prefix. The counts are the blocks' true counts, so the chunks needed are
+   exact whether or not the record or chunk buffers were large enough. A
+   group's rows are spread over the batch by the row map of twell.h, so that
+   runs of busy rows do not pile up in a few groups (and warps).
+ 2. fill: a warp per entry deals its active units into its chunks in the order
+   of twell_chunk_position (llmc/twell.h); a slot is unit within the stage
+   (12 bits) | row within the group (4 bits) << 12 | bf16 value << 16; unused
+   slots are 0 (value 0: no effect).
+ 3. up: a CTA owns 1024 rows (4 consecutive groups per warp) and a 64-wide slice
+   of D. Its rows' f slice sits in registers as mma B fragments; Wu[stage
+   units, slice] streams through shared memory (cp.async, two buffers). Per
+   chunk, 8 mma.sync multiply the chunk's 16 gathered Wu rows by the group's 16
+   f rows; entry (slot q, row of q) is q's partial u, written to
+   partials[slice][slot].
+ 4. reduce: u = the sum of the D/64 partials in slice order, a = g u, written
    over g in the slot.
- 6. down: a CTA owns 512 rows and a 64-wide slice of D with y^T in registers;
-   WdT[stage units, slice] streams the same way; per chunk 8 mma.sync add
-   WdT[chunk units, slice]^T A to y^T, where A[q][r] = a_q if row(q) == r.
- Why this shape: the work is M k 2D multiply-adds over weight rows that random
- rows rarely share (at k = 30 a unit fires in ~87 of 16384 rows), so the cost
- is moving gathered weight bytes, not arithmetic. A warp per row reading whole
- weight rows (the paper's kernel) moves M k 2D 2 bytes (4 GB at the standard
- point) through L2. Slicing D lets a CTA keep 512-1024 rows on chip and read
- each weight slice from L2 once per CTA (~0.4 + 0.7 GB); the gathered slices
- then come from shared memory, each phase of 8 lanes reading 8 distinct bank
- groups when the slot order's residues allow, and the tensor cores do the
- multiply-adds (1/8 of each product is useful, still far cheaper than the
- CUDA cores' unpack + FMA per element). What it costs: the partials,
- D/64 floats per slot written once and read once.
+ 5. down: a CTA owns 512 rows (8 warps of 4 consecutive groups) and a 64-wide
+   slice of D with y^T in registers (128 per thread); WdT[stage units, slice]
+   streams the same way; per chunk 8 mma.sync add WdT[chunk units, slice]^T B
+   to y^T, where B[q][r] = a_q if row(q) == r.
+ A warp's chunks of a stage are one contiguous range (its groups are
+ consecutive), so it keeps the slot words of its next 3-4 chunks in flight in
+ registers: the inner loops wait on shared memory only, never on L2.
+
+ Why this shape, and its floor (M 16384, D 2048, H 5632, k = 30 active units
+ per row: P = M k = 0.5 M pairs): each pair needs a D-long dot product (up)
+ and a D-long axpy (down) with a weight row that random rows rarely share (a
+ unit fires in ~87 of 16384 rows). Every useful multiply-add therefore reads
+ one gathered bf16 weight from somewhere: 2 P D 2 bytes = 4.1 GB. From L2
+ (the paper's warp per row) that is ~0.4 ms; from shared memory, which these
+ kernels gather from, 4.1 GB / 33 TB/s = 0.12 ms at the full 128 bytes per
+ clock of every SM. No tiling avoids it: keeping weights on chip instead of
+ rows just moves the gather to f and y. What tiling buys is the load into
+ shared memory: a CTA of 1024 (512) rows reads each weight slice from L2 once,
+ (M / 1024 + M / 512) x 23 MB = 1.1 GB in all. The price of slicing D is the
+ partials: D/64 floats per pair, written once and read once (2 x 64 MB).
 
  Exactness: a block with more positives than slots is packed as an overflow
  record (the tile's relu(g) row) and the fill step expands it, so it is
- computed exactly. When the record buffer or the slot buffer is too small, the
- counters say how much was needed (twell_ffn_status), and the rows concerned
- come out NaN until the caller grows the buffers and runs again.
+ computed exactly. When the record buffer or the chunk buffer is too small,
+ the counters say how much was needed (twell_ffn_status), and the rows
+ concerned come out NaN until the caller grows the buffers and runs again.
  Deterministic: the same inputs give the same bits (fixed slot orders, fixed
  summation orders, no float atomics).
 
@@ -65,6 +77,7 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <limits.h>
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_matmul.cuh"
@@ -78,7 +91,7 @@ constexpr int TWELL_CHUNK = 16;        // slots of a chunk
 constexpr int TWELL_SLICE = 64;        // width of the D slice of an up or down CTA
 
 // counters in device memory, written by the launches, read by twell_ffn_status
-enum { TWELL_RECORDS_NEEDED, TWELL_CHUNKS_NEEDED, TWELL_NUM_COUNTERS };
+enum { TWELL_RECORDS_NEEDED, TWELL_CHUNKS_NEEDED, TWELL_ACTIVE, TWELL_NUM_COUNTERS };
 
 namespace twell_detail {
 
@@ -94,12 +107,6 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// four 8x8 bf16 matrices; lane i gives the address of row i % 8 of matrix i / 8
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
 
 // 16 bytes of shared memory (volatile: never moved across a barrier)
 __device__ __forceinline__ uint4 lds_128(const bf16* p) {
@@ -125,14 +132,32 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
 
-// ----------------------------------------------------------------------------
-// packing one block with a warp: lane l holds the values of columns 8l..8l+7
-// of the tile, so the lane order is the column order and a warp prefix of the
-// lanes' counts gives each positive its slot. Used by the baseline packer and
-// by the mma.sync GEMM's epilogue.
+// the work-list entry of the block (row, tile): stage-major, the row's group by the row map (twell.h)
+__device__ __forceinline__ int entry_of(TwellRowMap map, int row, int tile, int num_groups) {
+    return tile / TWELL_STAGE_TILES * num_groups + (int)(twell_position_of_row(map, (uint32_t)row) / TWELL_GROUP_ROWS);
+}
 
-__device__ __forceinline__ void pack_block_warp(uint32_t* block, uint16_t* records, unsigned int* counters,
-                                                const float (&v)[8], int lane, int S, int record_capacity) {
+// ----------------------------------------------------------------------------
+// the baseline packer: a warp per (row, tile) of a bf16 g [M, H]. Lane l holds
+// columns 8l..8l+7 of the tile, so the lane order is the column order and a
+// warp prefix of the lanes' counts gives each positive its slot.
+
+constexpr int PACK_THREADS = 256;
+
+__global__ void __launch_bounds__(PACK_THREADS)
+pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, int* counts, const bf16* g, int M, int H,
+            int T, int S, int record_capacity, int num_groups, TwellRowMap map) {
+    long long block_id = (long long)blockIdx.x * (PACK_THREADS / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (block_id >= (long long)M * T) { return; }
+    int m = (int)(block_id / T), tile = (int)(block_id % T), col = tile * TWELL_TILE + lane * 8;
+    float v[8] = {};
+    if (col < H) { // H % 8 == 0: the lane's 8 columns are all in or all out
+        Bf16x8 x = load_bf16x8(g + (size_t)m * H + col);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { v[e] = __bfloat162float(x.v[e]); }
+    }
+    uint32_t* block = words + (size_t)block_id * (S + 1);
     unsigned int mask = 0;
     #pragma unroll
     for (int e = 0; e < 8; e++) { mask |= (unsigned int)(v[e] > 0.0f) << e; }
@@ -143,7 +168,10 @@ __device__ __forceinline__ void pack_block_warp(uint32_t* block, uint16_t* recor
         if (lane >= offset) { inclusive += other; }
     }
     int total = __shfl_sync(0xffffffffu, inclusive, 31);
-    if (lane == 0) { block[0] = (uint32_t)total; }
+    if (lane == 0) {
+        block[0] = (uint32_t)total;
+        if (total > 0) { atomicAdd(&counts[entry_of(map, m, tile, num_groups)], total); }
+    }
     if (total <= S) {
         int slot = inclusive - count;
         #pragma unroll
@@ -152,133 +180,16 @@ __device__ __forceinline__ void pack_block_warp(uint32_t* block, uint16_t* recor
         }
         return;
     }
-    unsigned int r = 0;
-    if (lane == 0) { r = atomicAdd(&counters[TWELL_RECORDS_NEEDED], 1u); }
+    unsigned long long r = 0;
+    if (lane == 0) { r = atomicAdd(&counters[TWELL_RECORDS_NEEDED], 1ull); }
     r = __shfl_sync(0xffffffffu, r, 0);
-    if (lane == 0) { block[1] = r < (unsigned int)record_capacity ? r : TWELL_RECORD_LOST; }
-    if (r < (unsigned int)record_capacity) {
+    if (lane == 0) { block[1] = r < (unsigned long long)record_capacity ? (uint32_t)r : TWELL_RECORD_LOST; }
+    if (r < (unsigned long long)record_capacity) {
         uint32_t relu[8]; // a select, not fmaxf, which may keep a -0 whose bits would read as active
         #pragma unroll
         for (int e = 0; e < 8; e++) { relu[e] = (mask >> e) & 1 ? bf16_bits(v[e]) : 0; }
         *reinterpret_cast<uint4*>(records + (size_t)r * TWELL_TILE + lane * 8) =
             make_uint4(relu[0] | relu[1] << 16, relu[2] | relu[3] << 16, relu[4] | relu[5] << 16, relu[6] | relu[7] << 16);
-    }
-}
-
-// the baseline packer: a warp per (row, tile) of a bf16 g [M, H]
-constexpr int PACK_THREADS = 256;
-
-__global__ void __launch_bounds__(PACK_THREADS)
-pack_kernel(uint32_t* words, uint16_t* records, unsigned int* counters, const bf16* g, int M, int H, int T, int S,
-            int record_capacity) {
-    long long block_id = (long long)blockIdx.x * (PACK_THREADS / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (block_id >= (long long)M * T) { return; }
-    int m = (int)(block_id / T), col = (int)(block_id % T) * TWELL_TILE + lane * 8;
-    float v[8] = {};
-    if (col < H) { // H % 8 == 0: the lane's 8 columns are all in or all out
-        Bf16x8 x = load_bf16x8(g + (size_t)m * H + col);
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { v[e] = __bfloat162float(x.v[e]); }
-    }
-    pack_block_warp(words + (size_t)block_id * (S + 1), records, counters, v, lane, S, record_capacity);
-}
-
-// ----------------------------------------------------------------------------
-// fused gate GEMM + packing with mma.sync (sm_80 on). CTA tile 128 rows x 256
-// columns (one tile of the format), 8 warps of 64 x 64 (2 along M, 4 along N),
-// BK 32, 4 cp.async stages. Shared rows are padded to 80 bytes so the 8 rows of
-// an ldmatrix fall in 8 different bank groups. A row's 256 columns are spread
-// over 4 warps, so the epilogue puts the fp32 tile in shared memory and packs
-// it by rows (packing from the registers kept all 128 accumulators live with
-// the masks: 255 registers and 450 bytes of spill).
-
-constexpr int MMA_BM = 128, MMA_BN = 256, MMA_BK = 32, MMA_STAGES = 4, MMA_THREADS = 256;
-constexpr int MMA_LD = MMA_BK + 8;
-constexpr int MMA_STAGE_ELEMS = (MMA_BM + MMA_BN) * MMA_LD;
-constexpr int MMA_C_LD = MMA_BN + 8; // fp32 tile rows for the epilogue: a half-warp's float2 stores hit distinct banks
-constexpr size_t MMA_SMEM = (size_t)MMA_STAGES * MMA_STAGE_ELEMS * sizeof(bf16) > (size_t)MMA_BM * MMA_C_LD * sizeof(float)
-                                ? (size_t)MMA_STAGES * MMA_STAGE_ELEMS * sizeof(bf16)
-                                : (size_t)MMA_BM * MMA_C_LD * sizeof(float);
-
-__global__ void __launch_bounds__(MMA_THREADS, 1)
-gate_pack_mma_kernel(uint32_t* words, uint16_t* records, unsigned int* counters, const bf16* f, const bf16* wg,
-                     int M, int D, int H, int T, int S, int record_capacity) {
-    extern __shared__ __align__(16) bf16 mma_smem[];
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
-    const int tile = blockIdx.x, m0 = blockIdx.y * MMA_BM, n0 = tile * MMA_BN, num_kb = D / MMA_BK;
-
-    // rows past M or H are loaded as zeros, so their products are 0 and never packed
-    auto load_stage = [&](int kb, int stage) {
-        bf16* a = mma_smem + stage * MMA_STAGE_ELEMS;
-        bf16* b = a + MMA_BM * MMA_LD;
-        int k0 = kb * MMA_BK;
-        #pragma unroll
-        for (int j = 0; j < MMA_BM * 4 / MMA_THREADS; j++) {
-            int c = tid + j * MMA_THREADS, r = c / 4, piece = c % 4, row = m0 + r;
-            cp_async_16(a + r * MMA_LD + piece * 8, f + (size_t)(row < M ? row : 0) * D + k0 + piece * 8, row < M);
-        }
-        #pragma unroll
-        for (int j = 0; j < MMA_BN * 4 / MMA_THREADS; j++) {
-            int c = tid + j * MMA_THREADS, r = c / 4, piece = c % 4, row = n0 + r;
-            cp_async_16(b + r * MMA_LD + piece * 8, wg + (size_t)(row < H ? row : 0) * D + k0 + piece * 8, row < H);
-        }
-    };
-
-    float acc[4][8][4] = {};
-    #pragma unroll
-    for (int s = 0; s < MMA_STAGES - 1; s++) {
-        if (s < num_kb) { load_stage(s, s); }
-        cp_async_commit();
-    }
-    for (int kb = 0; kb < num_kb; kb++) {
-        cp_async_wait<MMA_STAGES - 2>();
-        __syncthreads(); // stage kb has landed, and every warp is done with the buffer refilled next
-        if (kb + MMA_STAGES - 1 < num_kb) { load_stage(kb + MMA_STAGES - 1, (kb + MMA_STAGES - 1) % MMA_STAGES); }
-        cp_async_commit();
-        const bf16* a = mma_smem + (kb % MMA_STAGES) * MMA_STAGE_ELEMS;
-        const bf16* b = a + MMA_BM * MMA_LD;
-        #pragma unroll
-        for (int ks = 0; ks < MMA_BK / 16; ks++) {
-            uint32_t af[4][4];
-            #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                ldmatrix_x4(af[mt], a + (wm * 64 + mt * 16 + lane % 16) * MMA_LD + ks * 16 + (lane / 16) * 8);
-            }
-            #pragma unroll
-            for (int nt = 0; nt < 8; nt += 2) {
-                // n-tiles nt, nt+1 x k 0-7, 8-15 of this k-step
-                uint32_t bfr[4];
-                ldmatrix_x4(bfr, b + (wn * 64 + nt * 8 + lane % 8 + (lane / 16) * 8) * MMA_LD + ks * 16 + ((lane / 8) % 2) * 8);
-                #pragma unroll
-                for (int mt = 0; mt < 4; mt++) {
-                    mma_16816(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[0], bfr[1]);
-                    mma_16816(acc[mt][nt + 1], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[2], bfr[3]);
-                }
-            }
-        }
-    }
-    // epilogue: the fp32 tile goes to shared memory (over the stage buffers),
-    // then each warp packs 16 rows the way the baseline packer does
-    cp_async_wait<0>();
-    __syncthreads();
-    float* c_s = reinterpret_cast<float*>(mma_smem);
-    #pragma unroll
-    for (int mt = 0; mt < 4; mt++) {
-        #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            float* p = c_s + (wm * 64 + mt * 16 + lane / 4) * MMA_C_LD + wn * 64 + nt * 8 + 2 * (lane % 4);
-            *reinterpret_cast<float2*>(p) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
-            *reinterpret_cast<float2*>(p + 8 * MMA_C_LD) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
-        }
-    }
-    __syncthreads();
-    for (int r = warp * (MMA_BM / 8); r < (warp + 1) * (MMA_BM / 8); r++) {
-        if (m0 + r >= M) { break; }
-        float4 lo = *reinterpret_cast<const float4*>(c_s + r * MMA_C_LD + lane * 8);
-        float4 hi = *reinterpret_cast<const float4*>(c_s + r * MMA_C_LD + lane * 8 + 4);
-        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        pack_block_warp(words + ((size_t)(m0 + r) * T + tile) * (S + 1), records, counters, v, lane, S, record_capacity);
     }
 }
 
@@ -421,8 +332,8 @@ __device__ __forceinline__ void store_row(uint32_t* block, uint16_t* record, con
 
 __global__ void __launch_bounds__(WG_THREADS, 1)
 gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_constant__ CUtensorMap map_w,
-                       uint32_t* words, uint16_t* records, unsigned int* counters, int M, int D, int T, int S,
-                       int record_capacity) {
+                       uint32_t* words, uint16_t* records, unsigned long long* counters, int* counts, int M, int D,
+                       int T, int S, int record_capacity, int num_groups, TwellRowMap map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
     // the swizzle repeats every 1024 bytes: stages start on a 1024-byte boundary
@@ -487,16 +398,18 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
                 uint64_t q[4];
                 quad_masks(q, positives_mask(acc, h), lane);
                 int total = __popcll(q[0]) + __popcll(q[1]) + __popcll(q[2]) + __popcll(q[3]);
-                unsigned int rec = 0;
-                if (i == 0 && total > S && row < M) { rec = atomicAdd(&counters[TWELL_RECORDS_NEEDED], 1u); }
+                unsigned long long rec = 0;
+                if (i == 0 && total > S && row < M) { rec = atomicAdd(&counters[TWELL_RECORDS_NEEDED], 1ull); }
                 rec = __shfl_sync(0xffffffffu, rec, lane & ~3);
                 if (row >= M) { continue; }
+                bool stored = rec < (unsigned long long)record_capacity;
                 uint32_t* block = words + ((size_t)row * T + tn) * (S + 1);
                 if (i == 0) {
                     block[0] = (uint32_t)total;
-                    if (total > S) { block[1] = rec < (unsigned int)record_capacity ? rec : TWELL_RECORD_LOST; }
+                    if (total > S) { block[1] = stored ? (uint32_t)rec : TWELL_RECORD_LOST; }
+                    if (total > 0) { atomicAdd(&counts[entry_of(map, row, tn, num_groups)], total); }
                 }
-                uint16_t* record = total > S && rec < (unsigned int)record_capacity ? records + (size_t)rec * TWELL_TILE : NULL;
+                uint16_t* record = total > S && stored ? records + (size_t)rec * TWELL_TILE : NULL;
                 store_row(block, record, acc, h, q, i, total, S);
             }
         }
@@ -505,10 +418,44 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
 }
 
 // ----------------------------------------------------------------------------
-// the work list: a warp per (stage s, group G) = entry s * groups + G; lane l
-// reads block (row 16G + l/2, tile 2s + l%2), so lane order is (row, tile) order
+// the work list
 
-constexpr int LIST_THREADS = 256;
+// in one block: chunk_ptr[e] = the first chunk of entry e, the exclusive prefix
+// of ceil(counts / 16) in entry order; chunk_ptr[n] = the total, clamped to
+// INT_MAX (no buffer holds more), which the counters keep exactly, with the
+// active units
+constexpr int SCAN_THREADS = 1024;
+__global__ void __launch_bounds__(SCAN_THREADS)
+scan_kernel(int* chunk_ptr, unsigned long long* counters, const int* counts, int n) {
+    __shared__ long long sums[SCAN_THREADS];
+    const int tid = threadIdx.x, per = (n + SCAN_THREADS - 1) / SCAN_THREADS, begin = min(tid * per, n), end = min(begin + per, n);
+    long long mine = 0;
+    unsigned long long active = 0;
+    for (int k = begin; k < end; k++) {
+        mine += (counts[k] + TWELL_CHUNK - 1) / TWELL_CHUNK;
+        active += (unsigned int)counts[k];
+    }
+    sums[tid] = mine;
+    __syncthreads();
+    for (int offset = 1; offset < SCAN_THREADS; offset *= 2) {
+        long long other = tid >= offset ? sums[tid - offset] : 0;
+        __syncthreads();
+        sums[tid] += other;
+        __syncthreads();
+    }
+    long long run = sums[tid] - mine;
+    for (int k = begin; k < end; k++) {
+        chunk_ptr[k] = (int)min(run, (long long)INT_MAX);
+        run += (counts[k] + TWELL_CHUNK - 1) / TWELL_CHUNK;
+    }
+    active = block_reduce<Sum>(active);
+    if (tid == SCAN_THREADS - 1) {
+        long long total = sums[SCAN_THREADS - 1];
+        chunk_ptr[n] = (int)min(total, (long long)INT_MAX);
+        counters[TWELL_CHUNKS_NEEDED] = (unsigned long long)total;
+        counters[TWELL_ACTIVE] = active;
+    }
+}
 
 // calls fn(column within the tile, bf16 bits of g) for each active unit of a
 // block, in increasing column order; a lost record is one NaN entry at column 0
@@ -538,65 +485,23 @@ __device__ __forceinline__ void for_each_active(const uint32_t* words, const uin
     }
 }
 
-__device__ __forceinline__ int active_count(const uint32_t* words, const uint16_t* records, int row, int tile, int T,
-                                            int S) {
-    const uint32_t* block = words + ((size_t)row * T + tile) * (S + 1);
-    if (block[0] <= (uint32_t)S) { return (int)block[0]; }
-    int n = 0;
-    for_each_active(words, records, row, tile, T, S, [&](uint32_t, uint32_t) { n++; });
-    return n;
-}
+// The slots of each entry: a warp per entry (s, G); lane l reads block (row at
+// position 16G + l/2, tile 2s + l%2), so lane order is (row, tile) order. The active
+// units are dealt round-robin over their residues mod 4 (see twell.h) and the
+// rest of the entry's chunks is zeroed: the entry has as many chunks as its
+// true count asks for, and a lost record gives one entry, a bf16 value rounded
+// to 0 none. Per-residue counts are packed in 16-bit fields of a uint64 (at
+// most 32 blocks x 256 per entry).
+constexpr int LIST_THREADS = 256;
 
-// chunks of each entry, into chunk_ptr[entry]
-__global__ void __launch_bounds__(LIST_THREADS)
-count_kernel(int* chunk_ptr, const uint32_t* words, const uint16_t* records, int M, int T, int S, int num_groups,
-             int num_entries) {
-    int entry = blockIdx.x * (LIST_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (entry >= num_entries) { return; }
-    int row = entry % num_groups * TWELL_GROUP_ROWS + lane / 2, tile = entry / num_groups * TWELL_STAGE_TILES + lane % 2;
-    int n = row < M && tile < T ? active_count(words, records, row, tile, T, S) : 0;
-    n = warp_reduce<Sum>(n);
-    if (lane == 0) { chunk_ptr[entry] = (n + TWELL_CHUNK - 1) / TWELL_CHUNK; }
-}
-
-// in place: the chunk counts of chunk_ptr[0..n) become their exclusive prefix,
-// chunk_ptr[n] the total (also the "chunks needed" counter). One block.
-constexpr int SCAN_THREADS = 1024;
-__global__ void __launch_bounds__(SCAN_THREADS) scan_kernel(int* chunk_ptr, unsigned int* counters, int n) {
-    __shared__ int sums[SCAN_THREADS];
-    int per = (n + SCAN_THREADS - 1) / SCAN_THREADS, begin = threadIdx.x * per, end = min(begin + per, n);
-    int mine = 0;
-    for (int k = begin; k < end; k++) { mine += chunk_ptr[k]; }
-    sums[threadIdx.x] = mine;
-    __syncthreads();
-    for (int offset = 1; offset < SCAN_THREADS; offset *= 2) {
-        int other = threadIdx.x >= offset ? sums[threadIdx.x - offset] : 0;
-        __syncthreads();
-        sums[threadIdx.x] += other;
-        __syncthreads();
-    }
-    int run = sums[threadIdx.x] - mine;
-    for (int k = begin; k < end; k++) {
-        int count = chunk_ptr[k];
-        chunk_ptr[k] = run;
-        run += count;
-    }
-    if (threadIdx.x == SCAN_THREADS - 1) {
-        chunk_ptr[n] = sums[SCAN_THREADS - 1];
-        counters[TWELL_CHUNKS_NEEDED] = (unsigned int)sums[SCAN_THREADS - 1];
-    }
-}
-
-// the slots of each entry: its active units dealt round-robin over their
-// residues mod 4 (see twell.h), the chunk tail zeroed. Per-residue counts are
-// packed in 16-bit fields of a uint64 (at most 32 blocks x 256 per entry).
 __global__ void __launch_bounds__(LIST_THREADS)
 fill_kernel(uint32_t* slots, const int* chunk_ptr, const uint32_t* words, const uint16_t* records, int M, int T, int S,
-            int num_groups, int num_entries, int chunk_capacity) {
+            int num_groups, int num_entries, int chunk_capacity, TwellRowMap map) {
     int entry = blockIdx.x * (LIST_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (entry >= num_entries) { return; }
-    int row = entry % num_groups * TWELL_GROUP_ROWS + lane / 2, tile = entry / num_groups * TWELL_STAGE_TILES + lane % 2;
-    bool has = row < M && tile < T;
+    int position = entry % num_groups * TWELL_GROUP_ROWS + lane / 2, tile = entry / num_groups * TWELL_STAGE_TILES + lane % 2;
+    bool has = position < M && tile < T;
+    int row = has ? (int)twell_row_at(map, (uint32_t)position) : 0;
     uint64_t mine = 0;
     if (has) { for_each_active(words, records, row, tile, T, S, [&](uint32_t col, uint32_t) { mine += 1ull << (16 * (col & 3)); }); }
     uint64_t inclusive = mine;
@@ -637,13 +542,26 @@ fill_kernel(uint32_t* slots, const int* chunk_ptr, const uint32_t* words, const 
 // differ in parity. The down kernel's lane (g, i) reads the 16-byte piece
 // piece(g) of slots 2i, 2i+1, 2i+8, 2i+9: a phase reads 4 slots x pieces p and
 // p + 4, all 8 groups when the 4 units differ mod 4. The slot order makes
-// both true where the residues allow (twell_chunk_position).
+// both true where the residues allow (twell_chunk_position). Loads of unused
+// slots are skipped (their products are never used, or multiplied by 0).
+//
+// A warp's groups are consecutive, so its chunks of a stage are one range,
+// group t's from bounds[t] to bounds[t + 1]; chunks past the capacity were not
+// written and are skipped. The slot words of the warp's next 3 (up) or 4
+// (down) chunks are in flight in registers, across its groups; those of the
+// next stage's first chunks are fetched before the barrier that ends a stage.
+// The next stage's bounds come into shared memory with its weights (cp.async),
+// so that they cost no registers; one barrier per stage. Registers (sm_90a):
+// up 128 of 128, down 254 of 255, neither spills (sm_80: up spills 48 bytes).
 
 constexpr int UP_THREADS = 512, UP_GROUPS_PER_WARP = 4, UP_GROUPS = UP_THREADS / 32 * UP_GROUPS_PER_WARP;
-constexpr int DOWN_THREADS = 512, DOWN_GROUPS_PER_WARP = 2, DOWN_GROUPS = DOWN_THREADS / 32 * DOWN_GROUPS_PER_WARP;
+constexpr int DOWN_THREADS = 256, DOWN_GROUPS_PER_WARP = 4, DOWN_GROUPS = DOWN_THREADS / 32 * DOWN_GROUPS_PER_WARP;
+// chunks whose slot words a warp has in flight (as many as the registers allow)
+constexpr int UP_QUEUE = 3, DOWN_QUEUE = 4;
 constexpr int STAGE_LD = TWELL_SLICE + 8;
 constexpr int STAGE_ELEMS = TWELL_STAGE_UNITS * STAGE_LD;
-constexpr size_t LIST_SMEM = 2 * (size_t)STAGE_ELEMS * sizeof(bf16);
+constexpr int BOUNDS_INTS = 16 * 8; // per stage buffer: up to 16 warps x 5 bounds, rows of 8
+constexpr size_t LIST_SMEM = 2 * (size_t)STAGE_ELEMS * sizeof(bf16) + 2 * BOUNDS_INTS * sizeof(int);
 
 // cp.async of w[stage's units][d0 .. d0+63] into a stage buffer; units past H are zeros
 template <int THREADS>
@@ -657,63 +575,104 @@ __device__ __forceinline__ void load_weight_stage(bf16* buf, const bf16* w, int 
     }
 }
 
+// the first chunk of the group (clamped to num_groups: the end of the stage) at stage s
+__device__ __forceinline__ const int* group_chunk(const int* chunk_ptr, int s, int group, int num_groups) {
+    return chunk_ptr + (size_t)s * num_groups + min(group, num_groups);
+}
+
+// lane t <= N of a warp copies bounds[t] of stage s (cp.async, 4 bytes) into
+// its own warp's row of a bounds buffer
+template <int N>
+__device__ __forceinline__ void load_bounds(int* bounds, const int* chunk_ptr, int s, int first_group, int num_groups,
+                                            int lane) {
+    if (lane <= N) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(bounds + lane)),
+                     "l"(group_chunk(chunk_ptr, s, first_group + lane, num_groups)));
+    }
+}
+
 // partials[slice][slot] = the slot's u over D slice `slice`. CTA: 1024 rows
-// (64 groups, 4 per warp) x 64 columns of D. The mma: A = the chunk's 16 Wu
-// rows (slot q = A row q) x 16 k, B = the group's f rows (n-tile 0: rows 0-7,
-// n-tile 1: rows 8-15). The 64 columns of the slice are permuted the same way
-// in A and B: k-step kk, k 2i + e and 2i + 8 + e are columns 16i + 4kk + e and
-// 16i + 4kk + 2 + e, so lane (g, i) needs columns 16i..16i+15 only: f in 8
-// registers per row, Wu as two 16-byte loads per slot.
+// (64 groups, 4 consecutive ones per warp) x 64 columns of D. The mma: A = the
+// chunk's 16 Wu rows (slot q = A row q) x 16 k, B = the group's f rows (n-tile
+// 0: rows 0-7, n-tile 1: rows 8-15). The 64 columns of the slice are permuted
+// the same way in A and B: k-step kk, k 2i + e and 2i + 8 + e are columns
+// 16i + 4kk + e and 16i + 4kk + 2 + e, so lane (g, i) needs columns 16i..16i+15
+// only: f in 8 registers per row, Wu as two 16-byte loads per slot.
 __global__ void __launch_bounds__(UP_THREADS, 1)
 up_kernel(float* partials, const uint32_t* slots, const int* chunk_ptr, const bf16* f, const bf16* wu, int M, int D,
-          int H, int num_groups, int num_stages, int chunk_capacity) {
+          int H, int num_groups, int num_stages, int chunk_capacity, TwellRowMap map) {
+    constexpr int N = UP_GROUPS_PER_WARP;
     extern __shared__ __align__(16) bf16 list_smem[];
+    int* bounds_smem = reinterpret_cast<int*>(list_smem + 2 * STAGE_ELEMS);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
-    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE;
+    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE, first_group = blockIdx.x * UP_GROUPS + warp * N;
     float* out = partials + (size_t)slice * chunk_capacity * TWELL_CHUNK;
-    uint32_t fb[UP_GROUPS_PER_WARP][2][8];
+    uint32_t fb[N][2][8];
     #pragma unroll
-    for (int t = 0; t < UP_GROUPS_PER_WARP; t++) {
+    for (int t = 0; t < N; t++) {
         #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            int row = (blockIdx.x * UP_GROUPS + warp + 16 * t) * TWELL_GROUP_ROWS + 8 * nt + g;
+            int position = (first_group + t) * TWELL_GROUP_ROWS + 8 * nt + g;
             uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-            if (row < M) {
-                lo = *reinterpret_cast<const uint4*>(f + (size_t)row * D + d0 + 16 * i);
-                hi = *reinterpret_cast<const uint4*>(f + (size_t)row * D + d0 + 16 * i + 8);
+            if (position < M) {
+                size_t row = twell_row_at(map, (uint32_t)position);
+                lo = *reinterpret_cast<const uint4*>(f + row * D + d0 + 16 * i);
+                hi = *reinterpret_cast<const uint4*>(f + row * D + d0 + 16 * i + 8);
             }
             uint32_t v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
             #pragma unroll
             for (int j = 0; j < 8; j++) { fb[t][nt][j] = v[j]; }
         }
     }
-    load_weight_stage<UP_THREADS>(list_smem, wu, 0, d0, D, H);
-    cp_async_commit();
-    for (int s = 0; s < num_stages; s++) {
-        if (s + 1 < num_stages) { load_weight_stage<UP_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wu, s + 1, d0, D, H); }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
+    // slot words g and g + 8 of chunk c, or 0 (unused) at and past `end`
+    uint32_t qa[UP_QUEUE], qb[UP_QUEUE];
+    auto fetch = [&](int c, int end, uint32_t& a, uint32_t& b) {
+        a = 0;
+        b = 0;
+        if (c < end) {
+            a = slots[(size_t)c * TWELL_CHUNK + g];
+            b = slots[(size_t)c * TWELL_CHUNK + g + 8];
+        }
+    };
+    auto prime = [&](int first, int last) {
         #pragma unroll
-        for (int t = 0; t < UP_GROUPS_PER_WARP; t++) {
-            int G = blockIdx.x * UP_GROUPS + warp + 16 * t;
-            if (G >= num_groups) { continue; }
-            int entry = s * num_groups + G;
-            int c = chunk_ptr[entry], end = min(chunk_ptr[entry + 1], chunk_capacity);
-            uint32_t wa = 0, wb = 0;
-            if (c < end) {
-                wa = slots[(size_t)c * TWELL_CHUNK + g];
-                wb = slots[(size_t)c * TWELL_CHUNK + g + 8];
-            }
-            for (; c < end; c++) {
-                uint32_t next_a = 0, next_b = 0; // the next chunk's slots, loaded while this one computes
-                if (c + 1 < end) {
-                    next_a = slots[(size_t)(c + 1) * TWELL_CHUNK + g];
-                    next_b = slots[(size_t)(c + 1) * TWELL_CHUNK + g + 8];
+        for (int j = 0; j < UP_QUEUE; j++) { fetch(first + j, min(last, chunk_capacity), qa[j], qb[j]); }
+    };
+    prime(*group_chunk(chunk_ptr, 0, first_group, num_groups), *group_chunk(chunk_ptr, 0, first_group + N, num_groups));
+    load_weight_stage<UP_THREADS>(list_smem, wu, 0, d0, D, H);
+    load_bounds<N>(bounds_smem + warp * 8, chunk_ptr, 0, first_group, num_groups, lane);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int s = 0; s < num_stages; s++) {
+        if (s + 1 < num_stages) { // into the buffers stage s - 1 used
+            load_weight_stage<UP_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wu, s + 1, d0, D, H);
+            load_bounds<N>(bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8, chunk_ptr, s + 1, first_group,
+                           num_groups, lane);
+        }
+        cp_async_commit();
+        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
+        const int* bounds = bounds_smem + s % 2 * BOUNDS_INTS + warp * 8;
+        const int end = min(bounds[N], chunk_capacity);
+        #pragma unroll
+        for (int t = 0; t < N; t++) {
+            for (int c = bounds[t], c_end = min(bounds[t + 1], chunk_capacity); c < c_end; c++) {
+                uint32_t wa = qa[0], wb = qb[0];
+                #pragma unroll
+                for (int j = 0; j + 1 < UP_QUEUE; j++) {
+                    qa[j] = qa[j + 1];
+                    qb[j] = qb[j + 1];
                 }
-                uint4 a_lo = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i), a_hi = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i + 8);
-                uint4 b_lo = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i), b_hi = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i + 8);
+                fetch(c + UP_QUEUE, end, qa[UP_QUEUE - 1], qb[UP_QUEUE - 1]);
+                uint4 a_lo = make_uint4(0, 0, 0, 0), a_hi = a_lo, b_lo = a_lo, b_hi = a_lo;
+                if ((wa >> 16) != 0) {
+                    a_lo = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i);
+                    a_hi = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i + 8);
+                }
+                if ((wb >> 16) != 0) {
+                    b_lo = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i);
+                    b_hi = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i + 8);
+                }
                 uint32_t pa[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
                 uint32_t pb[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
                 float c0[4] = {}, c1[4] = {};
@@ -723,7 +682,7 @@ up_kernel(float* partials, const uint32_t* slots, const int* chunk_ptr, const bf
                     mma_16816(c1, pa[2 * kk], pb[2 * kk], pa[2 * kk + 1], pb[2 * kk + 1], fb[t][1][2 * kk], fb[t][1][2 * kk + 1]);
                 }
                 // the entry (slot g, its row r) is in lane (g, (r % 8) / 2), element r % 2 of
-                // n-tile r / 8; (slot g + 8, r) likewise in elements 2 + r % 2. Empty slots are skipped.
+                // n-tile r / 8; (slot g + 8, r) likewise in elements 2 + r % 2
                 int ra = (wa >> 12) & 15, rb = (wb >> 12) & 15;
                 if ((wa >> 16) != 0 && (ra & 7) / 2 == i) {
                     out[(size_t)c * TWELL_CHUNK + g] = ra & 8 ? (ra & 1 ? c1[1] : c1[0]) : (ra & 1 ? c0[1] : c0[0]);
@@ -731,11 +690,15 @@ up_kernel(float* partials, const uint32_t* slots, const int* chunk_ptr, const bf
                 if ((wb >> 16) != 0 && (rb & 7) / 2 == i) {
                     out[(size_t)c * TWELL_CHUNK + g + 8] = rb & 8 ? (rb & 1 ? c1[3] : c1[2]) : (rb & 1 ? c0[3] : c0[2]);
                 }
-                wa = next_a;
-                wb = next_b;
             }
         }
-        __syncthreads(); // the buffer of stage s is refilled next
+        if (s + 1 < num_stages) {
+            cp_async_wait<0>(); // the next stage's weights and bounds: this thread's copies
+            __syncwarp();       // this warp's bounds
+            const int* next = bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8;
+            prime(next[0], next[N]);
+            __syncthreads();    // everyone's copies, and everyone done with the buffers refilled next
+        }
     }
 }
 
@@ -754,54 +717,69 @@ __global__ void reduce_kernel(uint32_t* slots, const float* partials, const int*
 }
 
 // y[rows, d0..d0+63] = sum over the rows' slots of a WdT[unit, d0..d0+63]. CTA:
-// 512 rows (32 groups, 2 per warp) x 64 columns of D; y^T in registers. The mma:
-// A = WdT[chunk units, slice]^T (16 columns of the slice x 16 slots), B[q][r] =
-// a_q if row(q) == r else 0 (n-tile 0: rows 0-7, n-tile 1: rows 8-15). Columns
-// are permuted so that lane (g, i) needs the 8 columns of one 16-byte piece:
-// m-tile mt, A row g is column 8 piece(g) + 2mt, row g + 8 the next one.
+// 512 rows (32 groups, 4 consecutive ones per warp, 8 warps: 255 registers
+// each, no spill) x 64 columns of D; y^T in registers. The mma: A = WdT[chunk units, slice]^T (16 columns of the slice x
+// 16 slots), B[q][r] = a_q if row(q) == r else 0 (n-tile 0: rows 0-7, n-tile 1:
+// rows 8-15). Columns are permuted so that lane (g, i) needs the 8 columns of
+// one 16-byte piece: m-tile mt, A row g is column 8 piece(g) + 2mt, row g + 8
+// the next one. A group with chunks past the capacity comes out NaN.
 __global__ void __launch_bounds__(DOWN_THREADS, 1)
 down_kernel(bf16* y, const uint32_t* slots, const int* chunk_ptr, const bf16* wdT, int M, int D, int H, int num_groups,
-            int num_stages, int chunk_capacity) {
+            int num_stages, int chunk_capacity, TwellRowMap map) {
+    constexpr int N = DOWN_GROUPS_PER_WARP;
     extern __shared__ __align__(16) bf16 list_smem[];
+    int* bounds_smem = reinterpret_cast<int*>(list_smem + 2 * STAGE_ELEMS);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
-    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE;
+    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE, first_group = blockIdx.x * DOWN_GROUPS + warp * N;
     const int piece = g / 2 + 4 * (g % 2);
-    float acc[DOWN_GROUPS_PER_WARP][4][2][4] = {};
-    bool clipped[DOWN_GROUPS_PER_WARP] = {};
-    load_weight_stage<DOWN_THREADS>(list_smem, wdT, 0, d0, D, H);
-    cp_async_commit();
-    for (int s = 0; s < num_stages; s++) {
-        if (s + 1 < num_stages) { load_weight_stage<DOWN_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wdT, s + 1, d0, D, H); }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
+    float acc[N][4][2][4] = {};
+    bool clipped[N] = {};
+    // slot words 2i, 2i+1 and 2i+8, 2i+9 of chunk c, or 0 (unused) at and past `end`
+    uint2 q01[DOWN_QUEUE], q89[DOWN_QUEUE];
+    auto fetch = [&](int c, int end, uint2& lo, uint2& hi) {
+        lo = make_uint2(0, 0);
+        hi = lo;
+        if (c < end) {
+            lo = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i);
+            hi = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i + 8);
+        }
+    };
+    auto prime = [&](int first, int last) {
         #pragma unroll
-        for (int t = 0; t < DOWN_GROUPS_PER_WARP; t++) {
-            int G = blockIdx.x * DOWN_GROUPS + warp + 16 * t;
-            if (G >= num_groups) { continue; }
-            int entry = s * num_groups + G;
-            int c = chunk_ptr[entry], end = chunk_ptr[entry + 1];
-            if (end > chunk_capacity && end > c) { // the list lost chunks of this group: its rows become NaN
-                clipped[t] = true;
-                end = chunk_capacity;
-            }
-            uint2 s01 = make_uint2(0, 0), s89 = s01;
-            if (c < end) {
-                s01 = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i);
-                s89 = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i + 8);
-            }
-            for (; c < end; c++) {
-                uint2 next01 = make_uint2(0, 0), next89 = next01;
-                if (c + 1 < end) {
-                    next01 = *reinterpret_cast<const uint2*>(slots + (size_t)(c + 1) * TWELL_CHUNK + 2 * i);
-                    next89 = *reinterpret_cast<const uint2*>(slots + (size_t)(c + 1) * TWELL_CHUNK + 2 * i + 8);
+        for (int j = 0; j < DOWN_QUEUE; j++) { fetch(first + j, min(last, chunk_capacity), q01[j], q89[j]); }
+    };
+    prime(*group_chunk(chunk_ptr, 0, first_group, num_groups), *group_chunk(chunk_ptr, 0, first_group + N, num_groups));
+    load_weight_stage<DOWN_THREADS>(list_smem, wdT, 0, d0, D, H);
+    load_bounds<N>(bounds_smem + warp * 8, chunk_ptr, 0, first_group, num_groups, lane);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int s = 0; s < num_stages; s++) {
+        if (s + 1 < num_stages) { // into the buffers stage s - 1 used
+            load_weight_stage<DOWN_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wdT, s + 1, d0, D, H);
+            load_bounds<N>(bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8, chunk_ptr, s + 1, first_group,
+                           num_groups, lane);
+        }
+        cp_async_commit();
+        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
+        const int* bounds = bounds_smem + s % 2 * BOUNDS_INTS + warp * 8;
+        const int end = min(bounds[N], chunk_capacity);
+        #pragma unroll
+        for (int t = 0; t < N; t++) {
+            clipped[t] |= bounds[t + 1] > chunk_capacity && bounds[t + 1] > bounds[t];
+            for (int c = bounds[t], c_end = min(bounds[t + 1], chunk_capacity); c < c_end; c++) {
+                const uint32_t sw[4] = {q01[0].x, q01[0].y, q89[0].x, q89[0].y}; // slots 2i, 2i+1, 2i+8, 2i+9
+                #pragma unroll
+                for (int j = 0; j + 1 < DOWN_QUEUE; j++) {
+                    q01[j] = q01[j + 1];
+                    q89[j] = q89[j + 1];
                 }
-                const uint32_t sw[4] = {s01.x, s01.y, s89.x, s89.y}; // slots 2i, 2i+1, 2i+8, 2i+9
-                uint32_t wr[4][4];
+                fetch(c + DOWN_QUEUE, end, q01[DOWN_QUEUE - 1], q89[DOWN_QUEUE - 1]);
+                uint32_t wr[4][4]; // the weight pieces of slots 2i, 2i+1, 2i+8, 2i+9
                 #pragma unroll
                 for (int p = 0; p < 4; p++) {
-                    uint4 v = lds_128(w + (sw[p] & 0xfff) * STAGE_LD + 8 * piece);
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if ((sw[p] >> 16) != 0) { v = lds_128(w + (sw[p] & 0xfff) * STAGE_LD + 8 * piece); }
                     wr[p][0] = v.x; wr[p][1] = v.y; wr[p][2] = v.z; wr[p][3] = v.w;
                 }
                 uint32_t b0[2], b1[2];
@@ -820,29 +798,33 @@ down_kernel(bf16* y, const uint32_t* slots, const int* chunk_ptr, const bf16* wd
                     mma_16816(acc[t][mt][0], a0, a1, a2, a3, b0[0], b1[0]);
                     mma_16816(acc[t][mt][1], a0, a1, a2, a3, b0[1], b1[1]);
                 }
-                s01 = next01;
-                s89 = next89;
             }
         }
-        __syncthreads();
+        if (s + 1 < num_stages) {
+            cp_async_wait<0>(); // the next stage's weights and bounds: this thread's copies
+            __syncwarp();       // this warp's bounds
+            const int* next = bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8;
+            prime(next[0], next[N]);
+            __syncthreads();    // everyone's copies, and everyone done with the buffers refilled next
+        }
     }
     // lane (g, i) holds rows 8nt + 2i + e, columns 8 piece .. 8 piece + 7 of each group
     #pragma unroll
-    for (int t = 0; t < DOWN_GROUPS_PER_WARP; t++) {
-        int G = blockIdx.x * DOWN_GROUPS + warp + 16 * t;
+    for (int t = 0; t < N; t++) {
         #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             #pragma unroll
             for (int e = 0; e < 2; e++) {
-                int row = G * TWELL_GROUP_ROWS + 8 * nt + 2 * i + e;
-                if (G >= num_groups || row >= M) { continue; }
+                int position = (first_group + t) * TWELL_GROUP_ROWS + 8 * nt + 2 * i + e;
+                if (first_group + t >= num_groups || position >= M) { continue; }
+                size_t row = twell_row_at(map, (uint32_t)position);
                 Bf16x8 out;
                 #pragma unroll
                 for (int mt = 0; mt < 4; mt++) {
                     out.v[2 * mt] = __float2bfloat16_rn(clipped[t] ? NAN : acc[t][mt][nt][e]);
                     out.v[2 * mt + 1] = __float2bfloat16_rn(clipped[t] ? NAN : acc[t][mt][nt][2 + e]);
                 }
-                store_bf16x8(y + (size_t)row * D + d0 + 8 * piece, out);
+                store_bf16x8(y + row * D + d0 + 8 * piece, out);
             }
         }
     }
@@ -850,44 +832,72 @@ down_kernel(bf16* y, const uint32_t* slots, const int* chunk_ptr, const bf16* wd
 
 // ----------------------------------------------------------------------------
 // the dense FFN's elementwise step: h = bf16(relu(g) * u), 8 values per thread
-__global__ void relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8) {
-    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n8) { return; }
-    Bf16x8 gv = load_bf16x8(g + 8 * k), uv = load_bf16x8(u + 8 * k), hv;
-    #pragma unroll
-    for (int e = 0; e < 8; e++) {
-        float gate = __bfloat162float(gv.v[e]);
-        hv.v[e] = __float2bfloat16_rn(gate > 0.0f ? gate * __bfloat162float(uv.v[e]) : 0.0f);
+// and step; `active` (if not NULL) gets the number of g > 0, one atomic per block
+constexpr int RELU_MUL_THREADS = 256;
+__global__ void __launch_bounds__(RELU_MUL_THREADS)
+relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long long* active) {
+    unsigned long long count = 0;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n8; k += (size_t)gridDim.x * blockDim.x) {
+        Bf16x8 gv = load_bf16x8(g + 8 * k), uv = load_bf16x8(u + 8 * k), hv;
+        #pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float gate = __bfloat162float(gv.v[e]);
+            count += gate > 0.0f;
+            hv.v[e] = __float2bfloat16_rn(gate > 0.0f ? gate * __bfloat162float(uv.v[e]) : 0.0f);
+        }
+        store_bf16x8(h + 8 * k, hv);
     }
-    store_bf16x8(h + 8 * k, hv);
+    count = block_reduce<Sum>(count);
+    if (threadIdx.x == 0 && active != NULL && count > 0) { atomicAdd(active, count); }
 }
 
 } // namespace twell_detail
 
 // ----------------------------------------------------------------------------
 // host API. One TwellFFN holds the buffers of one FFN shape: the format (words,
-// overflow records, counters) and the work list (chunk offsets, slots, partials).
+// overflow records, counters, the entries' counts), the work list (chunk
+// offsets, slots, partials), and what twell_ffn_forward chooses its path from.
+
+typedef enum { TWELL_SPARSE, TWELL_DENSE } TwellPath;
+typedef enum { TWELL_AUTO, TWELL_FORCE_SPARSE, TWELL_FORCE_DENSE } TwellChoice;
+
+// The dense FFN is three GEMMs of the gate's size and an elementwise step; it
+// took 2.74-2.89x the gate on an H200. Until a dense run was timed, its time
+// is taken as this multiple of the measured gate.
+constexpr float TWELL_DENSE_PER_GATE = 2.75f;
 
 typedef struct {
-    Twell tw;                // M rows, H columns, TW 256, S slots, record capacity
+    Twell tw;                      // M rows, H columns, TW 256, S slots, record capacity
     int D;
-    int num_groups;          // ceil(M / 16)
-    int num_stages;          // ceil(T / 2)
-    int chunk_capacity;      // chunks of 16 slots the work list holds
-    uint32_t* words;         // [M][T][1 + S]
-    uint16_t* records;       // [record capacity][256] bf16 bits
-    unsigned int* counters;  // [TWELL_NUM_COUNTERS]
-    int* chunk_ptr;          // [num_stages * num_groups + 1]
-    uint32_t* slots;         // [chunk capacity * 16]
-    float* partials;         // [D / 64][chunk capacity * 16]
+    int num_groups;                // ceil(M / 16)
+    int num_stages;                // ceil(T / 2)
+    int chunk_capacity;            // chunks of 16 slots the work list holds
+    TwellRowMap map;               // which rows a group of the work list holds (twell.h)
+    uint32_t* words;               // [M][T][1 + S]
+    uint16_t* records;             // [record capacity][256] bf16 bits
+    unsigned long long* counters;  // [TWELL_NUM_COUNTERS], followed by counts (one memset clears both)
+    int* counts;                   // [num_stages * num_groups]: active units of each work-list entry
+    int* chunk_ptr;                // [num_stages * num_groups + 1]
+    uint32_t* slots;               // [chunk capacity * 16]
+    float* partials;               // [D / 64][chunk capacity * 16]
+    // the path of twell_ffn_forward: dense when the activity measured last is
+    // above dense_above, which twell_ffn_status sets from the measured times:
+    // (dense - gate) / (sparse up + down per active unit per row)
+    TwellChoice choice;            // TWELL_AUTO unless the caller forces a path
+    TwellPath path;                // of the last run
+    double active_per_row;         // measured by the last twell_ffn_status (-1: not yet)
+    double dense_above;            // until measured: H / 44 (see dev/NOTES.md)
+    float ms_gate, ms_dense, ms_per_active; // fastest gate, fastest dense, last sparse up + down per unit (0: none yet)
+    cudaEvent_t events[3];         // a forward's start, end of its gate, end
+    int timed;                     // the events hold a forward twell_ffn_status has not read yet
 } TwellFFN;
 
 typedef struct {
-    int records_needed, chunks_needed; // what the last run asked for
-    int ok;                            // both fit: the last run's output is exact
+    long long records_needed, chunks_needed; // what the last run asked for (0 after a dense run)
+    double active_per_row;                   // units with g > 0 per row (either path)
+    TwellPath path;                          // the path the last run took
+    int ok;                                  // the last run's y is exact: dense, or both buffers large enough
 } TwellStatus;
-
-typedef enum { TWELL_GATE_AUTO, TWELL_GATE_MMA, TWELL_GATE_WGMMA } TwellGatePath;
 
 // a chunk capacity for about `active_per_row` active units per row: every
 // (stage, group) rounds up to whole chunks, plus the slots with 25% to spare
@@ -898,24 +908,37 @@ static inline int twell_chunk_capacity_for(int M, int H, double active_per_row) 
     return chunks < 2e9 ? (int)chunks : 2000000000;
 }
 
+static inline size_t twell_counter_bytes(const TwellFFN* ffn) {
+    return TWELL_NUM_COUNTERS * sizeof(unsigned long long) + (size_t)ffn->num_stages * ffn->num_groups * sizeof(int);
+}
+
 static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int record_capacity, int chunk_capacity) {
     if (D % TWELL_SLICE != 0) { fatal("twell: D %d must be a multiple of %d on the GPU", D, TWELL_SLICE); }
     if (H % 8 != 0) { fatal("twell: H %d must be a multiple of 8 on the GPU", H); }
     if (chunk_capacity < 1) { fatal("twell: chunk capacity %d must be >= 1", chunk_capacity); }
     TwellFFN ffn;
+    memset(&ffn, 0, sizeof(ffn));
     ffn.tw = twell_layout(M, H, TWELL_TILE, slots, record_capacity);
     ffn.D = D;
     ffn.num_groups = (M + TWELL_GROUP_ROWS - 1) / TWELL_GROUP_ROWS;
     ffn.num_stages = (ffn.tw.tiles + TWELL_STAGE_TILES - 1) / TWELL_STAGE_TILES;
     ffn.chunk_capacity = chunk_capacity;
-    size_t slot_count = (size_t)chunk_capacity * TWELL_CHUNK;
+    ffn.map = twell_row_map(M);
+    size_t entries = (size_t)ffn.num_stages * ffn.num_groups, slot_count = (size_t)chunk_capacity * TWELL_CHUNK;
+    if (entries >= INT_MAX) { fatal("twell: %zu work-list entries are too many", entries); }
     ffn.words = (uint32_t*)cuda_malloc(twell_num_words(&ffn.tw) * sizeof(uint32_t));
     ffn.records = (uint16_t*)cuda_malloc((twell_record_values(&ffn.tw) + 8) * sizeof(uint16_t));
-    ffn.counters = (unsigned int*)cuda_malloc(TWELL_NUM_COUNTERS * sizeof(unsigned int));
-    ffn.chunk_ptr = (int*)cuda_malloc(((size_t)ffn.num_stages * ffn.num_groups + 1) * sizeof(int));
+    ffn.counters = (unsigned long long*)cuda_malloc(twell_counter_bytes(&ffn));
+    ffn.counts = (int*)(ffn.counters + TWELL_NUM_COUNTERS);
+    ffn.chunk_ptr = (int*)cuda_malloc((entries + 1) * sizeof(int));
     ffn.slots = (uint32_t*)cuda_malloc(slot_count * sizeof(uint32_t));
     ffn.partials = (float*)cuda_malloc((size_t)(D / TWELL_SLICE) * slot_count * sizeof(float));
-    cudaCheck(cudaMemset(ffn.counters, 0, TWELL_NUM_COUNTERS * sizeof(unsigned int)));
+    cudaCheck(cudaMemset(ffn.counters, 0, twell_counter_bytes(&ffn)));
+    ffn.choice = TWELL_AUTO;
+    ffn.path = TWELL_SPARSE;
+    ffn.active_per_row = -1.0;
+    ffn.dense_above = H / 44.0;
+    for (int e = 0; e < 3; e++) { cudaCheck(cudaEventCreate(&ffn.events[e])); }
     return ffn;
 }
 
@@ -926,18 +949,42 @@ static inline void twell_ffn_free(TwellFFN* ffn) {
     cuda_free(ffn->chunk_ptr);
     cuda_free(ffn->slots);
     cuda_free(ffn->partials);
+    for (int e = 0; e < 3; e++) { cudaCheck(cudaEventDestroy(ffn->events[e])); }
     memset(ffn, 0, sizeof(*ffn));
 }
 
-// the counters of the last run (waits for it): the caller grows the buffers
-// (records_needed records, chunks_needed chunks) and runs again when !ok
-static inline TwellStatus twell_ffn_status(const TwellFFN* ffn) {
-    unsigned int c[TWELL_NUM_COUNTERS];
-    cudaCheck(cudaMemcpy(c, ffn->counters, sizeof(c), cudaMemcpyDeviceToHost));
+// The counters of the last run (waits for it). When !ok the caller grows the
+// buffers (records_needed records, chunks_needed chunks) and runs again. Also
+// records the activity and, after a twell_ffn_forward, its times: what the
+// next twell_ffn_forward chooses its path from.
+static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
+    unsigned long long c[TWELL_NUM_COUNTERS];
+    cudaCheck(cudaMemcpyAsync(c, ffn->counters, sizeof(c), cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
     TwellStatus st;
-    st.records_needed = (int)c[TWELL_RECORDS_NEEDED];
-    st.chunks_needed = (int)c[TWELL_CHUNKS_NEEDED];
-    st.ok = st.records_needed <= ffn->tw.record_capacity && st.chunks_needed <= ffn->chunk_capacity;
+    st.records_needed = (long long)c[TWELL_RECORDS_NEEDED];
+    st.chunks_needed = (long long)c[TWELL_CHUNKS_NEEDED];
+    st.active_per_row = (double)c[TWELL_ACTIVE] / ffn->tw.rows;
+    st.path = ffn->path;
+    st.ok = st.path == TWELL_DENSE ||
+            (st.records_needed <= ffn->tw.record_capacity && st.chunks_needed <= ffn->chunk_capacity);
+    ffn->active_per_row = st.active_per_row;
+    if (ffn->timed && st.ok) {
+        float gate_ms = 0.0f, rest_ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&gate_ms, ffn->events[0], ffn->events[1]));
+        cudaCheck(cudaEventElapsedTime(&rest_ms, ffn->events[1], ffn->events[2]));
+        ffn->ms_gate = ffn->ms_gate > 0.0f ? fminf(ffn->ms_gate, gate_ms) : gate_ms;
+        if (st.path == TWELL_DENSE) {
+            ffn->ms_dense = ffn->ms_dense > 0.0f ? fminf(ffn->ms_dense, gate_ms + rest_ms) : gate_ms + rest_ms;
+        } else if (st.active_per_row > 0.0) {
+            ffn->ms_per_active = (float)(rest_ms / st.active_per_row);
+        }
+        if (ffn->ms_per_active > 0.0f) {
+            float dense = ffn->ms_dense > 0.0f ? ffn->ms_dense : TWELL_DENSE_PER_GATE * ffn->ms_gate;
+            ffn->dense_above = (dense - ffn->ms_gate) / ffn->ms_per_active;
+        }
+    }
+    ffn->timed = 0;
     return st;
 }
 
@@ -948,20 +995,23 @@ static inline int twell_device_attribute(cudaDeviceAttr attr) {
     return value;
 }
 
-// the baseline packer: TwELL words from a bf16 g [M, H]
-static inline void twell_pack(TwellFFN* ffn, const bf16* g) {
-    const Twell* tw = &ffn->tw;
-    cudaCheck(cudaMemsetAsync(&ffn->counters[TWELL_RECORDS_NEEDED], 0, sizeof(unsigned int), main_stream));
-    long long blocks = ((long long)tw->rows * tw->tiles + twell_detail::PACK_THREADS / 32 - 1) / (twell_detail::PACK_THREADS / 32);
-    twell_detail::pack_kernel<<<(unsigned int)blocks, twell_detail::PACK_THREADS, 0, main_stream>>>(
-        ffn->words, ffn->records, ffn->counters, g, tw->rows, tw->cols, tw->tiles, tw->slots, tw->record_capacity);
-    cudaCheck(cudaGetLastError());
+// every counter and count to 0: the start of a run
+static inline void twell_reset_counters(TwellFFN* ffn) {
+    cudaCheck(cudaMemsetAsync(ffn->counters, 0, twell_counter_bytes(ffn), main_stream));
 }
 
-// gate + packing, baseline: g = f Wg^T by cuBLASLt into g [M, H], then the packer
+// gate + packing, baseline (any GPU): g = f Wg^T by cuBLASLt into g [M, H], then the packer
 static inline void twell_gate_cublas(TwellFFN* ffn, bf16* g, const bf16* f, const bf16* wg) {
-    gemm(g, f, wg, ffn->tw.rows, ffn->tw.cols, ffn->D, 0, 1, 0);
-    twell_pack(ffn, g);
+    const Twell* tw = &ffn->tw;
+    ffn->path = TWELL_SPARSE;
+    ffn->timed = 0;
+    twell_reset_counters(ffn);
+    gemm(g, f, wg, tw->rows, tw->cols, ffn->D, 0, 1, 0);
+    long long blocks = ((long long)tw->rows * tw->tiles + twell_detail::PACK_THREADS / 32 - 1) / (twell_detail::PACK_THREADS / 32);
+    twell_detail::pack_kernel<<<(unsigned int)blocks, twell_detail::PACK_THREADS, 0, main_stream>>>(
+        ffn->words, ffn->records, ffn->counters, ffn->counts, g, tw->rows, tw->cols, tw->tiles, tw->slots,
+        tw->record_capacity, ffn->num_groups, ffn->map);
+    cudaCheck(cudaGetLastError());
 }
 
 typedef CUresult (*TensorMapEncoder)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -991,52 +1041,55 @@ static inline CUtensorMap twell_tensor_map(const bf16* ptr, int rows, int cols, 
     return map;
 }
 
-// gate + packing, fused: g never leaves the GEMM. AUTO takes wgmma on compute
-// capability 9.0 (the sm_90a build), mma.sync elsewhere.
-static inline void twell_gate_fused(TwellFFN* ffn, const bf16* f, const bf16* wg, TwellGatePath path) {
+// whether this GPU runs the wgmma gate (compute capability 9.0: the sm_90a build)
+static inline bool twell_has_wgmma(void) {
+    static int major = -1;
+    if (major < 0) { major = twell_device_attribute(cudaDevAttrComputeCapabilityMajor); }
+    return major == 9;
+}
+
+// gate + packing, fused (compute capability 9.0): g never leaves the GEMM
+static inline void twell_gate_wgmma(TwellFFN* ffn, const bf16* f, const bf16* wg) {
     using namespace twell_detail;
     const Twell* tw = &ffn->tw;
-    static int major = -1, num_sms = 0;
-    if (major < 0) {
-        major = twell_device_attribute(cudaDevAttrComputeCapabilityMajor);
+    static int num_sms = 0;
+    if (!twell_has_wgmma()) { fatal("twell: the wgmma gate needs compute capability 9.0"); }
+    if (num_sms == 0) {
         num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount);
-        cudaCheck(cudaFuncSetAttribute(gate_pack_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MMA_SMEM));
-        if (major == 9) {
-            cudaCheck(cudaFuncSetAttribute(gate_pack_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
-        }
+        cudaCheck(cudaFuncSetAttribute(gate_pack_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     }
-    if (path == TWELL_GATE_AUTO) { path = major == 9 ? TWELL_GATE_WGMMA : TWELL_GATE_MMA; }
-    if (path == TWELL_GATE_WGMMA && major != 9) { fatal("twell: the wgmma gate needs compute capability 9.0, not %d.x", major); }
-    cudaCheck(cudaMemsetAsync(&ffn->counters[TWELL_RECORDS_NEEDED], 0, sizeof(unsigned int), main_stream));
-    if (path == TWELL_GATE_WGMMA) {
-        CUtensorMap map_f = twell_tensor_map(f, tw->rows, ffn->D, WG_BM);
-        CUtensorMap map_w = twell_tensor_map(wg, tw->cols, ffn->D, WG_BN);
-        int tiles = (tw->rows + WG_BM - 1) / WG_BM * tw->tiles;
-        gate_pack_wgmma_kernel<<<tiles < num_sms ? tiles : num_sms, WG_THREADS, WG_SMEM, main_stream>>>(
-            map_f, map_w, ffn->words, ffn->records, ffn->counters, tw->rows, ffn->D, tw->tiles, tw->slots,
-            tw->record_capacity);
-    } else {
-        dim3 grid(tw->tiles, (tw->rows + MMA_BM - 1) / MMA_BM);
-        gate_pack_mma_kernel<<<grid, MMA_THREADS, MMA_SMEM, main_stream>>>(ffn->words, ffn->records, ffn->counters, f, wg,
-                                                                            tw->rows, ffn->D, tw->cols, tw->tiles,
-                                                                            tw->slots, tw->record_capacity);
-    }
+    ffn->path = TWELL_SPARSE;
+    ffn->timed = 0;
+    twell_reset_counters(ffn);
+    CUtensorMap map_f = twell_tensor_map(f, tw->rows, ffn->D, WG_BM);
+    CUtensorMap map_w = twell_tensor_map(wg, tw->cols, ffn->D, WG_BN);
+    int tiles = (tw->rows + WG_BM - 1) / WG_BM * tw->tiles;
+    gate_pack_wgmma_kernel<<<tiles < num_sms ? tiles : num_sms, WG_THREADS, WG_SMEM, main_stream>>>(
+        map_f, map_w, ffn->words, ffn->records, ffn->counters, ffn->counts, tw->rows, ffn->D, tw->tiles, tw->slots,
+        tw->record_capacity, ffn->num_groups, ffn->map);
     cudaCheck(cudaGetLastError());
 }
 
-// the work list from the packed gate: count, scan, fill
+// gate + packing the fastest way this GPU has: wgmma, else cuBLASLt into g_scratch [M, H]
+static inline void twell_gate(TwellFFN* ffn, const bf16* f, const bf16* wg, bf16* g_scratch) {
+    if (twell_has_wgmma()) {
+        twell_gate_wgmma(ffn, f, wg);
+    } else {
+        if (g_scratch == NULL) { fatal("twell: the cuBLAS gate needs an [M, H] scratch buffer"); }
+        twell_gate_cublas(ffn, g_scratch, f, wg);
+    }
+}
+
+// the work list from the packed gate: scan, fill
 static inline void twell_build_list(TwellFFN* ffn) {
     using namespace twell_detail;
     const Twell* tw = &ffn->tw;
     int entries = ffn->num_stages * ffn->num_groups, blocks = (entries + LIST_THREADS / 32 - 1) / (LIST_THREADS / 32);
-    count_kernel<<<blocks, LIST_THREADS, 0, main_stream>>>(ffn->chunk_ptr, ffn->words, ffn->records, tw->rows, tw->tiles,
-                                                          tw->slots, ffn->num_groups, entries);
-    cudaCheck(cudaGetLastError());
-    scan_kernel<<<1, SCAN_THREADS, 0, main_stream>>>(ffn->chunk_ptr, ffn->counters, entries);
+    scan_kernel<<<1, SCAN_THREADS, 0, main_stream>>>(ffn->chunk_ptr, ffn->counters, ffn->counts, entries);
     cudaCheck(cudaGetLastError());
     fill_kernel<<<blocks, LIST_THREADS, 0, main_stream>>>(ffn->slots, ffn->chunk_ptr, ffn->words, ffn->records, tw->rows,
                                                          tw->tiles, tw->slots, ffn->num_groups, entries,
-                                                         ffn->chunk_capacity);
+                                                         ffn->chunk_capacity, ffn->map);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1052,7 +1105,7 @@ static inline void twell_up(TwellFFN* ffn, const bf16* f, const bf16* wu) {
     dim3 grid((ffn->num_groups + UP_GROUPS - 1) / UP_GROUPS, ffn->D / TWELL_SLICE);
     up_kernel<<<grid, UP_THREADS, LIST_SMEM, main_stream>>>(ffn->partials, ffn->slots, ffn->chunk_ptr, f, wu, tw->rows,
                                                             ffn->D, tw->cols, ffn->num_groups, ffn->num_stages,
-                                                            ffn->chunk_capacity);
+                                                            ffn->chunk_capacity, ffn->map);
     cudaCheck(cudaGetLastError());
     size_t slot_count = (size_t)ffn->chunk_capacity * TWELL_CHUNK;
     reduce_kernel<<<(unsigned int)((slot_count + 255) / 256), 256, 0, main_stream>>>(
@@ -1073,35 +1126,67 @@ static inline void twell_down(TwellFFN* ffn, bf16* y, const bf16* wdT) {
     dim3 grid((ffn->num_groups + DOWN_GROUPS - 1) / DOWN_GROUPS, ffn->D / TWELL_SLICE);
     down_kernel<<<grid, DOWN_THREADS, LIST_SMEM, main_stream>>>(y, ffn->slots, ffn->chunk_ptr, wdT, tw->rows, ffn->D,
                                                                 tw->cols, ffn->num_groups, ffn->num_stages,
-                                                                ffn->chunk_capacity);
+                                                                ffn->chunk_capacity, ffn->map);
     cudaCheck(cudaGetLastError());
 }
 
-// the FFN after the gate: y [M, D] from the packed gate, f, Wu and WdT
+// the sparse FFN after the gate: y [M, D] from the packed gate, f, Wu and WdT
 static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wu, const bf16* wdT) {
     twell_build_list(ffn);
     twell_up(ffn, f, wu);
     twell_down(ffn, y, wdT);
 }
 
-// the whole sparse FFN forward (check twell_ffn_status before trusting y)
-static inline void twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wg, const bf16* wu,
-                                     const bf16* wdT) {
-    twell_gate_fused(ffn, f, wg, TWELL_GATE_AUTO);
-    twell_up_down(ffn, y, f, wu, wdT);
-}
-
-// the dense gated FFN (the reference, and the exact path for layers too active
-// for sparsity): g and u [M, H] are scratch, h overwrites g
-static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
-                                     const bf16* wdT, int M, int D, int H) {
-    if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
-    gemm(g, f, wg, M, H, D, 0, 1, 0);
+// the dense FFN after its gate g = f Wg^T: u = f Wu^T, h = relu(g) * u over g,
+// y = h WdT; `active` (if not NULL) gets the number of g > 0
+static inline void ffn_dense_after_gate(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wu, const bf16* wdT,
+                                        int M, int D, int H, unsigned long long* active) {
+    static int num_sms = 0;
+    if (num_sms == 0) { num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount); }
     gemm(u, f, wu, M, H, D, 0, 1, 0);
-    size_t n8 = (size_t)M * H / 8;
-    twell_detail::relu_mul_kernel<<<(unsigned int)((n8 + 255) / 256), 256, 0, main_stream>>>(g, g, u, n8);
+    size_t n8 = (size_t)M * H / 8, blocks = (n8 + twell_detail::RELU_MUL_THREADS - 1) / twell_detail::RELU_MUL_THREADS;
+    blocks = blocks < (size_t)num_sms * 8 ? blocks : (size_t)num_sms * 8;
+    twell_detail::relu_mul_kernel<<<(unsigned int)blocks, twell_detail::RELU_MUL_THREADS, 0, main_stream>>>(g, g, u, n8,
+                                                                                                          active);
     cudaCheck(cudaGetLastError());
     gemm(y, g, wdT, M, D, H, 0, 0, 0);
+}
+
+// the dense gated FFN (the reference, and the path for layers too active for
+// sparsity): g and u [M, H] are scratch, h overwrites g
+static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
+                                     const bf16* wdT, int M, int D, int H, unsigned long long* active) {
+    if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
+    gemm(g, f, wg, M, H, D, 0, 1, 0);
+    ffn_dense_after_gate(y, g, u, f, wu, wdT, M, D, H, active);
+}
+
+// The FFN forward, sparse or dense (check twell_ffn_status before trusting y):
+// dense when forced, or (TWELL_AUTO) when the activity twell_ffn_status saw
+// last is above dense_above. scratch: 2 M H bf16 for the dense path and for
+// the cuBLAS gate of GPUs without wgmma; NULL keeps the sparse wgmma path.
+static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wg, const bf16* wu,
+                                          const bf16* wdT, bf16* scratch) {
+    const int M = ffn->tw.rows, H = ffn->tw.cols;
+    bool dense = ffn->choice == TWELL_FORCE_DENSE ||
+                 (ffn->choice == TWELL_AUTO && scratch != NULL && ffn->active_per_row > ffn->dense_above);
+    if (dense && scratch == NULL) { fatal("twell: the dense path needs a scratch buffer of 2 M H"); }
+    cudaCheck(cudaEventRecord(ffn->events[0], main_stream));
+    if (dense) {
+        twell_reset_counters(ffn);
+        bf16 *g = scratch, *u = scratch + (size_t)M * H;
+        gemm(g, f, wg, M, H, ffn->D, 0, 1, 0);
+        cudaCheck(cudaEventRecord(ffn->events[1], main_stream));
+        ffn_dense_after_gate(y, g, u, f, wu, wdT, M, ffn->D, H, &ffn->counters[TWELL_ACTIVE]);
+    } else {
+        twell_gate(ffn, f, wg, scratch);
+        cudaCheck(cudaEventRecord(ffn->events[1], main_stream));
+        twell_up_down(ffn, y, f, wu, wdT);
+    }
+    cudaCheck(cudaEventRecord(ffn->events[2], main_stream));
+    ffn->path = dense ? TWELL_DENSE : TWELL_SPARSE;
+    ffn->timed = 1;
+    return ffn->path;
 }
 
 #endif // LLMC_CUDA_TWELL_CUH

@@ -7,6 +7,10 @@
    record and the number of records needed is counted;
  - a record buffer too small: the blocks past it say TWELL_RECORD_LOST, unpack
    gives NaN there, and the count still says how many were needed;
+ - the chunks the GPU work list needs (twell_chunks_needed_cpu) equal a count
+   from g itself, with every record stored or most of them lost;
+ - the row map of the work list's groups: a bijection both ways, which
+   spreads a run of rows over different groups;
  - the sparse FFN from the packed gate equals the dense FFN on the same
    bf16-rounded gate (both in double, so to ~1e-12), overflowing tiles included,
    and a row with a lost record is NaN while the others stay exact;
@@ -130,6 +134,24 @@ static void test_lost_records(void) {
     }
     CHECK(lost == needed - needed / 2, "%d lost blocks, expected %d", lost, needed - needed / 2);
     CHECK(wrong == 0, "%d values wrong around lost records", wrong);
+
+    // chunks of 5 slots over groups of 3 positions x stages of 2 tiles, counted from g
+    TwellRowMap map = twell_row_map(M);
+    long long expected = 0;
+    for (int v0 = 0; v0 < M; v0 += 3) {
+        for (int c0 = 0; c0 < H; c0 += 2 * TW) {
+            long long active = 0;
+            for (int v = v0; v < v0 + 3 && v < M; v++) {
+                int m = (int)twell_row_at(map, (uint32_t)v);
+                for (int c = c0; c < c0 + 2 * TW && c < H; c++) { active += g[(size_t)m * H + c] > 0.0f; }
+            }
+            expected += (active + 4) / 5;
+        }
+    }
+    long long chunks_full = twell_chunks_needed_cpu(words.data(), &full, 3, 2, 5);
+    long long chunks_small = twell_chunks_needed_cpu(words_small.data(), &small, 3, 2, 5);
+    CHECK(chunks_full == expected && chunks_small == expected, "chunks needed %lld (records stored), %lld (lost), "
+          "expected %lld", chunks_full, chunks_small, expected);
 }
 
 static std::vector<float> normals(size_t n, double std) {
@@ -249,6 +271,36 @@ static void test_chunk_order(void) {
     CHECK(conflicts == 0, "%d bank conflicts in chunks with balanced residues", conflicts);
 }
 
+// the row map is a bijection of 0..M-1 whose two directions agree, and it
+// sends a run of consecutive rows to different groups of 16
+static void test_row_map(void) {
+    const int sizes[] = {1, 2, 5, 16, 17, 100, 1000, 2051, 3000, 16384, 65536, 100003};
+    for (int M : sizes) {
+        TwellRowMap map = twell_row_map(M);
+        std::vector<int> seen(M, 0);
+        int inverse_errors = 0;
+        for (int v = 0; v < M; v++) {
+            uint32_t r = twell_row_at(map, (uint32_t)v);
+            if (r < (uint32_t)M) { seen[r]++; }
+            inverse_errors += twell_position_of_row(map, r) != (uint32_t)v;
+        }
+        int missing = 0;
+        for (int r = 0; r < M; r++) { missing += seen[r] != 1; }
+        CHECK(missing == 0 && inverse_errors == 0, "M %d: %d rows not hit once, %d inverse errors", M, missing,
+              inverse_errors);
+        if (M >= 1024) {
+            std::vector<int> per_group((M + 15) / 16, 0);
+            int most = 0;
+            for (int r = 0; r < M / 100; r++) {
+                int group = (int)(twell_position_of_row(map, (uint32_t)r) / 16);
+                per_group[group]++;
+                most = per_group[group] > most ? per_group[group] : most;
+            }
+            CHECK(most <= 2, "M %d: the first 1%% of rows put %d rows in one group", M, most);
+        }
+    }
+}
+
 int main(void) {
     test_bf16();
     test_pack_round_trip(50, 256, 256, 31);
@@ -261,5 +313,6 @@ int main(void) {
     test_ffn(33, 48, 300, 64, 3, 30.0, 5);      // most records lost
     test_ffn(17, 32, 128, 32, 7, 100.0, 1000);  // dense-ish
     test_chunk_order();
+    test_row_map();
     return test_summary("test_twell");
 }
