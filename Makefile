@@ -15,7 +15,7 @@ TEST_FLAGS = -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 HEADERS = $(wildcard llmc/*.h)
-BINARIES = train_gpt_sparse infer tokenize
+BINARIES = train_gpt_sparse infer tokenize hf_convert
 CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
 SCRIPT_TESTS = $(wildcard test/test_*.sh)
@@ -33,6 +33,12 @@ infer: infer.cu $(HEADERS) $(CUDA_HEADERS)
 
 tokenize: dev/data/tokenize.cpp $(HEADERS)
 	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
+
+hf_convert: dev/hf_convert.cpp $(HEADERS)
+	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
+
+# the converter's test includes its source
+build/test_hf_convert build/san/test_hf_convert: dev/hf_convert.cpp
 
 build/test_%: test/test_%.cpp test/test.h $(HEADERS)
 	@mkdir -p build

@@ -1,11 +1,13 @@
 /*
  infer: loads a checkpoint of train_gpt_sparse and generates text.
 
- The prompt (an argument, a file, or stdin) is encoded with the GPT-2
- tokenizer after an end-of-text token, run through the model once (prefill,
- filling the key/value cache), and then one token at a time is sampled
- (temperature, top-k, top-p, seed) and streamed to stdout until end-of-text,
- the token limit or the model's max_seq_len.
+ The prompt (an argument, a file, or stdin) is encoded with the tokenizer (a
+ tiktoken rank file, GPT-2's by default, or a Hugging Face tokenizer.json) after
+ the token that starts documents (GPT-2's and SmolLM2's <|endoftext|>), run
+ through the model once (prefill, filling the key/value cache), and then one
+ token at a time is sampled (temperature, top-k, top-p, seed) and streamed to
+ stdout until that token comes again, the token limit or the model's
+ max_seq_len. --dump-logits writes the logits each token was sampled from.
 
  With --analyze PATTERN it generates nothing and instead measures the sparsity
  of the FFN activations on shards of text (a val shard, say): how many FFN
@@ -273,6 +275,7 @@ int main(int argc, char** argv) {
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
     const char* analyze_pattern = NULL;
     const char* analyze_out = NULL;
+    const char* dump_logits = NULL;
     int max_tokens = 256, top_k = 0, seed = 42, quiet = 0;
     int analyze_batches = 16, analyze_batch = 4, analyze_seq_len = 0, analyze_min_count = 10, analyze_top = 20;
     float temperature = 1.0f, top_p = 1.0f;
@@ -285,7 +288,8 @@ int main(int argc, char** argv) {
         {'k', "top-k", ARG_INT, &top_k, 0, 1 << 24, "sample among the k likeliest tokens (0 = all)", 0},
         {0, "top-p", ARG_FLOAT, &top_p, 1e-6, 1, "sample within the smallest set of probability >= p", 0},
         {'s', "seed", ARG_INT, &seed, 0, 2147483647, "sampling seed", 0},
-        {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "GPT-2 rank file", 0},
+        {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "tiktoken rank file or Hugging Face tokenizer.json", 0},
+        {0, "dump-logits", ARG_STRING, &dump_logits, 0, 0, "write each sampled token's id (int32) and its V logits (fp32) here", 0},
         {'q', "quiet", ARG_INT, &quiet, 0, 1, "1 = print only the generated text, no prompt or statistics", 0},
         {0, "analyze", ARG_STRING, &analyze_pattern, 0, 0, "instead of generating, measure FFN sparsity on these shards (a glob)", 0},
         {0, "analyze-batches", ARG_INT, &analyze_batches, 1, 1 << 30, "batches to analyze (capped at what the shards hold)", 0},
@@ -300,6 +304,7 @@ int main(int argc, char** argv) {
               "measures the sparsity of its FFN activations on shards of text.", specs, num_specs);
     if (prompt && prompt_file) { fatal("give the prompt with --prompt or --prompt-file, not both"); }
     if (analyze_pattern && (prompt || prompt_file)) { fatal("--analyze reads shards, not a prompt: drop --prompt/--prompt-file"); }
+    if (analyze_pattern && dump_logits) { fatal("--dump-logits writes the logits of generation: drop --analyze"); }
     if (analyze_pattern == NULL) {
         const char* needs[] = {"analyze-batches", "analyze-batch", "analyze-seq-len", "analyze-min-count", "analyze-top", "analyze-out"};
         for (size_t i = 0; i < sizeof(needs) / sizeof(needs[0]); i++) {
@@ -319,7 +324,7 @@ int main(int argc, char** argv) {
     free(params);
 
     Tokenizer tok;
-    tokenizer_init(&tok, tokenizer_path);
+    tokenizer_load(&tok, tokenizer_path);
     if (tok.vocab_size != config.vocab_size) {
         fatal("%s has %d tokens but the model %s has vocab_size %d", tokenizer_path, tok.vocab_size, model_path,
               config.vocab_size);
@@ -363,7 +368,7 @@ int main(int argc, char** argv) {
     size_t bad = 0;
     if (!utf8_valid(prompt, prompt_len, &bad)) { fatal("the prompt (%s) is not valid UTF-8 at byte %zu", prompt_name, bad); }
 
-    // documents start with end-of-text in the training data, so prompts do too
+    // documents start with end-of-text in the training data (and bos = eos = <|endoftext|> in SmolLM2's), so prompts do too
     size_t n_ids = 0, cap = 0;
     int* ids = NULL;
     tokenizer_push(tok.eot_token, &ids, &n_ids, &cap);
@@ -383,6 +388,7 @@ int main(int argc, char** argv) {
     uint64_t rng = (uint64_t)seed;
     ProbIndex* scratch = (ProbIndex*)mallocCheck(config.vocab_size * sizeof(ProbIndex));
 
+    FILE* dump = dump_logits ? fopenCheck(dump_logits, "wb") : NULL;
     if (!quiet) { fwrite(prompt, 1, prompt_len, stdout); }
     double t0 = now_seconds();
     gpt_forward_cached(&model, &state, ids, (int)n_ids, 0);
@@ -391,6 +397,10 @@ int main(int argc, char** argv) {
     const char* stop = "token limit";
     while (generated < max_tokens) {
         int token = sample_token(state.logits, config.vocab_size, &sampler, &rng, scratch);
+        if (dump) {
+            fwriteCheck(&token, sizeof(int), 1, dump);
+            fwriteCheck(state.logits, sizeof(float), config.vocab_size, dump);
+        }
         if (token == tok.eot_token) { stop = "end of text"; break; }
         size_t len = 0;
         const unsigned char* bytes = tokenizer_decode(&tok, token, &len);
@@ -402,6 +412,7 @@ int main(int argc, char** argv) {
     }
     double t_end = now_seconds();
     printf("\n");
+    if (dump) { fcloseCheck(dump); }
     if (!quiet) {
         fprintf(stderr, "prompt %zu tokens in %.1f ms | generated %d tokens at %.1f tok/s | stopped at %s\n", n_ids,
                 (t_prefill - t0) * 1000, generated, generated / (t_end - t_prefill), stop);

@@ -12,6 +12,22 @@
  tiktoken's cl100k_base's)
      (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  for Llama-3's rank file (128000 ranks; the added special token, 128000, is <|begin_of_text|>).
+
+ tokenizer_init_json loads any GPT-2-style byte-level BPE from a Hugging Face tokenizer.json instead
+ (model.type BPE; the vocabulary's strings written in GPT-2's byte-to-unicode alphabet) and encodes
+ as HF's BPE model does: each byte of a piece becomes its single-byte token (a byte the vocabulary
+ has no token for is dropped, as HF does with no unk_token: SmolLM2's vocabulary lacks a few), then
+ the adjacent pair with the lowest-ranked merge in the merge list is merged, leftmost on ties, until
+ none is left; with model.ignore_merges a piece that is itself a token is that token first. The
+ pre-tokenizer is ByteLevel's regex (GPT-2's pattern), optionally after Digits(individual_digits)
+ (TOKENIZER_PATTERN_GPT2_DIGITS: every \p{N} character is a piece of its own, as in SmolLM2), or a
+ Split with GPT-2's or Llama-3's pattern before ByteLevel without its regex; anything else (a
+ normalizer, another model or pre-tokenizer, dropout, byte fallback, word prefixes or suffixes) is
+ a one-line error naming the file and the field. The added tokens are tokens with their text as
+ bytes, never produced by encoding text. The token that starts a document (eot_token) is the added
+ token <|endoftext|> (GPT-2, SmolLM2: there both bos and eos), else <|begin_of_text|> (Llama-3).
+ tokenizer_load reads either file, telling them apart by the first byte ('{' is JSON), and
+ tokenizer_write_json writes a rank file's tokenizer as a tokenizer.json that encodes the same.
 */
 #ifndef LLMC_TOKENIZER_H
 #define LLMC_TOKENIZER_H
@@ -19,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include "llmc/json.h"
 #include "llmc/unicode_tables.h"
 #include "llmc/utils.h"
 
@@ -31,10 +48,18 @@ typedef struct {
     size_t* offsets;         // token i is bytes[offsets[i] .. offsets[i + 1])
     int* table;              // open addressing, token bytes -> id (-1: empty slot); eot is not in it
     size_t table_mask;       // table size - 1, a power of two at least twice the ranks
-    int pattern;             // pre-tokenizer: TOKENIZER_PATTERN_GPT2 or TOKENIZER_PATTERN_LLAMA3
+    int pattern;             // pre-tokenizer: TOKENIZER_PATTERN_GPT2, _LLAMA3 or _GPT2_DIGITS
+    // tokenizer.json only (tokenizer_init_json); all zero for a rank file
+    int hf_bpe;              // 1: merge by the merge list, as HF's BPE model does
+    int ignore_merges;       // 1: a piece that is a token is that token, before any merging
+    int n_merges;
+    int* merges;             // [n_merges][3]: left id, right id, merged id; a merge's rank is its index
+    int* merge_table;        // open addressing, (left id, right id) -> merge index (-1: empty slot)
+    size_t merge_mask;       // merge_table size - 1
+    int byte_token[256];     // the id of each byte's single-byte token, -1 where there is none
 } Tokenizer;
 
-enum { TOKENIZER_PATTERN_GPT2, TOKENIZER_PATTERN_LLAMA3 };
+enum { TOKENIZER_PATTERN_GPT2, TOKENIZER_PATTERN_LLAMA3, TOKENIZER_PATTERN_GPT2_DIGITS };
 
 // ----------------------------------------------------------------------------
 // UTF-8
@@ -228,6 +253,21 @@ static inline size_t tokenizer_piece_end_llama3(const unsigned char* s, size_t n
     return end;                               // \s+: one whitespace character before a non-space
 }
 
+// HF's Digits pre-tokenizer with individual_digits (before ByteLevel's regex): every \p{N} character
+// is a piece of its own, and the regex splits each run between them as if it were the whole text.
+// Returns the end of the run that starts at byte i < n: one number character, or the characters
+// up to the next one.
+static inline size_t tokenizer_digit_run_end(const unsigned char* s, size_t n, size_t i) {
+    size_t j = i;
+    if (tokenizer_next_class(s, &j) == UNI_NUMBER) { return j; }
+    while (j < n) {
+        size_t k = j;
+        if (tokenizer_next_class(s, &k) == UNI_NUMBER) { break; }
+        j = k;
+    }
+    return j;
+}
+
 // ----------------------------------------------------------------------------
 // rank lookup and BPE merging
 
@@ -264,7 +304,19 @@ typedef struct {
     size_t* prev;        // prev[p]: start of the part before the one at p
     TokenizerPair* heap; // min-heap by (rank, left): tiktoken merges the lowest rank, leftmost first
     size_t cap;
+    int* sym;            // HF merging: the id of each symbol (-1 once merged into the one before)
 } TokenizerScratch;
+
+// room for a piece of m bytes: m - 1 pairs to start with, and each of the at most m - 1 merges
+// adds at most 2
+static inline void tokenizer_scratch_grow(TokenizerScratch* w, size_t m) {
+    if (m <= w->cap) { return; }
+    w->cap = m;
+    w->next = (size_t*)reallocCheck(w->next, m * sizeof(size_t));
+    w->prev = (size_t*)reallocCheck(w->prev, m * sizeof(size_t));
+    w->heap = (TokenizerPair*)reallocCheck(w->heap, 3 * m * sizeof(TokenizerPair));
+    w->sym = (int*)reallocCheck(w->sym, m * sizeof(int));
+}
 
 static inline int tokenizer_pair_less(const TokenizerPair* a, const TokenizerPair* b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
@@ -309,13 +361,7 @@ static inline void tokenizer_candidate(const Tokenizer* t, const unsigned char* 
 // same merges as tiktoken's rescan of all pairs, in O(m log m) rather than O(m^2) for long pieces.
 static inline void tokenizer_merge(const Tokenizer* t, const unsigned char* p, size_t m, TokenizerScratch* w,
                                    int** ids, size_t* n_ids, size_t* cap) {
-    if (m > w->cap) {
-        w->cap = m;
-        w->next = (size_t*)reallocCheck(w->next, m * sizeof(size_t));
-        w->prev = (size_t*)reallocCheck(w->prev, m * sizeof(size_t));
-        // m - 1 pairs to start with, and each of the at most m - 1 merges adds at most 2
-        w->heap = (TokenizerPair*)reallocCheck(w->heap, 3 * m * sizeof(TokenizerPair));
-    }
+    tokenizer_scratch_grow(w, m);
     size_t* next = w->next;
     size_t* prev = w->prev;
     size_t n_heap = 0;
@@ -342,6 +388,67 @@ static inline void tokenizer_merge(const Tokenizer* t, const unsigned char* p, s
     }
 }
 
+// the index of the merge of tokens (a, b) in the merge list, -1 if there is none
+static inline int tokenizer_merge_index(const Tokenizer* t, int a, int b) {
+    uint64_t h = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) * 0x9E3779B97F4A7C15ull;
+    for (size_t slot = (size_t)(h >> 20) & t->merge_mask;; slot = (slot + 1) & t->merge_mask) {
+        int k = t->merge_table[slot];
+        if (k < 0 || (t->merges[3 * k] == a && t->merges[3 * k + 1] == b)) { return k; }
+    }
+}
+
+// pushes the pair of symbols (left, right) if the merge list has it: rank = its index, and (unlike
+// tiktoken's pairs) end = the merged token's id
+static inline void tokenizer_candidate_hf(const Tokenizer* t, const int* sym, size_t left, size_t right,
+                                          TokenizerPair* heap, size_t* n) {
+    int k = tokenizer_merge_index(t, sym[left], sym[right]);
+    if (k >= 0) {
+        TokenizerPair pair = {k, left, (size_t)t->merges[3 * k + 2]};
+        tokenizer_heap_push(heap, n, pair);
+    }
+}
+
+// HF's BPE model on the m-byte piece p (tokenizers' Word::merge_all): symbols are the pieces'
+// single-byte tokens (bytes without one are dropped), then the pair with the lowest merge rank,
+// leftmost on ties, merges until none is left. A queued pair is stale unless the two symbols now
+// at its place still merge into its token.
+static inline void tokenizer_merge_hf(const Tokenizer* t, const unsigned char* p, size_t m, TokenizerScratch* w,
+                                      int** ids, size_t* n_ids, size_t* cap) {
+    if (t->ignore_merges) {
+        int id = tokenizer_lookup(t, p, m);
+        if (id >= 0) { tokenizer_push(id, ids, n_ids, cap); return; }
+    }
+    tokenizer_scratch_grow(w, m);
+    int* sym = w->sym;
+    size_t* next = w->next;
+    size_t* prev = w->prev;
+    size_t n = 0, n_heap = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (t->byte_token[p[i]] >= 0) { sym[n++] = t->byte_token[p[i]]; }
+    }
+    for (size_t k = 0; k < n; k++) {
+        next[k] = k + 1;
+        prev[k] = k == 0 ? 0 : k - 1;
+        if (k + 1 < n) { tokenizer_candidate_hf(t, sym, k, k + 1, w->heap, &n_heap); }
+    }
+    while (n_heap > 0) {
+        TokenizerPair pair = tokenizer_heap_pop(w->heap, &n_heap);
+        size_t left = pair.left, right = next[left];
+        if (sym[left] < 0 || right >= n) { continue; }
+        int k = tokenizer_merge_index(t, sym[left], sym[right]);
+        if (k < 0 || (size_t)t->merges[3 * k + 2] != pair.end) { continue; }
+        sym[left] = (int)pair.end;
+        sym[right] = -1;
+        next[left] = next[right];
+        if (left > 0) { tokenizer_candidate_hf(t, sym, prev[left], left, w->heap, &n_heap); }
+        if (next[left] < n) {
+            prev[next[left]] = left;
+            tokenizer_candidate_hf(t, sym, left, next[left], w->heap, &n_heap);
+        }
+    }
+    for (size_t k = 0; k < n; k = next[k]) { tokenizer_push(sym[k], ids, n_ids, cap); }
+}
+
 // ----------------------------------------------------------------------------
 // public API
 
@@ -351,18 +458,28 @@ static inline int tokenizer_encode(const Tokenizer* t, const char* text, size_t 
                                    int** ids, size_t* n_ids, size_t* cap) {
     if (!utf8_valid(text, len, NULL)) { return -1; }
     const unsigned char* s = (const unsigned char*)text;
-    TokenizerScratch w = {NULL, NULL, NULL, 0};
+    TokenizerScratch w = {NULL, NULL, NULL, 0, NULL};
+    size_t run_end = 0; // TOKENIZER_PATTERN_GPT2_DIGITS: the end of the run that i is in
     for (size_t i = 0; i < len;) {
-        size_t end = t->pattern == TOKENIZER_PATTERN_LLAMA3 ? tokenizer_piece_end_llama3(s, len, i)
-                                                            : tokenizer_piece_end(s, len, i);
-        int id = tokenizer_lookup(t, s + i, end - i);
-        if (id >= 0) { tokenizer_push(id, ids, n_ids, cap); }
-        else { tokenizer_merge(t, s + i, end - i, &w, ids, n_ids, cap); }
+        size_t end;
+        if (t->pattern == TOKENIZER_PATTERN_LLAMA3) { end = tokenizer_piece_end_llama3(s, len, i); }
+        else if (t->pattern == TOKENIZER_PATTERN_GPT2_DIGITS) {
+            if (i >= run_end) { run_end = tokenizer_digit_run_end(s, len, i); }
+            end = tokenizer_piece_end(s, run_end, i);
+        } else { end = tokenizer_piece_end(s, len, i); }
+        if (t->hf_bpe) {
+            tokenizer_merge_hf(t, s + i, end - i, &w, ids, n_ids, cap);
+        } else {
+            int id = tokenizer_lookup(t, s + i, end - i);
+            if (id >= 0) { tokenizer_push(id, ids, n_ids, cap); }
+            else { tokenizer_merge(t, s + i, end - i, &w, ids, n_ids, cap); }
+        }
         i = end;
     }
     free(w.next);
     free(w.prev);
     free(w.heap);
+    free(w.sym);
     return 0;
 }
 
@@ -411,6 +528,7 @@ static inline long tokenizer_base64_decode(const char* s, size_t n, unsigned cha
 // loads a tiktoken rank file and adds <|endoftext|> after its ranks; fatal() if it is missing or malformed.
 // pattern is the pre-tokenizer: TOKENIZER_PATTERN_GPT2 or TOKENIZER_PATTERN_LLAMA3
 static inline void tokenizer_init_pattern(Tokenizer* t, const char* path, int pattern) {
+    memset(t, 0, sizeof(*t));
     t->pattern = pattern;
     FILE* fp = fopen(path, "rb");
     if (fp == NULL) {
@@ -488,6 +606,8 @@ static inline void tokenizer_free(Tokenizer* t) {
     free(t->bytes);
     free(t->offsets);
     free(t->table);
+    free(t->merges);
+    free(t->merge_table);
 }
 
 // writes llm.c's decode-only tokenizer file: a 256-int32 header (magic 20240328, version 2, vocab
@@ -509,6 +629,402 @@ static inline void tokenizer_write_llmc(const Tokenizer* t, const char* path) {
         fwriteCheck(bytes, 1, len, fp);
     }
     fcloseCheck(fp);
+}
+
+// ----------------------------------------------------------------------------
+// Hugging Face tokenizer.json
+
+#define TOKENIZER_MAX_TOKENS (1 << 24)
+#define TOKENIZER_GPT2_REGEX "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define TOKENIZER_LLAMA3_REGEX \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+// GPT-2's byte-level alphabet (its bytes_to_unicode): tokenizer.json writes byte b as the code point
+// chars[b], printable Latin-1 as itself and the other 68 bytes as U+0100 to U+0143 in byte order
+static inline void tokenizer_byte_chars(uint32_t chars[256]) {
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        chars[b] = printable ? b : next++;
+    }
+}
+
+// decodes the byte-level string s[0..n) (valid UTF-8) into out (n bytes at most); -1 if a
+// character is outside the alphabet. from_char[cp] is the byte of code point cp < 324, else -1.
+static inline long tokenizer_from_byte_chars(const char* s, size_t n, const int from_char[324], unsigned char* out) {
+    long len = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = utf8_decode((const unsigned char*)s, &i);
+        if (cp >= 324 || from_char[cp] < 0) { return -1; }
+        out[len++] = (unsigned char)from_char[cp];
+    }
+    return len;
+}
+
+// the pre-tokenizer of a tokenizer.json as one of the patterns; fatal() for any other
+static inline int tokenizer_json_pattern(const JsonValue* pre, const char* path) {
+    const JsonValue* steps = pre;
+    size_t n = 1;
+    if (json_string_is(json_get(pre, "type"), "Sequence")) {
+        const JsonValue* list = json_get(pre, "pretokenizers");
+        if (list == NULL || list->type != JSON_ARRAY) { fatal("%s: pre_tokenizer Sequence has no pretokenizers array", path); }
+        steps = list->items;
+        n = list->length;
+    }
+    int pattern = -1;
+    if (pre != NULL && pre->type == JSON_OBJECT && (n == 1 || n == 2)) {
+        const JsonValue* first = &steps[0];
+        const JsonValue* last = &steps[n - 1];
+        if (json_string_is(json_get(last, "type"), "ByteLevel")) {
+            const JsonValue* prefix = json_get(last, "add_prefix_space");
+            const JsonValue* regex = json_get(last, "use_regex");
+            int use_regex = regex == NULL || regex->type == JSON_TRUE; // tokenizers' default is true
+            if (prefix == NULL || prefix->type != JSON_FALSE) {
+                fatal("%s: pre_tokenizer ByteLevel.add_prefix_space is not false: not supported", path);
+            }
+            const JsonValue* split = json_get(first, "pattern");
+            const JsonValue* split_regex = json_get(split, "Regex");
+            if (n == 1 && use_regex) { pattern = TOKENIZER_PATTERN_GPT2; }
+            else if (n == 2 && use_regex && json_string_is(json_get(first, "type"), "Digits") &&
+                     json_get(first, "individual_digits") != NULL && json_get(first, "individual_digits")->type == JSON_TRUE) {
+                pattern = TOKENIZER_PATTERN_GPT2_DIGITS;
+            } else if (n == 2 && !use_regex && json_string_is(json_get(first, "type"), "Split") &&
+                       json_string_is(json_get(first, "behavior"), "Isolated") &&
+                       json_get(first, "invert") != NULL && json_get(first, "invert")->type == JSON_FALSE) {
+                if (json_string_is(split_regex, TOKENIZER_GPT2_REGEX)) { pattern = TOKENIZER_PATTERN_GPT2; }
+                if (json_string_is(split_regex, TOKENIZER_LLAMA3_REGEX)) { pattern = TOKENIZER_PATTERN_LLAMA3; }
+            }
+        }
+    }
+    if (pattern < 0) {
+        char desc[256] = "null";
+        if (pre != NULL && pre->type == JSON_OBJECT) {
+            size_t used = (size_t)snprintf(desc, sizeof(desc), "%s", n == 1 && steps == pre ? "" : "Sequence[");
+            for (size_t k = 0; k < n && used < sizeof(desc); k++) {
+                const JsonValue* type = json_get(&steps[k], "type");
+                used += (size_t)snprintf(desc + used, sizeof(desc) - used, "%s%.40s", k ? ", " : "",
+                                         type && type->type == JSON_STRING ? type->string : "?");
+            }
+            if (!(n == 1 && steps == pre) && used < sizeof(desc)) { snprintf(desc + used, sizeof(desc) - used, "]"); }
+        }
+        fatal("%s: pre_tokenizer %s is not supported: byte-level BPE needs ByteLevel (with its regex), Digits"
+              "(individual_digits) then ByteLevel, or a Split with GPT-2's or Llama-3's regex then ByteLevel without it",
+              path, desc);
+    }
+    return pattern;
+}
+
+// loads a byte-level BPE tokenizer from a Hugging Face tokenizer.json; fatal() with a line naming
+// the file and the field for anything malformed or unsupported
+static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
+    memset(t, 0, sizeof(*t));
+    t->hf_bpe = 1;
+    JsonValue root;
+    json_parse_file(path, &root);
+    if (root.type != JSON_OBJECT) { fatal("%s: the top level is %s, not a tokenizer.json object", path, json_type_name(root.type)); }
+    const JsonValue* model = json_get(&root, "model");
+    if (model == NULL || model->type != JSON_OBJECT) { fatal("%s: no \"model\" object", path); }
+    const JsonValue* v = json_get(model, "type");
+    if (!json_string_is(v, "BPE")) {
+        fatal("%s: model.type is %.40s: only byte-level BPE is supported", path, v && v->type == JSON_STRING ? v->string : "missing");
+    }
+    // what HF's BPE model would do differently
+    if ((v = json_get(model, "dropout")) != NULL && v->type != JSON_NULL) { fatal("%s: model.dropout is set: not supported", path); }
+    if ((v = json_get(model, "byte_fallback")) != NULL && v->type != JSON_FALSE) {
+        fatal("%s: model.byte_fallback is set: not supported", path);
+    }
+    static const char* const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int k = 0; k < 2; k++) {
+        if ((v = json_get(model, affixes[k])) != NULL && v->type != JSON_NULL && !json_string_is(v, "")) {
+            fatal("%s: model.%s is set: not supported", path, affixes[k]);
+        }
+    }
+    const JsonValue* unk = json_get(model, "unk_token");
+    if ((v = json_get(model, "ignore_merges")) != NULL && v->type != JSON_TRUE && v->type != JSON_FALSE) {
+        fatal("%s: model.ignore_merges is %s, not true or false", path, json_type_name(v->type));
+    }
+    t->ignore_merges = v != NULL && v->type == JSON_TRUE;
+    if ((v = json_get(&root, "normalizer")) != NULL && v->type != JSON_NULL) {
+        const JsonValue* type = json_get(v, "type");
+        fatal("%s: normalizer %.40s is not supported", path, type && type->type == JSON_STRING ? type->string : "?");
+    }
+    t->pattern = tokenizer_json_pattern(json_get(&root, "pre_tokenizer"), path);
+    if (!json_string_is(json_get(json_get(&root, "decoder"), "type"), "ByteLevel")) {
+        fatal("%s: decoder is not ByteLevel: not a byte-level BPE tokenizer", path);
+    }
+    const JsonValue* vocab = json_get(model, "vocab");
+    const JsonValue* merges = json_get(model, "merges");
+    const JsonValue* added = json_get(&root, "added_tokens");
+    if (vocab == NULL || vocab->type != JSON_OBJECT) { fatal("%s: model.vocab is not an object", path); }
+    if (merges == NULL || merges->type != JSON_ARRAY) { fatal("%s: model.merges is not an array", path); }
+    if (added != NULL && added->type != JSON_ARRAY) { fatal("%s: added_tokens is not an array", path); }
+    size_t n_added = added ? added->length : 0;
+
+    // every id from 0 to n - 1 is one token: a vocabulary string, or an added token's text
+    int n = 0;
+    for (size_t k = 0; k < vocab->length + n_added; k++) {
+        const JsonValue* id = k < vocab->length ? &vocab->members[k].value : json_get(&added->items[k - vocab->length], "id");
+        if (k >= vocab->length && !json_get(&added->items[k - vocab->length], "content")) {
+            fatal("%s: added_tokens[%zu] has no content", path, k - vocab->length);
+        }
+        if (id == NULL || id->type != JSON_NUMBER || !id->is_integer || id->integer < 0 || id->integer >= TOKENIZER_MAX_TOKENS) {
+            if (k < vocab->length) { fatal("%s: model.vocab[\"%.60s\"] is not a token id", path, vocab->members[k].key); }
+            fatal("%s: added_tokens[%zu].id is not a token id", path, k - vocab->length);
+        }
+        if (id->integer >= n) { n = (int)id->integer + 1; }
+    }
+    const char** text = (const char**)callocCheck(n ? n : 1, sizeof(char*));
+    size_t* text_len = (size_t*)callocCheck(n ? n : 1, sizeof(size_t));
+    char* is_added = (char*)callocCheck(n ? n : 1, 1);
+    for (size_t k = 0; k < n_added; k++) {
+        const JsonValue* content = json_get(&added->items[k], "content");
+        int id = (int)json_get(&added->items[k], "id")->integer;
+        if (content->type != JSON_STRING || content->length == 0) {
+            fatal("%s: added_tokens[%zu].content is not a non-empty string", path, k);
+        }
+        if (is_added[id]) { fatal("%s: added tokens \"%.60s\" and \"%.60s\" both have id %d", path, text[id], content->string, id); }
+        text[id] = content->string;
+        text_len[id] = content->length;
+        is_added[id] = 1;
+    }
+    for (size_t k = 0; k < vocab->length; k++) {
+        const JsonMember* m = &vocab->members[k];
+        int id = (int)m->value.integer;
+        if (is_added[id]) {
+            if (m->key_length != text_len[id] || memcmp(m->key, text[id], text_len[id]) != 0) {
+                fatal("%s: id %d is \"%.60s\" in model.vocab but \"%.60s\" in added_tokens", path, id, m->key, text[id]);
+            }
+            continue;
+        }
+        if (text[id] != NULL) { fatal("%s: tokens \"%.60s\" and \"%.60s\" both have id %d", path, text[id], m->key, id); }
+        if (m->key_length == 0) { fatal("%s: model.vocab has an empty token (id %d)", path, id); }
+        text[id] = m->key;
+        text_len[id] = m->key_length;
+    }
+    for (int id = 0; id < n; id++) {
+        if (text[id] == NULL) { fatal("%s: no token has id %d (the ids must run from 0 to %d)", path, id, n - 1); }
+    }
+
+    // the tokens' bytes, and the lookup table of the vocabulary's (not the added tokens')
+    uint32_t chars[256];
+    int from_char[324];
+    tokenizer_byte_chars(chars);
+    for (int c = 0; c < 324; c++) { from_char[c] = -1; }
+    for (int b = 0; b < 256; b++) { from_char[chars[b]] = b; }
+    size_t total = 0;
+    for (int id = 0; id < n; id++) { total += text_len[id]; }
+    t->vocab_size = n;
+    t->bytes = (unsigned char*)mallocCheck(total ? total : 1);
+    t->offsets = (size_t*)mallocCheck(((size_t)n + 1) * sizeof(size_t));
+    size_t table_size = 2;
+    while (table_size < 2 * (size_t)n) { table_size *= 2; }
+    t->table_mask = table_size - 1;
+    t->table = (int*)mallocCheck(table_size * sizeof(int));
+    memset(t->table, -1, table_size * sizeof(int));
+    size_t used = 0;
+    for (int id = 0; id < n; id++) {
+        t->offsets[id] = used;
+        long len;
+        if (is_added[id]) {
+            memcpy(t->bytes + used, text[id], text_len[id]);
+            len = (long)text_len[id];
+        } else {
+            len = tokenizer_from_byte_chars(text[id], text_len[id], from_char, t->bytes + used);
+            if (len < 0) {
+                fatal("%s: token \"%.60s\" (id %d) has a character outside GPT-2's byte-level alphabet: not a byte-level BPE "
+                      "vocabulary", path, text[id], id);
+            }
+        }
+        used += (size_t)len;
+        t->offsets[id + 1] = used;
+        if (is_added[id]) { continue; }
+        size_t slot = tokenizer_hash(t->bytes + t->offsets[id], (size_t)len) & t->table_mask;
+        for (; t->table[slot] >= 0; slot = (slot + 1) & t->table_mask) {} // distinct strings: distinct bytes
+        t->table[slot] = id;
+    }
+    for (int b = 0; b < 256; b++) {
+        unsigned char byte = (unsigned char)b;
+        t->byte_token[b] = tokenizer_lookup(t, &byte, 1);
+        if (t->byte_token[b] < 0 && unk != NULL && unk->type != JSON_NULL) {
+            fatal("%s: byte 0x%02X has no token and model.unk_token is set: not supported", path, b);
+        }
+    }
+
+    // the merges, "left right" (tokenizers < 0.20) or ["left", "right"]; rank = position
+    t->n_merges = (int)merges->length;
+    t->merges = (int*)mallocCheck(3 * (merges->length ? merges->length : 1) * sizeof(int));
+    table_size = 2;
+    while (table_size < 2 * merges->length) { table_size *= 2; }
+    t->merge_mask = table_size - 1;
+    t->merge_table = (int*)mallocCheck(table_size * sizeof(int));
+    memset(t->merge_table, -1, table_size * sizeof(int));
+    unsigned char* buf = (unsigned char*)mallocCheck(1);
+    size_t buf_cap = 1;
+    for (size_t k = 0; k < merges->length; k++) {
+        const JsonValue* e = &merges->items[k];
+        const char* part[2] = {NULL, NULL};
+        size_t part_len[2] = {0, 0};
+        if (e->type == JSON_STRING) {
+            const char* space = (const char*)memchr(e->string, ' ', e->length);
+            if (space != NULL && memchr(space + 1, ' ', e->length - (size_t)(space + 1 - e->string)) == NULL) {
+                part[0] = e->string;
+                part_len[0] = (size_t)(space - e->string);
+                part[1] = space + 1;
+                part_len[1] = e->length - part_len[0] - 1;
+            }
+        } else if (e->type == JSON_ARRAY && e->length == 2 && e->items[0].type == JSON_STRING && e->items[1].type == JSON_STRING) {
+            for (int j = 0; j < 2; j++) { part[j] = e->items[j].string; part_len[j] = e->items[j].length; }
+        }
+        if (part[0] == NULL || part_len[0] == 0 || part_len[1] == 0) {
+            fatal("%s: model.merges[%zu] is not \"left right\" or [\"left\", \"right\"]", path, k);
+        }
+        if (part_len[0] + part_len[1] > buf_cap) {
+            buf_cap = part_len[0] + part_len[1];
+            buf = (unsigned char*)reallocCheck(buf, buf_cap);
+        }
+        int ids[3];
+        long len[2];
+        for (int j = 0; j < 2; j++) {
+            len[j] = tokenizer_from_byte_chars(part[j], part_len[j], from_char, buf + (j ? len[0] : 0));
+            ids[j] = len[j] < 0 ? -1 : tokenizer_lookup(t, buf + (j ? len[0] : 0), (size_t)len[j]);
+            if (ids[j] < 0) {
+                fatal("%s: model.merges[%zu]: \"%.*s\" is not in the vocabulary", path, k,
+                      (int)(part_len[j] < 60 ? part_len[j] : 60), part[j]);
+            }
+        }
+        ids[2] = tokenizer_lookup(t, buf, (size_t)(len[0] + len[1]));
+        if (ids[2] < 0) {
+            fatal("%s: model.merges[%zu]: \"%.*s\" + \"%.*s\" is not in the vocabulary", path, k,
+                  (int)(part_len[0] < 60 ? part_len[0] : 60), part[0], (int)(part_len[1] < 60 ? part_len[1] : 60), part[1]);
+        }
+        int other = tokenizer_merge_index(t, ids[0], ids[1]);
+        if (other >= 0) { fatal("%s: model.merges[%zu] repeats model.merges[%d]", path, k, other); }
+        memcpy(t->merges + 3 * k, ids, sizeof(ids));
+        uint64_t h = ((uint64_t)(uint32_t)ids[0] << 32 | (uint32_t)ids[1]) * 0x9E3779B97F4A7C15ull;
+        size_t slot = (size_t)(h >> 20) & t->merge_mask;
+        while (t->merge_table[slot] >= 0) { slot = (slot + 1) & t->merge_mask; }
+        t->merge_table[slot] = (int)k;
+    }
+    free(buf);
+
+    // the token that starts (and ends) documents
+    static const char* const doc_tokens[] = {"<|endoftext|>", "<|begin_of_text|>"};
+    t->eot_token = -1;
+    for (int k = 0; k < 2 && t->eot_token < 0; k++) {
+        for (int id = 0; id < n && t->eot_token < 0; id++) {
+            if (text_len[id] == strlen(doc_tokens[k]) && memcmp(text[id], doc_tokens[k], text_len[id]) == 0) { t->eot_token = id; }
+        }
+    }
+    if (t->eot_token < 0) { fatal("%s: no <|endoftext|> or <|begin_of_text|> token to start documents with", path); }
+    free(text);
+    free(text_len);
+    free(is_added);
+    json_free(&root);
+}
+
+// a rank file (GPT-2's pre-tokenizer), or a tokenizer.json if its first byte that is not
+// whitespace is '{'
+static inline void tokenizer_load(Tokenizer* t, const char* path) {
+    FILE* fp = fopen(path, "rb");
+    int c = EOF;
+    if (fp != NULL) {
+        do { c = fgetc(fp); } while (c == ' ' || c == '\t' || c == '\n' || c == '\r');
+        fclose(fp);
+    }
+    if (c == '{') { tokenizer_init_json(t, path); }
+    else { tokenizer_init(t, path); }
+}
+
+// writes bytes s[0..n) in the byte-level alphabet, escaped for the inside of a JSON string
+static inline void tokenizer_write_byte_chars(FILE* fp, const unsigned char* s, size_t n, const uint32_t chars[256]) {
+    for (size_t i = 0; i < n; i++) {
+        char buf[8];
+        size_t len = 0;
+        if (chars[s[i]] == '"' || chars[s[i]] == '\\') { buf[len++] = '\\'; }
+        len = json_put_utf8(buf, len, chars[s[i]]);
+        fwrite(buf, 1, len, fp);
+    }
+}
+
+// writes the tokenizer of a rank file as an equivalent tokenizer.json: the ranks as the vocabulary,
+// the end-of-text token as an added special token, and as merges every split of each token into two
+// tokens (the order of transformers' tiktoken converter: by the merged token's rank, then the
+// parts'), with ignore_merges, so that HF's BPE gives tiktoken's ids
+static inline void tokenizer_write_json(const Tokenizer* t, const char* path) {
+    if (t->hf_bpe) { fatal("%s: only a rank file's tokenizer is written as a tokenizer.json; copy a tokenizer.json", path); }
+    uint32_t chars[256];
+    tokenizer_byte_chars(chars);
+    char tmp[4096];
+    FILE* fp = atomic_open(path, tmp, sizeof(tmp));
+    size_t eot_len = 0;
+    const unsigned char* eot = tokenizer_decode(t, t->eot_token, &eot_len);
+    fprintf(fp, "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[{\"id\":%d,\"content\":", t->eot_token);
+    json_write_string(fp, (const char*)eot, eot_len);
+    fprintf(fp, ",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true}],"
+                "\"normalizer\":null,\"pre_tokenizer\":");
+    const char* byte_level = "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":%s}";
+    if (t->pattern == TOKENIZER_PATTERN_GPT2) { fprintf(fp, byte_level, "true"); }
+    else if (t->pattern == TOKENIZER_PATTERN_GPT2_DIGITS) {
+        fprintf(fp, "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\",\"individual_digits\":true},");
+        fprintf(fp, byte_level, "true");
+        fprintf(fp, "]}");
+    } else {
+        fprintf(fp, "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":");
+        json_write_string(fp, TOKENIZER_LLAMA3_REGEX, strlen(TOKENIZER_LLAMA3_REGEX));
+        fprintf(fp, "},\"behavior\":\"Isolated\",\"invert\":false},");
+        fprintf(fp, byte_level, "false");
+        fprintf(fp, "]}");
+    }
+    fprintf(fp, ",\"post_processor\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":false,\"use_regex\":true},"
+                "\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"trim_offsets\":true,\"use_regex\":true},"
+                "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":null,\"continuing_subword_prefix\":null,"
+                "\"end_of_word_suffix\":null,\"fuse_unk\":false,\"byte_fallback\":false,\"ignore_merges\":true,\"vocab\":{");
+    for (int id = 0; id < t->vocab_size; id++) {
+        size_t len = 0;
+        const unsigned char* bytes = tokenizer_decode(t, id, &len);
+        if (id > 0) { fputc(',', fp); }
+        if (id == t->eot_token) { json_write_string(fp, (const char*)bytes, len); }
+        else {
+            fputc('"', fp);
+            tokenizer_write_byte_chars(fp, bytes, len, chars);
+            fputc('"', fp);
+        }
+        fprintf(fp, ":%d", id);
+    }
+    fprintf(fp, "},\"merges\":[");
+    int first = 1;
+    size_t* split = NULL; // the split points of one token that make two tokens, sorted by the parts' ids
+    size_t split_cap = 0;
+    for (int id = 0; id < t->vocab_size; id++) {
+        size_t len = 0;
+        const unsigned char* bytes = tokenizer_decode(t, id, &len);
+        if (id == t->eot_token || len < 2) { continue; }
+        if (len > split_cap) { split_cap = len; split = (size_t*)reallocCheck(split, split_cap * sizeof(size_t)); }
+        size_t n_split = 0;
+        for (size_t k = 1; k < len; k++) {
+            int a = tokenizer_lookup(t, bytes, k), b = tokenizer_lookup(t, bytes + k, len - k);
+            if (a < 0 || b < 0) { continue; }
+            size_t j = n_split++; // insertion by (a, b)
+            for (; j > 0; j--) {
+                size_t p = split[j - 1];
+                int pa = tokenizer_lookup(t, bytes, p), pb = tokenizer_lookup(t, bytes + p, len - p);
+                if (pa < a || (pa == a && pb < b)) { break; }
+                split[j] = p;
+            }
+            split[j] = k;
+        }
+        for (size_t j = 0; j < n_split; j++) {
+            fputs(first ? "\"" : ",\"", fp);
+            first = 0;
+            tokenizer_write_byte_chars(fp, bytes, split[j], chars);
+            fputc(' ', fp);
+            tokenizer_write_byte_chars(fp, bytes + split[j], len - split[j], chars);
+            fputc('"', fp);
+        }
+    }
+    free(split);
+    fprintf(fp, "]}}\n");
+    atomic_commit(fp, tmp, path);
 }
 
 #endif // LLMC_TOKENIZER_H

@@ -1,0 +1,388 @@
+/*
+ A small, strict JSON reader (RFC 8259) for the files of Hugging Face checkpoints: config.json,
+ tokenizer.json, model.safetensors.index.json and safetensors headers; and a string writer.
+
+ json_parse builds a tree of the whole text. Whatever RFC 8259 does not allow is a one-line fatal
+ error naming the file, the line and column, and what is wrong: trailing commas, comments, single
+ quotes, leading zeros, NaN and Infinity, numbers out of double range, raw control characters or
+ invalid UTF-8 in strings, unknown escapes, unpaired UTF-16 surrogates, repeated keys in one
+ object, anything after the value; and nesting deeper than JSON_MAX_DEPTH.
+*/
+#ifndef LLMC_JSON_H
+#define LLMC_JSON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llmc/utils.h"
+
+#define JSON_MAX_DEPTH 512
+
+typedef enum { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_OBJECT } JsonType;
+
+typedef struct JsonMember JsonMember;
+
+typedef struct JsonValue {
+    JsonType type;
+    double number;       // JSON_NUMBER
+    int64_t integer;     // JSON_NUMBER written as an integer that fits int64 (is_integer = 1)
+    int is_integer;
+    char* string;        // JSON_STRING: UTF-8, NUL-terminated (a \u0000 in it is counted by length)
+    size_t length;       // JSON_STRING: bytes; JSON_ARRAY and JSON_OBJECT: elements
+    struct JsonValue* items; // JSON_ARRAY
+    JsonMember* members;     // JSON_OBJECT, in file order
+} JsonValue;
+
+struct JsonMember {
+    char* key;
+    size_t key_length;
+    JsonValue value;
+};
+
+typedef struct {
+    const char* s;
+    size_t n, i;
+    const char* name; // the file, for errors
+    int depth;
+} JsonParser;
+
+__attribute__((noreturn))
+static inline void json_fail_at(const JsonParser* p, size_t at, const char* what) {
+    size_t line = 1, col = 1;
+    for (size_t k = 0; k < at && k < p->n; k++) {
+        if (p->s[k] == '\n') { line++; col = 1; }
+        else { col++; }
+    }
+    fatal("%s: invalid JSON at line %zu, column %zu: %s", p->name, line, col, what);
+}
+
+static inline void json_skip_ws(JsonParser* p) {
+    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r')) {
+        p->i++;
+    }
+}
+
+static inline int json_hex(char c) {
+    if (c >= '0' && c <= '9') { return c - '0'; }
+    if (c >= 'a' && c <= 'f') { return c - 'a' + 10; }
+    if (c >= 'A' && c <= 'F') { return c - 'A' + 10; }
+    return -1;
+}
+
+// the 4 hex digits after "\u" at p->i; advances past them
+static inline uint32_t json_hex4(JsonParser* p) {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+        int h = p->i < p->n ? json_hex(p->s[p->i]) : -1;
+        if (h < 0) { json_fail_at(p, p->i, "\\u needs 4 hex digits"); }
+        v = v * 16 + (uint32_t)h;
+        p->i++;
+    }
+    return v;
+}
+
+// length of the well-formed UTF-8 sequence at s[i] (no overlongs, surrogates, or code points past
+// U+10FFFF), 0 if there is none
+static inline size_t json_utf8_length(const unsigned char* s, size_t n, size_t i) {
+    unsigned char c = s[i];
+    if (c < 0x80) { return 1; }
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) { len = 2; }
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
+    else { return 0; }
+    if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) { return 0; }
+    for (size_t k = 2; k < len; k++) {
+        if ((s[i + k] & 0xC0) != 0x80) { return 0; }
+    }
+    return len;
+}
+
+// appends code point cp as UTF-8 to out (room for 4 bytes); returns the new length
+static inline size_t json_put_utf8(char* out, size_t len, uint32_t cp) {
+    if (cp < 0x80) { out[len++] = (char)cp; }
+    else if (cp < 0x800) { out[len++] = (char)(0xC0 | (cp >> 6)); out[len++] = (char)(0x80 | (cp & 0x3F)); }
+    else if (cp < 0x10000) {
+        out[len++] = (char)(0xE0 | (cp >> 12));
+        out[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[len++] = (char)(0x80 | (cp & 0x3F));
+    } else {
+        out[len++] = (char)(0xF0 | (cp >> 18));
+        out[len++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        out[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[len++] = (char)(0x80 | (cp & 0x3F));
+    }
+    return len;
+}
+
+// the string that starts at the '"' at p->i, decoded into a malloc'd NUL-terminated buffer
+static inline char* json_parse_string(JsonParser* p, size_t* length) {
+    size_t start = p->i++;
+    // the decoded string is never longer than its source
+    size_t end = p->i;
+    while (end < p->n && p->s[end] != '"') { end += p->s[end] == '\\' ? 2 : 1; }
+    if (end >= p->n) { json_fail_at(p, start, "unterminated string"); }
+    char* out = (char*)mallocCheck(end - p->i + 1);
+    size_t len = 0;
+    const unsigned char* u = (const unsigned char*)p->s;
+    while (p->s[p->i] != '"') {
+        unsigned char c = u[p->i];
+        if (c < 0x20) { json_fail_at(p, p->i, "control character in a string (it must be escaped)"); }
+        if (c != '\\') {
+            size_t k = json_utf8_length(u, p->n, p->i);
+            if (k == 0) { json_fail_at(p, p->i, "invalid UTF-8 in a string"); }
+            memcpy(out + len, p->s + p->i, k);
+            len += k;
+            p->i += k;
+            continue;
+        }
+        size_t esc = p->i++;
+        char e = p->s[p->i++];
+        switch (e) {
+            case '"': out[len++] = '"'; break;
+            case '\\': out[len++] = '\\'; break;
+            case '/': out[len++] = '/'; break;
+            case 'b': out[len++] = '\b'; break;
+            case 'f': out[len++] = '\f'; break;
+            case 'n': out[len++] = '\n'; break;
+            case 'r': out[len++] = '\r'; break;
+            case 't': out[len++] = '\t'; break;
+            case 'u': {
+                uint32_t cp = json_hex4(p);
+                if (cp >= 0xDC00 && cp <= 0xDFFF) { json_fail_at(p, esc, "unpaired UTF-16 low surrogate"); }
+                if (cp >= 0xD800 && cp <= 0xDBFF) {
+                    if (p->i + 1 >= p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
+                        json_fail_at(p, esc, "unpaired UTF-16 high surrogate");
+                    }
+                    p->i += 2;
+                    uint32_t lo = json_hex4(p);
+                    if (lo < 0xDC00 || lo > 0xDFFF) { json_fail_at(p, esc, "unpaired UTF-16 high surrogate"); }
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                }
+                // the escape is at least 6 bytes, its UTF-8 at most 4: still within the buffer
+                len = json_put_utf8(out, len, cp);
+                break;
+            }
+            default: json_fail_at(p, esc, "unknown escape in a string");
+        }
+    }
+    p->i++; // the closing quote
+    out[len] = '\0';
+    *length = len;
+    return out;
+}
+
+static inline void json_parse_number(JsonParser* p, JsonValue* v) {
+    size_t start = p->i;
+    const char* s = p->s;
+    if (p->i < p->n && s[p->i] == '-') { p->i++; }
+    if (p->i >= p->n || s[p->i] < '0' || s[p->i] > '9') { json_fail_at(p, start, "a number needs digits"); }
+    if (s[p->i] == '0' && p->i + 1 < p->n && s[p->i + 1] >= '0' && s[p->i + 1] <= '9') {
+        json_fail_at(p, start, "leading zero in a number");
+    }
+    while (p->i < p->n && s[p->i] >= '0' && s[p->i] <= '9') { p->i++; }
+    int integer = 1;
+    if (p->i < p->n && s[p->i] == '.') {
+        integer = 0;
+        p->i++;
+        if (p->i >= p->n || s[p->i] < '0' || s[p->i] > '9') { json_fail_at(p, start, "a fraction needs digits"); }
+        while (p->i < p->n && s[p->i] >= '0' && s[p->i] <= '9') { p->i++; }
+    }
+    if (p->i < p->n && (s[p->i] == 'e' || s[p->i] == 'E')) {
+        integer = 0;
+        p->i++;
+        if (p->i < p->n && (s[p->i] == '+' || s[p->i] == '-')) { p->i++; }
+        if (p->i >= p->n || s[p->i] < '0' || s[p->i] > '9') { json_fail_at(p, start, "an exponent needs digits"); }
+        while (p->i < p->n && s[p->i] >= '0' && s[p->i] <= '9') { p->i++; }
+    }
+    char buf[64];
+    size_t len = p->i - start;
+    if (len >= sizeof(buf)) { json_fail_at(p, start, "number too long"); }
+    memcpy(buf, s + start, len);
+    buf[len] = '\0';
+    v->type = JSON_NUMBER;
+    v->number = strtod(buf, NULL);
+    if (!isfinite(v->number)) { json_fail_at(p, start, "number out of range"); }
+    if (integer) {
+        errno = 0;
+        long long x = strtoll(buf, NULL, 10);
+        if (errno == 0) { v->integer = x; v->is_integer = 1; }
+    }
+}
+
+static inline void json_parse_value(JsonParser* p, JsonValue* v);
+
+static inline int json_member_cmp(const void* a, const void* b) {
+    const JsonMember* x = *(const JsonMember* const*)a;
+    const JsonMember* y = *(const JsonMember* const*)b;
+    size_t n = x->key_length < y->key_length ? x->key_length : y->key_length;
+    int c = memcmp(x->key, y->key, n);
+    if (c != 0) { return c; }
+    return (x->key_length > y->key_length) - (x->key_length < y->key_length);
+}
+
+static inline void json_parse_container(JsonParser* p, JsonValue* v, int object) {
+    size_t start = p->i++;
+    if (++p->depth > JSON_MAX_DEPTH) { json_fail_at(p, start, "nested too deeply"); }
+    size_t cap = 0, size = object ? sizeof(JsonMember) : sizeof(JsonValue);
+    void* elems = NULL;
+    v->type = object ? JSON_OBJECT : JSON_ARRAY;
+    v->length = 0;
+    char close = object ? '}' : ']';
+    json_skip_ws(p);
+    if (p->i < p->n && p->s[p->i] == close) {
+        p->i++;
+    } else {
+        for (;;) {
+            if (v->length == cap) {
+                cap = cap ? 2 * cap : 4;
+                elems = reallocCheck(elems, cap * size);
+            }
+            JsonValue* item;
+            json_skip_ws(p);
+            if (object) {
+                JsonMember* m = (JsonMember*)elems + v->length;
+                if (p->i >= p->n || p->s[p->i] != '"') { json_fail_at(p, p->i, "expected a string key"); }
+                m->key = json_parse_string(p, &m->key_length);
+                json_skip_ws(p);
+                if (p->i >= p->n || p->s[p->i] != ':') {
+                    free(m->key);
+                    json_fail_at(p, p->i, "expected ':' after a key");
+                }
+                p->i++;
+                item = &m->value;
+            } else {
+                item = (JsonValue*)elems + v->length;
+            }
+            json_parse_value(p, item);
+            v->length++;
+            json_skip_ws(p);
+            if (p->i < p->n && p->s[p->i] == ',') {
+                p->i++;
+                json_skip_ws(p);
+                if (p->i < p->n && p->s[p->i] == close) { json_fail_at(p, p->i, "trailing comma"); }
+                continue;
+            }
+            if (p->i < p->n && p->s[p->i] == close) { p->i++; break; }
+            json_fail_at(p, p->i, object ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+    }
+    if (object) {
+        v->members = (JsonMember*)elems;
+        // repeated keys: sort pointers to the members and compare neighbours
+        if (v->length > 1) {
+            JsonMember** sorted = (JsonMember**)mallocCheck(v->length * sizeof(JsonMember*));
+            for (size_t k = 0; k < v->length; k++) { sorted[k] = &v->members[k]; }
+            qsort(sorted, v->length, sizeof(JsonMember*), json_member_cmp);
+            for (size_t k = 1; k < v->length; k++) {
+                if (json_member_cmp(&sorted[k - 1], &sorted[k]) == 0) {
+                    char what[160];
+                    snprintf(what, sizeof(what), "key \"%.100s\" appears twice in this object", sorted[k]->key);
+                    json_fail_at(p, start, what);
+                }
+            }
+            free(sorted);
+        }
+    } else {
+        v->items = (JsonValue*)elems;
+    }
+    p->depth--;
+}
+
+static inline void json_parse_literal(JsonParser* p, const char* word, JsonType type, JsonValue* v) {
+    size_t len = strlen(word);
+    if (p->n - p->i < len || memcmp(p->s + p->i, word, len) != 0) { json_fail_at(p, p->i, "unexpected character"); }
+    p->i += len;
+    v->type = type;
+}
+
+static inline void json_parse_value(JsonParser* p, JsonValue* v) {
+    memset(v, 0, sizeof(*v));
+    json_skip_ws(p);
+    if (p->i >= p->n) { json_fail_at(p, p->i, "unexpected end of the text"); }
+    char c = p->s[p->i];
+    if (c == '{' || c == '[') { json_parse_container(p, v, c == '{'); }
+    else if (c == '"') { v->type = JSON_STRING; v->string = json_parse_string(p, &v->length); }
+    else if (c == 't') { json_parse_literal(p, "true", JSON_TRUE, v); }
+    else if (c == 'f') { json_parse_literal(p, "false", JSON_FALSE, v); }
+    else if (c == 'n') { json_parse_literal(p, "null", JSON_NULL, v); }
+    else if (c == '-' || (c >= '0' && c <= '9')) { json_parse_number(p, v); }
+    else { json_fail_at(p, p->i, "unexpected character"); }
+}
+
+// parses text[0..n) (name is the file, for errors) into *out; release with json_free
+static inline void json_parse(const char* text, size_t n, const char* name, JsonValue* out) {
+    JsonParser p = {text, n, 0, name, 0};
+    json_parse_value(&p, out);
+    json_skip_ws(&p);
+    if (p.i != n) { json_fail_at(&p, p.i, "text after the value"); }
+}
+
+static inline void json_free(JsonValue* v) {
+    if (v->type == JSON_STRING) { free(v->string); }
+    if (v->type == JSON_ARRAY) {
+        for (size_t k = 0; k < v->length; k++) { json_free(&v->items[k]); }
+        free(v->items);
+    }
+    if (v->type == JSON_OBJECT) {
+        for (size_t k = 0; k < v->length; k++) {
+            free(v->members[k].key);
+            json_free(&v->members[k].value);
+        }
+        free(v->members);
+    }
+    memset(v, 0, sizeof(*v));
+}
+
+// reads and parses a whole file; fatal() if it cannot be read or is not JSON
+static inline void json_parse_file(const char* path, JsonValue* out) {
+    FILE* fp = fopen(path, "rb");
+    if (fp == NULL) { fatal("cannot open %s: %s", path, strerror(errno)); }
+    long size = file_size(fp);
+    char* text = (char*)mallocCheck((size_t)size + 1);
+    if (fread(text, 1, (size_t)size, fp) != (size_t)size) { fatal("cannot read %s", path); }
+    fclose(fp);
+    json_parse(text, (size_t)size, path, out);
+    free(text);
+}
+
+// the value of key in object o, NULL if o is not an object or has no such key
+static inline const JsonValue* json_get(const JsonValue* o, const char* key) {
+    if (o == NULL || o->type != JSON_OBJECT) { return NULL; }
+    size_t len = strlen(key);
+    for (size_t k = 0; k < o->length; k++) {
+        if (o->members[k].key_length == len && memcmp(o->members[k].key, key, len) == 0) { return &o->members[k].value; }
+    }
+    return NULL;
+}
+
+// 1 if v is the string s
+static inline int json_string_is(const JsonValue* v, const char* s) {
+    return v != NULL && v->type == JSON_STRING && v->length == strlen(s) && memcmp(v->string, s, v->length) == 0;
+}
+
+static inline const char* json_type_name(JsonType t) {
+    static const char* const names[] = {"null", "false", "true", "a number", "a string", "an array", "an object"};
+    return names[t];
+}
+
+// writes s[0..n) (valid UTF-8) as a JSON string literal
+static inline void json_write_string(FILE* fp, const char* s, size_t n) {
+    fputc('"', fp);
+    for (size_t k = 0; k < n; k++) {
+        unsigned char c = (unsigned char)s[k];
+        if (c == '"') { fputs("\\\"", fp); }
+        else if (c == '\\') { fputs("\\\\", fp); }
+        else if (c == '\n') { fputs("\\n", fp); }
+        else if (c == '\t') { fputs("\\t", fp); }
+        else if (c == '\r') { fputs("\\r", fp); }
+        else if (c < 0x20) { fprintf(fp, "\\u%04x", c); }
+        else { fputc(c, fp); }
+    }
+    fputc('"', fp);
+}
+
+#endif // LLMC_JSON_H
