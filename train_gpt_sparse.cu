@@ -48,21 +48,6 @@ static int cuda_device_count(void) {
     return count;
 }
 
-// mkdir -p
-static void make_dir(const char* path) {
-    char buf[4096];
-    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) { fatal("path too long: %s", path); }
-    for (char* p = buf + 1; ; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) { fatal("cannot create directory %s: %s", buf, strerror(errno)); }
-            *p = c;
-            if (c == '\0') { break; }
-        }
-    }
-}
-
 // the largest step s with both <dir>/model_s.bin and <dir>/state_s_00000.bin; -1 if none
 static int latest_checkpoint(const char* dir) {
     DIR* d = opendir(dir);

@@ -50,21 +50,6 @@
 // ----------------------------------------------------------------------------
 // small file helpers
 
-// mkdir -p
-static void hf_make_dir(const char* path) {
-    char buf[4096];
-    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) { fatal("path too long: %s", path); }
-    for (char* p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char c = *p;
-            *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) { fatal("cannot create directory %s: %s", buf, strerror(errno)); }
-            *p = c;
-            if (c == '\0') { break; }
-        }
-    }
-}
-
 typedef struct { char s[4096]; } HFPath;
 
 static HFPath hf_join(const char* dir, const char* name) {
@@ -504,7 +489,7 @@ static void hf_import(const char* dir, const char* out_dir) {
     snprintf(dtypes, sizeof(dtypes), "%s%s%s", seen[ST_F32] ? "F32 " : "", seen[ST_BF16] ? "BF16 " : "", seen[ST_F16] ? "F16 " : "");
     dtypes[strlen(dtypes) - 1] = '\0'; // at least one tensor was read
 
-    hf_make_dir(out_dir);
+    make_dir(out_dir);
     HFPath model_out = hf_join(out_dir, "model.bin");
     checkpoint_save_model(model_out.s, c, params, 0);
     printf("config: %s, %d layers, D %d, %d heads (%d kv), H %d, vocab %d (padded to %d), max_seq_len %d, rope_theta %g, "
@@ -577,7 +562,7 @@ static void hf_export(const char* model_path, const char* tokenizer_path, SafeDt
         outs[k].data = ts[k].ours;
         outs[k].transposed = ts[k].transpose;
     }
-    hf_make_dir(out_dir);
+    make_dir(out_dir);
     HFPath weights = hf_join(out_dir, "model.safetensors");
     safetensors_write(weights.s, outs, n, dtype);
 

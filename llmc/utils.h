@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 // print "error: <message>" on one line and exit(1); for bad input and bad flags
@@ -99,6 +100,21 @@ static inline long file_size(FILE* fp) {
     long size = ftell(fp);
     fseekCheck(fp, here, SEEK_SET);
     return size;
+}
+
+// mkdir -p: creates path and its missing parents
+static inline void make_dir(const char* path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) { fatal("path too long: %s", path); }
+    for (char* p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) { fatal("cannot create directory %s: %s", buf, strerror(errno)); }
+            *p = c;
+            if (c == '\0') { break; }
+        }
+    }
 }
 
 // Atomic file writes: the data goes to "<path>.tmp", which atomic_commit syncs

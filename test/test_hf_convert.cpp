@@ -899,7 +899,7 @@ static Path fresh_dir(const char* name) {
     char cmd[256];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", p.s);
     if (system(cmd) != 0) { fatal("cannot remove %s", p.s); }
-    hf_make_dir(p.s);
+    make_dir(p.s);
     return p;
 }
 

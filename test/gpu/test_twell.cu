@@ -42,25 +42,10 @@
 #include <vector>
 #include "llmc/cuda_twell.cuh"
 #include "llmc/rng.h"
+#include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 
 static uint64_t rng = 20240521;
-
-template <typename T>
-static T* upload(const std::vector<T>& host) {
-    T* dev = (T*)cuda_malloc(host.size() * sizeof(T));
-    cudaCheck(cudaMemcpy(dev, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return dev;
-}
-
-// waits for the work before it, so a launch that failed on the device is reported here
-template <typename T>
-static std::vector<T> download(const T* dev, size_t n) {
-    std::vector<T> host(n);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-}
 
 static void poison(void* dev, size_t bytes) { cudaCheck(cudaMemset(dev, 0xFF, bytes)); }
 
