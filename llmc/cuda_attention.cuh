@@ -173,6 +173,23 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Causal mask of a score block in the accumulator layout above (s[n][e]: row
+// row_g + 8(e/2), key key0 + 8n + 2(lane%4) + e%2): keys after their query get
+// -inf, so exp2 makes them 0. last_query is the warp's last row; blocks wholly
+// at or before it need no mask.
+template <int NB>
+__device__ __forceinline__ void mask_future_keys(float (&s)[NB][4], int key0, int last_query, int row_g, int lane) {
+    if (key0 + 8 * NB - 1 <= last_query) { return; }
+    int ahead = key0 + 2 * (lane % 4) - row_g; // key - query of element [0][0]
+    #pragma unroll
+    for (int n = 0; n < NB; n++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (ahead + 8 * n + e % 2 - 8 * (e / 2) > 0) { s[n][e] = -INFINITY; }
+        }
+    }
+}
+
 // wgmma (sm_90a), issued by the 4 warps of a warpgroup together:
 // D[64 x N] (+)= A[64 x 16] B[16 x N]. Accumulators in the layout of mma.sync's,
 // warp w of the warpgroup holding rows 16w..16w+15: d[n][e] is row
@@ -404,16 +421,7 @@ attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, 
         if (warp_has_rows && key0 <= qw + 15) {
             float s[BK / 8][4] = {};
             warp_mma_abt(s, q_frag, k_s + buf * BK * S, S, lane);
-            if (key0 + BK - 1 > qw) { // some key of the block is after some query of the warp
-                int ahead = key0 + 2 * (lane % 4) - row_g; // key - query of element [0][0]
-                #pragma unroll
-                for (int n = 0; n < BK / 8; n++) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        if (ahead + 8 * n + e % 2 - 8 * (e / 2) > 0) { s[n][e] = -INFINITY; }
-                    }
-                }
-            }
+            mask_future_keys(s, key0, qw, row_g, lane);
             // key 0 is in block 0 of every row, so the max is finite from the first block on
             #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -632,16 +640,7 @@ attention_backward_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, cons
             warp_mma_abt(s, a, kb, S, lane);                // S = Q K^T
             load_a_frags(a, do_s + 16 * warp * S, S, lane);
             warp_mma_abt(dp, a, v_s + buf * BK * S, S, lane); // dP = dO V^T
-            if (key0 + BK - 1 > qw) { // keys after the query get P = 2^-inf = 0
-                int ahead = key0 + 2 * (lane % 4) - row_g;
-                #pragma unroll
-                for (int n = 0; n < BK / 8; n++) {
-                    #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        if (ahead + 8 * n + e % 2 - 8 * (e / 2) > 0) { s[n][e] = -INFINITY; }
-                    }
-                }
-            }
+            mask_future_keys(s, key0, qw, row_g, lane);
             #pragma unroll
             for (int n = 0; n < BK / 8; n++) {
                 #pragma unroll
@@ -781,16 +780,7 @@ attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, in
     auto softmax = [&](int j) {
         fence_regs(s);
         int key0 = j * BK;
-        if (key0 + BK - 1 > qw) { // some key of the block is after some query of the warp
-            int ahead = key0 + 2 * (lane % 4) - row_g; // key - query of element [0][0]
-            #pragma unroll
-            for (int n = 0; n < BK / 8; n++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (ahead + 8 * n + e % 2 - 8 * (e / 2) > 0) { s[n][e] = -INFINITY; }
-                }
-            }
-        }
+        mask_future_keys(s, key0, qw, row_g, lane);
         // key 0 is in block 0 of every row, so the max is finite from the first block on
         #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -960,16 +950,7 @@ attention_backward_dq_wgmma_kernel(bf16* dqkv, float* delta, const bf16* dout, c
         fence_regs(s);
         fence_regs(dp);
         int key0 = j * BK;
-        if (key0 + BK - 1 > qw) { // keys after the query get P = 2^-inf = 0
-            int ahead = key0 + 2 * (lane % 4) - row_g;
-            #pragma unroll
-            for (int n = 0; n < BK / 8; n++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (ahead + 8 * n + e % 2 - 8 * (e / 2) > 0) { s[n][e] = -INFINITY; }
-                }
-            }
-        }
+        mask_future_keys(s, key0, qw, row_g, lane);
         #pragma unroll
         for (int n = 0; n < BK / 8; n++) {
             #pragma unroll
