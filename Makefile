@@ -8,7 +8,13 @@ HOST_FLAGS = -O3 -march=native -fopenmp -Wall -Wextra -Wno-unused-parameter
 # sm_90a for the Hopper kernels, sm_80 as the portable path
 GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 NVCC_FLAGS = -O3 -std=c++17 -I. $(GPU_ARCH) -Xcompiler "$(HOST_FLAGS)" -lineinfo
-NVCC_LIBS = -lgomp -lcublasLt -lcublas
+NVCC_LIBS = -lgomp -lcublasLt -lcublas -lnccl
+# data-parallel processes meet through MPI when an MPI is installed (else TCP or a file)
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+ifneq ($(MPI_CFLAGS),)
+NVCC_FLAGS += -DUSE_MPI $(MPI_CFLAGS)
+NVCC_LIBS += $(shell mpicc --showme:link 2>/dev/null)
+endif
 
 # tests are plain C++ over the same headers, also built with the sanitizers
 TEST_FLAGS = -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.

@@ -12,7 +12,8 @@
  Backends: on a CUDA GPU, bf16 weights and activations with fp32 gradients,
  master weights and AdamW moments; everywhere else, the CPU reference path
  (fp32, OpenMP). The same training function runs both: train<T> with T = bf16
- or float.
+ or float. Several processes (one per GPU, on one or many machines) train one
+ model with data parallelism and a sharded optimizer (llmc/zero.cuh).
 */
 #include <cuda_runtime.h>
 #include <dirent.h>
@@ -29,6 +30,7 @@
 #include "llmc/optimizer.h"
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
+#include "llmc/watchdog.h"
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -48,7 +50,7 @@ static int cuda_device_count(void) {
     return count;
 }
 
-// the largest step s with both <dir>/model_s.bin and <dir>/state_s_00000.bin; -1 if none
+// the largest step with a complete checkpoint in dir (llmc/checkpoint.h); -1 if none
 static int latest_checkpoint(const char* dir) {
     DIR* d = opendir(dir);
     if (d == NULL) { return -1; }
@@ -57,10 +59,9 @@ static int latest_checkpoint(const char* dir) {
     while ((e = readdir(d)) != NULL) {
         int step;
         char tail;
-        if (sscanf(e->d_name, "state_%d_00000.bi%c", &step, &tail) == 2 && tail == 'n' && step > best) {
-            char model_path[4096];
-            snprintf(model_path, sizeof(model_path), "%s/model_%08d.bin", dir, step);
-            if (access(model_path, R_OK) == 0) { best = step; }
+        if (sscanf(e->d_name, "model_%d.bi%c", &step, &tail) == 2 && tail == 'n' && step > best &&
+            checkpoint_complete(dir, step)) {
+            best = step;
         }
     }
     closedir(d);
@@ -78,6 +79,12 @@ typedef struct {
     int val_every, val_batches, sample_every, sample_tokens, ckpt_every;
     int resume, seed, recompute;
     float lambda;
+    int ffn_mode;              // FfnMode (llmc/gpt.h)
+    ProcessInfo proc;          // this process of the data-parallel run
+    const char* init_method;   // how the processes meet (llmc/zero.cuh)
+    const char* init_address;
+    const char* init_file;
+    int timeout;               // seconds a step may wait for the other processes
 } Options;
 
 // Text samples run on the CPU path from an fp32 copy of the weights (the GPU
@@ -163,9 +170,21 @@ static void uploader_free(BatchUploader* u) {
     }
 }
 
-// mean CE over the first `batches` batches of the validation set
+// brings the statistics of the forwards since gpt_stats_reset to the host,
+// summed over all processes (`tokens`: theirs together)
 template <typename T>
-double evaluate(GPT<T, float>* model, DataLoader* val, int batches, BatchUploader* uploader) {
+void read_stats(GPT<T, float>* model, Zero* zero, double tokens) {
+    if (zero) {
+        // stats_acc: the loss, then per layer the L1 sum, firing pairs and most firing units (a maximum)
+        zero_reduce_stats(zero, model->stats_acc, 1 + 3 * model->config.num_layers, 3, 3, model->fired,
+                          (size_t)model->config.num_layers * model->config.hidden);
+    }
+    gpt_stats_read(model, tokens);
+}
+
+// mean CE over the first `batches` global batches of the validation set
+template <typename T>
+double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, BatchUploader* uploader) {
     dataloader_reset(val);
     gpt_stats_reset(model);
     for (int i = 0; i < batches; i++) {
@@ -173,48 +192,65 @@ double evaluate(GPT<T, float>* model, DataLoader* val, int batches, BatchUploade
         uploader_put(uploader, val->inputs, val->targets);
         gpt_forward(model, uploader->inputs, uploader->targets, val->B, val->T, 0.0f);
     }
-    gpt_stats_read(model, (double)batches * val->B * val->T);
+    read_stats(model, zero, (double)batches * val->B * val->T * val->num_processes);
     return model->ce;
 }
 
+// rank 0 writes the model; every process its optimizer state (`owned` moments)
 static void save_checkpoint(const Options* o, int step, const float* params, const TrainState* state,
-                            const DataLoaderState* loader_state, const float* m, const float* v) {
+                            const DataLoaderState* loader_state, const float* m, const float* v, size_t owned) {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, step);
-    checkpoint_save_model(path, &o->config, params, step);
-    snprintf(path, sizeof(path), "%s/state_%08d_00000.bin", o->out_dir, step);
-    checkpoint_save_state(path, &o->config, state, loader_state, sizeof(*loader_state), m, v);
-    printf("checkpoint: %s/model_%08d.bin\n", o->out_dir, step);
+    if (o->proc.rank == 0) {
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, step);
+        checkpoint_save_model(path, &o->config, params, step);
+    }
+    state_path(path, sizeof(path), o->out_dir, step, o->proc.rank);
+    checkpoint_save_state(path, &o->config, state, loader_state, sizeof(*loader_state), m, v, owned);
+    if (o->proc.rank == 0) { printf("checkpoint: %s/model_%08d.bin\n", o->out_dir, step); }
 }
 
 template <typename T>
 void train(const Options* o, Device device) {
     const GPTConfig* config = &o->config;
     int B = o->B, T_ = o->T, M = B * T_, L = config->num_layers;
+    int P = o->proc.size, rank = o->proc.rank, master = rank == 0;
+    // a phase (step, validation, checkpoint) that waits longer than this on the other processes ends the run
+    Watchdog watchdog;
+    watchdog_start(&watchdog);
+    Zero zero_group, *zero = NULL;
+    if (P > 1) {
+        watchdog_arm(&watchdog, o->timeout, "rank %d: meeting the other %d processes", rank, P - 1);
+        zero_init(&zero_group, &o->proc, config, o->init_method, o->init_address, o->init_file, o->timeout);
+        watchdog_disarm(&watchdog);
+        zero = &zero_group;
+    }
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, o->train_pattern, B, T_, 0, 1, 1, (uint64_t)o->seed, config->vocab_size);
-    dataloader_init(&val_loader, o->val_pattern, B, T_, 0, 1, 0, 0, config->vocab_size);
+    dataloader_init(&train_loader, o->train_pattern, B, T_, rank, P, 1, (uint64_t)o->seed, config->vocab_size);
+    dataloader_init(&val_loader, o->val_pattern, B, T_, rank, P, 0, 0, config->vocab_size);
     int val_batches = o->val_batches;
     if (val_batches > (int)dataloader_num_batches(&val_loader)) {
         val_batches = (int)dataloader_num_batches(&val_loader);
-        printf("val: %s has %d batches of %dx%d, using all of them\n", o->val_pattern, val_batches, B, T_);
+        if (master) { printf("val: %s has %d batches of %dx%d, using all of them\n", o->val_pattern, val_batches, B * P, T_); }
     }
-    printf("train: %zu tokens in %zu shards | val: %zu tokens\n", dataloader_num_tokens(&train_loader),
-           train_loader.num_shards, dataloader_num_tokens(&val_loader));
+    if (master) {
+        printf("train: %zu tokens in %zu shards | val: %zu tokens\n", dataloader_num_tokens(&train_loader),
+               train_loader.num_shards, dataloader_num_tokens(&val_loader));
+    }
 
     GPT<T, float> model;
     gpt_build(&model, config, device);
     model.recompute = o->recompute;
+    model.ffn_mode = o->ffn_mode;
     Optimizer opt;
-    optimizer_init(&opt, &model);
-    size_t n_params = model.num_parameters;
+    optimizer_init(&opt, &model, zero);
+    size_t n_params = model.num_parameters, owned = opt.owned;
     // host copies of what checkpoints hold (on the CPU path they alias the live buffers)
     float* host_params = (float*)mallocCheck(n_params * sizeof(float));
-    float* host_m = device == DEVICE_CPU ? opt.m : (float*)mallocCheck(n_params * sizeof(float));
-    float* host_v = device == DEVICE_CPU ? opt.v : (float*)mallocCheck(n_params * sizeof(float));
+    float* host_m = device == DEVICE_CPU ? opt.m : (float*)mallocCheck(owned * sizeof(float));
+    float* host_v = device == DEVICE_CPU ? opt.v : (float*)mallocCheck(owned * sizeof(float));
     BatchUploader uploader;
     uploader_init(&uploader, M, device);
-    TrainState state = {0, B, T_, o->grad_accum, 1, 0, (uint64_t)o->seed ^ 0x5A4D504C45ull};
+    TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull};
 
     make_dir(o->out_dir);
     char path[4096], log_path[4096];
@@ -229,32 +265,49 @@ void train(const Options* o, Device device) {
         if (config_mismatch(&ckpt_config, config, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
         set_params_from_fp32(&model, &opt, params);
         free(params);
-        snprintf(path, sizeof(path), "%s/state_%08d_00000.bin", o->out_dir, start_step);
         DataLoaderState loader_state;
-        checkpoint_load_state(path, config, &state, &loader_state, sizeof(loader_state), host_m, host_v);
-        if (state.B != B || state.T != T_ || state.grad_accum != o->grad_accum) {
-            fatal("%s was written with batch %d, seq-len %d, %d accumulation steps; this run has %d, %d, %d",
-                  path, state.B, state.T, state.grad_accum, B, T_, o->grad_accum);
+        checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state, sizeof(loader_state),
+                              host_m, host_v);
+        long saved_batch = (long)state.B * state.T * state.grad_accum * state.num_processes;
+        if (state.T != T_ || saved_batch != o->total_batch) {
+            fatal("checkpoint step %d was trained with seq-len %d and %ld tokens per step (%d x %d x %d accumulation x "
+                  "%d processes); this run has seq-len %d and %d", start_step, state.T, saved_batch, state.B, state.T,
+                  state.grad_accum, state.num_processes, T_, o->total_batch);
         }
-        device_copy(opt.m, host_m, n_params * sizeof(float), device);
-        device_copy(opt.v, host_v, n_params * sizeof(float), device);
+        if (master && state.num_processes != P) {
+            printf("resuming %d processes' optimizer state on %d: re-sharded\n", state.num_processes, P);
+        }
+        state.B = B;
+        state.grad_accum = o->grad_accum;
+        state.num_processes = P;
+        state.rank = rank;
+        device_copy(opt.m, host_m, owned * sizeof(float), device);
+        device_copy(opt.v, host_v, owned * sizeof(float), device);
         dataloader_set_state(&train_loader, &loader_state);
-        log_truncate_after_step(log_path, start_step);
-        printf("resumed from %s/model_%08d.bin at step %d\n", o->out_dir, start_step, start_step);
+        if (master) {
+            log_truncate_after_step(log_path, start_step);
+            printf("resumed from %s/model_%08d.bin at step %d\n", o->out_dir, start_step, start_step);
+        }
     } else {
         init_params_random(host_params, config, (uint64_t)o->seed);
         set_params_from_fp32(&model, &opt, host_params);
-        log_truncate_after_step(log_path, -1);
+        if (master) { log_truncate_after_step(log_path, -1); }
     }
-    printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d: %.2fM parameters\n", L,
-           config->channels, config->num_heads, config->num_kv_heads, config->hidden, config->vocab_size, T_,
-           n_params / 1e6);
-    printf("batch: %d x %d tokens x %d accumulation = %d tokens per step | lambda %g | lr %g\n", B, T_,
-           o->grad_accum, o->total_batch, o->lambda, o->optim.lr);
+    if (master) {
+        printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d: %.2fM parameters\n", L,
+               config->channels, config->num_heads, config->num_kv_heads, config->hidden, config->vocab_size, T_,
+               n_params / 1e6);
+        char processes[32] = "";
+        if (P > 1) { snprintf(processes, sizeof(processes), " x %d processes", P); }
+        printf("batch: %d x %d tokens x %d accumulation%s = %d tokens per step | lambda %g | lr %g\n", B, T_,
+               o->grad_accum, processes, o->total_batch, o->lambda, o->optim.lr);
+        const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
+        printf("ffn: %s\n", ffn_names[o->ffn_mode]);
+    }
 
     Sampler sampler;
     int sampling = 0;
-    if (o->sample_every > 0) {
+    if (o->sample_every > 0 && master) {
         tokenizer_init(&sampler.tokenizer, o->tokenizer_path);
         sampling = sampler.tokenizer.vocab_size == config->vocab_size;
         if (!sampling) {
@@ -270,37 +323,46 @@ void train(const Options* o, Device device) {
     SamplerConfig sample_cfg = {1.0f, 0, 1.0f};
 
     // on the GPU: the bf16 rate of a large GEMM here, for MFU
-    double peak_flops = device == DEVICE_CUDA ? measure_peak_bf16_flops() : 0;
+    double peak_flops = device == DEVICE_CUDA ? measure_peak_bf16_flops() * P : 0;
     double flops_per_step = training_flops_per_token(config, T_) * o->total_batch, peak_mem_gib = 0;
-    float dloss = 1.0f / ((float)M * o->grad_accum);
-    float l1_scale = o->lambda / ((float)L * M * o->grad_accum);
+    // the gradients are summed over processes, so each one's losses are scaled by 1/P too
+    float dloss = 1.0f / ((float)M * o->grad_accum * P);
+    float l1_scale = o->lambda / ((float)L * M * o->grad_accum * P);
     int first_step = state.step;
     for (int step = first_step; step <= o->optim.total_steps; step++) {
         int last = step == o->optim.total_steps;
         // a resumed run already validated and sampled at its first step before the checkpoint
         int done_before = start_step >= 0 && step == first_step;
         if (!done_before && ((o->val_every > 0 && step % o->val_every == 0) || last)) {
-            double val_ce = evaluate(&model, &val_loader, val_batches, &uploader);
-            printf("step %d | val ce %.4f\n", step, val_ce);
-            log_val(log_path, step, val_ce);
+            watchdog_arm(&watchdog, o->timeout, "rank %d: validation at step %d", rank, step);
+            double val_ce = evaluate(&model, zero, &val_loader, val_batches, &uploader);
+            watchdog_disarm(&watchdog);
+            if (master) {
+                printf("step %d | val ce %.4f\n", step, val_ce);
+                log_val(log_path, step, val_ce);
+            }
         }
-        int checkpoint = step > first_step && ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || last);
-        int sample = !done_before && sampling && ((o->sample_every > 0 && step > 0 && step % o->sample_every == 0) || last);
-        if (checkpoint || sample) { get_params_fp32(&model, &opt, host_params); }
-        if (sample) {
+        int checkpoint = step > first_step && o->ckpt_every >= 0 && ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || last);
+        int sample = !done_before && o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last);
+        watchdog_arm(&watchdog, o->timeout, "rank %d: checkpoint of step %d", rank, step);
+        // a collective with several processes, so all take part whether or not rank 0 can sample
+        if (checkpoint || (sample && (sampling || P > 1))) { get_params_fp32(&model, &opt, host_params); }
+        if (sample && sampling) {
             memcpy(sampler.model.params, host_params, n_params * sizeof(float));
             print_sample(&sampler, &sample_cfg, &state.sample_rng, o->sample_tokens);
         }
         if (checkpoint) {
             state.step = step;
             DataLoaderState loader_state = dataloader_get_state(&train_loader);
-            device_copy(host_m, opt.m, n_params * sizeof(float), device);
-            device_copy(host_v, opt.v, n_params * sizeof(float), device);
-            save_checkpoint(o, step, host_params, &state, &loader_state, host_m, host_v);
+            device_copy(host_m, opt.m, owned * sizeof(float), device);
+            device_copy(host_v, opt.v, owned * sizeof(float), device);
+            save_checkpoint(o, step, host_params, &state, &loader_state, host_m, host_v, owned);
         }
+        watchdog_disarm(&watchdog);
         if (last) { break; }
 
         // one optimizer step over grad_accum micro-batches
+        watchdog_arm(&watchdog, o->timeout, "rank %d: step %d", rank, step + 1);
         double t0 = now_seconds();
         gpt_zero_grad(&model);
         gpt_stats_reset(&model);
@@ -308,12 +370,15 @@ void train(const Options* o, Device device) {
             dataloader_next_batch(&train_loader);
             uploader_put(&uploader, train_loader.inputs, train_loader.targets);
             gpt_forward(&model, uploader.inputs, uploader.targets, B, T_, dloss);
+            if (zero) { zero->reduce_in_backward = micro == o->grad_accum - 1; } // the sums overlap the last backward
             gpt_backward(&model, uploader.inputs, l1_scale);
         }
+        if (zero) { zero_reduce_finish(zero); }
         float step_lr = lr_at_step(&o->optim, step);
         optimizer_step(&opt, &model, &o->optim, step_lr, step + 1);
-        gpt_stats_read(&model, (double)o->total_batch); // waits for the step
+        read_stats(&model, zero, (double)o->total_batch); // waits for the step
         double ms = (now_seconds() - t0) * 1000;
+        watchdog_disarm(&watchdog);
 
         StepLog entry;
         entry.step = step + 1;
@@ -335,7 +400,7 @@ void train(const Options* o, Device device) {
         entry.num_layers = L;
         entry.hidden = config->hidden;
         entry.layers = model.stats;
-        log_step(log_path, &entry, o->optim.total_steps);
+        if (master) { log_step(log_path, &entry, o->optim.total_steps); }
     }
 
     if (sampling) {
@@ -354,6 +419,8 @@ void train(const Options* o, Device device) {
     gpt_free(&model);
     dataloader_free(&train_loader);
     dataloader_free(&val_loader);
+    if (zero) { zero_free(zero); }
+    watchdog_stop(&watchdog);
 }
 
 int main(int argc, char** argv) {
@@ -365,8 +432,13 @@ int main(int argc, char** argv) {
     const char* preset_name = "default";
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
     const char* device_name = "auto";
+    const char* ffn_name = "auto";
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
+    const char* init_method = "auto";
+    const char* init_address = "";
+    const char* init_file = "";
+    int num_processes = 0, process_rank = -1, timeout = 300;
     int resume = 0, seed = 1337, recompute = 0, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
     float lr = 1e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, lambda = 2e-5f;
     float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, rope_theta = 10000.0f, norm_eps = 1e-5f;
@@ -400,12 +472,19 @@ int main(int argc, char** argv) {
         {'m', "val-batches", ARG_INT, &val_batches, 1, 1 << 30, "micro-batches per validation", 0},
         {'s', "sample-every", ARG_INT, &sample_every, 0, 1 << 30, "steps between text samples (0 = never)", 0},
         {'g', "sample-tokens", ARG_INT, &sample_tokens, 1, 1 << 20, "tokens per text sample", 0},
-        {'n', "ckpt-every", ARG_INT, &ckpt_every, 0, 1 << 30, "steps between checkpoints (0 = only at the end)", 0},
+        {'n', "ckpt-every", ARG_INT, &ckpt_every, -1, 1 << 30, "steps between checkpoints (0 = only at the end, -1 = never)", 0},
         {'y', "resume", ARG_INT, &resume, 0, 1, "1 = continue from the latest checkpoint in the output dir", 0},
         {'r', "seed", ARG_INT, &seed, 0, 2147483647, "seed of the init, the data order and the samples", 0},
         {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "GPT-2 rank file, for the text samples", 0},
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
         {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
+        {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer sparse or dense from its activity), dense or sparse", 0},
+        {0, "init", ARG_STRING, &init_method, 0, 0, "how data-parallel processes meet: auto, mpi, tcp or file", 0},
+        {0, "init-address", ARG_STRING, &init_address, 0, 0, "host:port of rank 0, for --init tcp", 0},
+        {0, "init-file", ARG_STRING, &init_file, 0, 0, "a path all processes see, for --init file", 0},
+        {0, "num-processes", ARG_INT, &num_processes, 1, 1 << 20, "processes of the run (default: from the launcher)", 0},
+        {0, "process-rank", ARG_INT, &process_rank, 0, (1 << 20) - 1, "this process's rank (with --num-processes)", 0},
+        {0, "timeout", ARG_INT, &timeout, 1, 1 << 20, "seconds a step may wait for the other processes", 0},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     setvbuf(stdout, NULL, _IOLBF, 0); // keep the log in order with errors on stderr
@@ -434,11 +513,18 @@ int main(int argc, char** argv) {
     o.optim = (OptimConfig){lr, beta1, beta2, adam_eps, weight_decay, grad_clip, warmup, max_steps, final_lr_frac};
     o.B = B;
     o.T = T;
-    o.total_batch = total_batch == -1 ? B * T : total_batch;
-    if (o.total_batch % (B * T) != 0) {
-        fatal("--total-batch %d is not a multiple of batch x seq-len = %d", o.total_batch, B * T);
+    o.proc = process_info(process_rank, num_processes ? num_processes : -1);
+    int P = o.proc.size;
+    if ((long)B * T * P > INT32_MAX) { fatal("batch x seq-len x %d processes is more than 2^31 tokens", P); }
+    o.total_batch = total_batch == -1 ? B * T * P : total_batch;
+    if (o.total_batch % (B * T * P) != 0) {
+        fatal("--total-batch %d is not a multiple of batch x seq-len x processes = %d x %d x %d", o.total_batch, B, T, P);
     }
-    o.grad_accum = o.total_batch / (B * T);
+    o.grad_accum = o.total_batch / (B * T * P);
+    o.init_method = init_method;
+    o.init_address = init_address;
+    o.init_file = init_file;
+    o.timeout = timeout;
     o.val_every = val_every;
     o.val_batches = val_batches;
     o.sample_every = sample_every;
@@ -448,16 +534,30 @@ int main(int argc, char** argv) {
     o.seed = seed;
     o.lambda = lambda;
     o.recompute = recompute;
+    if (strcmp(ffn_name, "auto") != 0 && strcmp(ffn_name, "dense") != 0 && strcmp(ffn_name, "sparse") != 0) {
+        fatal("--ffn must be auto, dense or sparse, not '%s'", ffn_name);
+    }
+    // without the L1 term nothing makes the gates sparse: auto is dense
+    o.ffn_mode = strcmp(ffn_name, "sparse") == 0 ? FFN_SPARSE : strcmp(ffn_name, "dense") == 0 || lambda == 0 ? FFN_DENSE : FFN_AUTO;
 
     if (strcmp(device_name, "auto") != 0 && strcmp(device_name, "cpu") != 0 && strcmp(device_name, "cuda") != 0) {
         fatal("--device must be auto, cpu or cuda, not '%s'", device_name);
     }
     int gpus = cuda_device_count();
     if (strcmp(device_name, "cuda") == 0 && gpus == 0) { fatal("--device cuda, but no CUDA GPU is present"); }
+    if (P > 1 && (gpus == 0 || strcmp(device_name, "cpu") == 0)) {
+        fatal("%d processes (from %s): data parallelism needs a CUDA GPU per process", P, o.proc.launcher);
+    }
     if (gpus > 0 && strcmp(device_name, "cpu") != 0) {
+        int gpu = o.proc.local_rank >= 0 ? o.proc.local_rank : o.proc.rank % gpus;
+        if (gpu >= gpus) { fatal("rank %d wants GPU %d of this machine, which has %d", o.proc.rank, gpu, gpus); }
+        cudaCheck(cudaSetDevice(gpu));
         cudaDeviceProp prop;
-        cudaCheck(cudaGetDeviceProperties(&prop, 0));
-        printf("device: %s, bf16 with fp32 master weights\n", prop.name);
+        cudaCheck(cudaGetDeviceProperties(&prop, gpu));
+        if (o.proc.rank == 0) {
+            if (P > 1) { printf("processes: %d (from %s), one GPU each\n", P, o.proc.launcher); }
+            printf("device: %s, bf16 with fp32 master weights\n", prop.name);
+        }
         train<bf16>(&o, DEVICE_CUDA);
         cublaslt_free();
     } else {

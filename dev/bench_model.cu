@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
     GPT<bf16, float> model;
     gpt_build(&model, &c, DEVICE_CUDA);
     Optimizer opt;
-    optimizer_init(&opt, &model);
+    optimizer_init(&opt, &model, NULL);
     float* host = (float*)mallocCheck(model.num_parameters * sizeof(float));
     init_params_random(host, &c, 1);
     set_params_from_fp32(&model, &opt, host);

@@ -18,8 +18,10 @@
 #define LLMC_CHECKPOINT_H
 
 #include <stdint.h>
+#include <unistd.h>
 #include "llmc/model.h"
 #include "llmc/utils.h"
+#include "llmc/zero.h"
 
 #define CKPT_MODEL_MAGIC 20261122
 #define CKPT_STATE_MAGIC 20261123
@@ -119,8 +121,10 @@ static inline float* checkpoint_load_model(const char* path, GPTConfig* config, 
     return params;
 }
 
+// m and v: the `owned` moments of rank s->rank of s->num_processes (llmc/zero.h)
 static inline void checkpoint_save_state(const char* path, const GPTConfig* c, const TrainState* s,
-                                         const void* loader_state, size_t loader_bytes, const float* m, const float* v) {
+                                         const void* loader_state, size_t loader_bytes, const float* m, const float* v,
+                                         size_t owned) {
     int32_t h[256] = {0};
     size_t n = num_parameters(c);
     h[0] = CKPT_STATE_MAGIC; h[1] = CKPT_VERSION;
@@ -134,30 +138,116 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     FILE* fp = atomic_open(path, tmp, sizeof(tmp));
     fwriteCheck(h, sizeof(int32_t), 256, fp);
     fwriteCheck(loader_state, 1, loader_bytes, fp);
-    fwriteCheck(m, sizeof(float), n, fp);
-    fwriteCheck(v, sizeof(float), n, fp);
+    fwriteCheck(m, sizeof(float), owned, fp);
+    fwriteCheck(v, sizeof(float), owned, fp);
     atomic_commit(fp, tmp, path);
 }
 
-// loads a state file written for the same config (else an error naming the field)
-static inline void checkpoint_load_state(const char* path, const GPTConfig* run, TrainState* s,
-                                         void* loader_state, size_t loader_bytes, float* m, float* v) {
+static inline void state_path(char* out, size_t len, const char* dir, int step, int rank) {
+    snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, rank);
+}
+
+// opens a state file written for the same config and reads its header into s
+// (else an error naming the field); returns the rank's count of moments
+static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run, TrainState* s, size_t loader_bytes,
+                                          size_t* owned) {
     int32_t h[256];
     FILE* fp = checkpoint_open(path, CKPT_STATE_MAGIC, h);
     GPTConfig c = header_get_config(h);
     char msg[256];
     if (config_mismatch(&c, run, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
-    size_t n = num_parameters(run);
-    long expected = 1024 + (long)loader_bytes + 2 * (long)(n * sizeof(float));
+    s->step = h[12]; s->B = h[15]; s->T = h[16]; s->grad_accum = h[17]; s->num_processes = h[18]; s->rank = h[19];
+    s->sample_rng = (uint64_t)(uint32_t)h[20] | ((uint64_t)(uint32_t)h[21] << 32);
+    if (s->num_processes < 1 || s->num_processes > 1000000 || s->rank < 0 || s->rank >= s->num_processes) {
+        fatal("%s: rank %d of %d processes is corrupt", path, s->rank, s->num_processes);
+    }
+    ZeroLayout z;
+    zero_layout_init(&z, run, s->num_processes, s->rank);
+    *owned = z.owned;
+    zero_layout_free(&z);
+    long expected = 1024 + (long)loader_bytes + 2 * (long)(*owned * sizeof(float));
     if ((size_t)h[22] != loader_bytes || file_size(fp) != expected) {
         fatal("%s: file is %ld bytes, expected %ld (truncated or from another build)", path, file_size(fp), expected);
     }
-    s->step = h[12]; s->B = h[15]; s->T = h[16]; s->grad_accum = h[17]; s->num_processes = h[18]; s->rank = h[19];
-    s->sample_rng = (uint64_t)(uint32_t)h[20] | ((uint64_t)(uint32_t)h[21] << 32);
+    return fp;
+}
+
+// the optimizer state of step `step` in dir for rank `rank` of P processes,
+// from the files of whatever number of processes wrote it (re-sharded when
+// that differs); m and v get layout(P, rank).owned values. s: the state as
+// rank 0 wrote it (its num_processes is the writers' count).
+static inline void checkpoint_load_state(const char* dir, int step, const GPTConfig* run, int P, int rank, TrainState* s,
+                                         void* loader_state, size_t loader_bytes, float* m, float* v) {
+    char path[4096];
+    size_t owned;
+    state_path(path, sizeof(path), dir, step, 0);
+    FILE* fp = checkpoint_open_state(path, run, s, loader_bytes, &owned);
     freadCheck(loader_state, 1, loader_bytes, fp);
-    freadCheck(m, sizeof(float), n, fp);
-    freadCheck(v, sizeof(float), n, fp);
+    int writers = s->num_processes;
+    if (writers == P) { // the file of this rank holds exactly its moments
+        fcloseCheck(fp);
+        state_path(path, sizeof(path), dir, step, rank);
+        TrainState mine;
+        fp = checkpoint_open_state(path, run, &mine, loader_bytes, &owned);
+        if (mine.step != s->step || mine.num_processes != writers || mine.rank != rank) {
+            fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, mine.step, mine.rank,
+                  mine.num_processes, s->step, writers);
+        }
+        fseekCheck(fp, (long)loader_bytes, SEEK_CUR);
+        freadCheck(m, sizeof(float), owned, fp);
+        freadCheck(v, sizeof(float), owned, fp);
+        fcloseCheck(fp);
+        return;
+    }
+    // re-shard: every writer's moments into full arrays, then this rank's share
     fcloseCheck(fp);
+    size_t n = num_parameters(run);
+    float* full_m = (float*)mallocCheck(n * sizeof(float));
+    float* full_v = (float*)mallocCheck(n * sizeof(float));
+    for (int r = 0; r < writers; r++) {
+        state_path(path, sizeof(path), dir, step, r);
+        TrainState theirs;
+        fp = checkpoint_open_state(path, run, &theirs, loader_bytes, &owned);
+        if (theirs.step != s->step || theirs.num_processes != writers || theirs.rank != r) {
+            fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, theirs.step,
+                  theirs.rank, theirs.num_processes, s->step, writers);
+        }
+        ZeroLayout z;
+        zero_layout_init(&z, run, writers, r);
+        float* packed = (float*)mallocCheck(owned * sizeof(float));
+        fseekCheck(fp, (long)loader_bytes, SEEK_CUR);
+        freadCheck(packed, sizeof(float), owned, fp);
+        zero_unpack(full_m, packed, &z);
+        freadCheck(packed, sizeof(float), owned, fp);
+        zero_unpack(full_v, packed, &z);
+        fcloseCheck(fp);
+        free(packed);
+        zero_layout_free(&z);
+    }
+    ZeroLayout mine;
+    zero_layout_init(&mine, run, P, rank);
+    zero_pack(m, full_m, &mine);
+    zero_pack(v, full_v, &mine);
+    zero_layout_free(&mine);
+    free(full_m);
+    free(full_v);
+}
+
+// 1 if dir holds the model file of `step` and the state files of every process that wrote it
+static inline int checkpoint_complete(const char* dir, int step) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
+    if (access(path, R_OK) != 0) { return 0; }
+    state_path(path, sizeof(path), dir, step, 0);
+    FILE* fp = fopen(path, "rb");
+    int32_t h[256];
+    int ok = fp != NULL && fread(h, sizeof(int32_t), 256, fp) == 256 && h[0] == CKPT_STATE_MAGIC && h[18] >= 1;
+    if (fp) { fclose(fp); }
+    for (int r = 1; ok && r < h[18]; r++) {
+        state_path(path, sizeof(path), dir, step, r);
+        ok = access(path, R_OK) == 0;
+    }
+    return ok;
 }
 
 #endif // LLMC_CHECKPOINT_H

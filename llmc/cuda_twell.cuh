@@ -38,8 +38,8 @@
    chunk, 8 mma.sync multiply the chunk's 16 gathered Wu rows by the group's 16
    f rows; entry (slot q, row of q) is q's partial u, written to
    partials[slice][slot].
- 4. reduce: u = the sum of the D/64 partials in slice order, a = g u, written
-   over g in the slot.
+ 4. reduce: u = the sum of the D/64 partials in slice order, a = g bf16(u)
+   (the dense path's rounding of u), written over g in the slot.
  5. down: a CTA owns 512 rows (8 warps of 4 consecutive groups) and a 64-wide
    slice of D with y^T in registers (128 per thread); WdT[stage units, slice]
    streams the same way; per chunk 8 mma.sync add WdT[chunk units, slice]^T B
@@ -702,7 +702,9 @@ up_kernel(float* partials, const uint32_t* slots, const int* chunk_ptr, const bf
     }
 }
 
-// u = the sum of the slot's partials in slice order; the slot's g becomes a = g u
+// u = the sum of the slot's partials in slice order; the slot's g becomes
+// a = g bf16(u): u rounded as the dense path's u = f Wu^T is, so that both
+// paths compute the same h = bf16(g bf16(u)) and differ only in summation order
 __global__ void reduce_kernel(uint32_t* slots, const float* partials, const int* chunk_ptr, int num_entries,
                               int num_slices, int chunk_capacity) {
     size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -713,7 +715,7 @@ __global__ void reduce_kernel(uint32_t* slots, const float* partials, const int*
     size_t stride = (size_t)chunk_capacity * TWELL_CHUNK;
     float u = 0.0f;
     for (int s = 0; s < num_slices; s++) { u += partials[s * stride + x]; }
-    slots[x] = (w & 0xffff) | bf16_bits(bf16_bits_to_float(w >> 16) * u) << 16;
+    slots[x] = (w & 0xffff) | bf16_bits(bf16_bits_to_float(w >> 16) * __bfloat162float(__float2bfloat16_rn(u))) << 16;
 }
 
 // y[rows, d0..d0+63] = sum over the rows' slots of a WdT[unit, d0..d0+63]. CTA:

@@ -76,7 +76,7 @@ typedef struct {
 
 // where a loader is, plus the configuration it must be restored into; fixed
 // width fields so it can be written into a checkpoint as is. The same state
-// serves every process rank.
+// serves every process rank, and any split of the same global batch.
 typedef struct {
     uint64_t seed;
     uint64_t epoch;
@@ -318,9 +318,7 @@ static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState
     struct { const char* name; uint64_t saved, have; } fields[] = {
         {"num_shards", s->num_shards, dl->num_shards},
         {"num_tokens", s->num_tokens, dl->num_tokens},
-        {"B", (uint64_t)s->B, (uint64_t)dl->B},
         {"T", (uint64_t)s->T, (uint64_t)dl->T},
-        {"num_processes", (uint64_t)s->num_processes, (uint64_t)dl->num_processes},
         {"shuffle", (uint64_t)s->shuffle, (uint64_t)dl->shuffle},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
@@ -333,17 +331,27 @@ static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState
         return shard_error(err, errlen, "data loader state is corrupt: epoch %llu, shard %llu of %zu",
                            (unsigned long long)s->epoch, (unsigned long long)s->shard_pos, dl->num_shards);
     }
+    // the position in samples, in global batches of this loader (whose B and
+    // process count may differ from the writer's: a run resumed on other GPUs)
+    uint64_t sample_pos = s->batch_pos * (uint64_t)s->B * (uint64_t)s->num_processes;
+    uint64_t global_batch = (uint64_t)dl->B * (uint64_t)dl->num_processes;
+    if (s->B <= 0 || s->num_processes <= 0 || sample_pos % global_batch != 0) {
+        return shard_error(err, errlen, "data loader state at sample %llu (batches of %d x %d processes) is not a "
+                           "multiple of this run's %d x %d", (unsigned long long)sample_pos, s->B, s->num_processes,
+                           dl->B, dl->num_processes);
+    }
+    size_t batch_pos = (size_t)(sample_pos / global_batch);
     // which shard batch_pos refers to depends on the state's seed and epoch
     size_t* order = (size_t*)mallocCheck(dl->num_shards * sizeof(size_t));
     dl_fill_order(order, dl->num_shards, dl->shuffle, dl_stream_seed(s->seed, s->epoch, 0));
     size_t batches = dataloader_shard_batches(dl, order[s->shard_pos]);
     free(order);
-    if (s->batch_pos > batches) {
-        return shard_error(err, errlen, "data loader state is corrupt: batch %llu of a shard with %zu batches",
-                           (unsigned long long)s->batch_pos, batches);
+    if (batch_pos > batches) {
+        return shard_error(err, errlen, "data loader state is corrupt: batch %zu of a shard with %zu batches",
+                           batch_pos, batches);
     }
     dl->seed = s->seed;
-    dataloader_seek(dl, (int)s->epoch, (size_t)s->shard_pos, (size_t)s->batch_pos);
+    dataloader_seek(dl, (int)s->epoch, (size_t)s->shard_pos, batch_pos);
     return 0;
 }
 

@@ -14,15 +14,27 @@
  GPU. The kernels are overloads with the same signatures for each backend
  (llmc/cpu_ops.h, llmc/cuda_*.cuh), so this file never asks which one runs.
 
- Nothing here waits for the device: the forward adds its loss and sparsity
- statistics to sums on the device, which gpt_stats_read brings to the host
- once per optimizer step.
+ The FFN of a layer runs dense or sparse (llmc/sparse_ffn.h: after the dense
+ gate product, only the units that fire; the backward keeps their pattern and
+ values, no [M, H] tensor). model->ffn_mode says which: FFN_DENSE everywhere,
+ FFN_SPARSE everywhere, or FFN_AUTO, where each layer is re-chosen at every
+ gpt_stats_read from its measured activity (dense until the first statistics).
+ In the sparse and auto modes dense layers keep no g, u, h either: they
+ recompute them in the backward, as with model->recompute.
+
+ The device is waited for at two places: gpt_stats_read, once per optimizer
+ step (the loss and sparsity statistics are sums on the device until then),
+ and, when a layer ran sparse, the end of each forward, which reads how many
+ rows each layer's sparse tail needed: a layer whose tail was too small gets a
+ larger one, the event is logged, and the forward is redone before anything
+ depends on it, so nothing is ever dropped.
 */
 #ifndef LLMC_GPT_H
 #define LLMC_GPT_H
 
 #include <stdint.h>
 #include "llmc/cpu_ops.h"
+#include "llmc/sparse_ffn.h"
 #ifdef __CUDACC__
 #include "llmc/cuda_attention.cuh"
 #include "llmc/cuda_classifier.cuh"
@@ -31,6 +43,7 @@
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_rmsnorm.cuh"
 #include "llmc/cuda_rope.cuh"
+#include "llmc/cuda_sparse_ffn.cuh"
 #endif
 #include "llmc/memory.h"
 #include "llmc/model.h"
@@ -56,8 +69,8 @@ struct Activations {
     G* lse;        // [L, B, NH, T] attention log-sum-exp per query
     T* ffn_in;     // [L, M, D] RMSNorm output f
     G* ffn_rstd;   // [L, M]
-    T* g;          // [L, M, H] gate pre-activation ([1, M, H] when recomputed)
-    T* u;          // [L, M, H] up projection (same)
+    T* g;          // [L, M, H] gate pre-activation ([1, M, H] when recomputed or not --ffn dense)
+    T* u;          // [L, M, H] up projection (same; none with --ffn sparse)
     T* h;          // [L, M, H] relu(g) * u (same)
     G* row_l1;     // [L, M] sum_n |h|
     int* row_active; // [L, M] firing units
@@ -70,9 +83,24 @@ struct Activations {
     T* d_res;      // [M, D] gradient of the loss wrt the residual stream
     T* d_tmp;      // [M, D]
     T* d_qkv;      // [M, QKV]
-    T* d_h;        // [M, H], also dg
-    T* d_u;        // [M, H]
+    T* d_h;        // [M, H], also dg (none with --ffn sparse)
+    T* d_u;        // [M, H] (same)
     G* scratch;    // attention and norm backward scratch
+};
+
+typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
+
+// FFN_AUTO: a layer runs sparse while its mean number of firing units per token
+// is at most this fraction of H (dev/bench_ffn: sparse fwd + bwd is faster than
+// dense up to about k = 1% of H at the standard point), with 25% hysteresis
+#define FFN_AUTO_MAX_ACTIVE 0.01
+
+// the sparse FFN state of a layer
+template <typename T>
+struct SparseFfnLayer {
+    int on;                  // this step's choice: 1 sparse, 0 dense
+    SparsePattern<T> p;      // allocated (p.M > 0) from the first sparse forward on
+    int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
 };
 
 template <typename T, typename G>
@@ -95,6 +123,20 @@ struct GPT {
     double ce;         // mean CE
     double l1_term;    // (1/L) sum_l mean_m sum_n |h|, before lambda
     LayerStats* stats; // [L]
+    // the sparse FFN (see the top of this file)
+    int ffn_mode;                 // FfnMode
+    SparseFfnLayer<T>* ffn;       // [L]
+    int* tail_used;               // [L] on the device: rows that asked for a tail slot in the last forward
+    SparseTransposed transposed;  // the backward's scratch, shared by the layers
+    T *sparse_du, *sparse_dg;     // [entries] the backward's scratch
+    size_t sparse_scratch_entries;
+    SparseScratch sparse_scratch; // the GPU kernels' scratch
+    int ffn_redone;               // forwards redone after a tail overflow, since gpt_build
+    // called by gpt_backward once layer l's gradients are final (l = -1: the
+    // embedding and final norm), so that data parallelism can reduce them while
+    // the backward goes on; NULL when there is nothing to do
+    void (*grads_ready)(void* ctx, int layer);
+    void* grads_ready_ctx;
 };
 
 template <typename P>
@@ -117,6 +159,14 @@ void gpt_build(GPT<T, G>* model, const GPTConfig* config, Device device) {
     model->stats_acc = (double*)device_malloc((1 + 3 * L) * sizeof(double), device);
     model->fired = (uint8_t*)device_malloc((size_t)L * config->hidden, device);
     model->stats = (LayerStats*)callocCheck(L, sizeof(LayerStats));
+    model->ffn = (SparseFfnLayer<T>*)callocCheck(L, sizeof(SparseFfnLayer<T>));
+    model->tail_used = (int*)device_malloc(L * sizeof(int), device);
+}
+
+// whether every layer keeps its dense g, u, h from the forward for the backward
+template <typename T, typename G>
+static inline int gpt_keeps_ffn(const GPT<T, G>* model) {
+    return !model->recompute && model->ffn_mode == FFN_DENSE;
 }
 
 // every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0; made on
@@ -136,6 +186,25 @@ static inline void init_params_random(float* params, const GPTConfig* c, uint64_
     }
 }
 
+// Benchmark-only (never written into a checkpoint): init_params_random, then
+// gates that are sparse from the start, about k of H units firing per token
+// in every layer (SPARSE.md's synthetic sparsity inside the model). The last
+// embedding channel becomes a constant 0.02, the scale of the others, so the
+// normed FFN input carries a feature of about 1; W_o and W_d are scaled by
+// 1e-3, so the residual stream stays the embedding and that feature survives
+// every layer; and the last column of W_g is -t sd(g), t = Phi^-1(1 - k/H).
+static inline void init_params_synthetic_sparse(float* params, const GPTConfig* c, double k, uint64_t seed) {
+    init_params_random(params, c, seed);
+    float* p[NUM_PARAM_TENSORS];
+    gpt_point_tensors(params, p, c);
+    size_t L = c->num_layers, D = c->channels, H = c->hidden;
+    for (int v = 0; v < c->vocab_size; v++) { p[P_WTE][(size_t)v * D + D - 1] = 0.02f; }
+    for (size_t i = 0; i < L * D * D; i++) { p[P_WO][i] *= 1e-3f; }
+    for (size_t i = 0; i < L * H * D; i++) { p[P_WDT][i] *= 1e-3f; }
+    float offset = (float)(-sparse_normal_quantile(1.0 - k / H) * 0.02 * sqrt((double)D - 1));
+    for (size_t r = 0; r < L * H; r++) { p[P_WG][r * D + D - 1] = offset; }
+}
+
 template <typename T, typename G>
 void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     const GPTConfig* c = &model->config;
@@ -145,20 +214,21 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     // attention backward wants B*NKV*T values (CPU) or B*NH*T (GPU: a delta per query);
     // the norm backward (GPU) wants a block's partial sums of D
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
-    size_t LH = model->recompute ? 1 : L; // layers whose FFN activations are kept
+    size_t LH = gpt_keeps_ffn(model) ? L : 1; // layers whose dense FFN activations are kept
+    size_t dense = model->ffn_mode != FFN_SPARSE; // g is also the sparse gate's scratch; u, h, d_h, d_u only dense
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
         {(void**)&a->qkv, L * M * QKV * sizeof(T)}, {(void**)&a->att, L * M * D * sizeof(T)},
         {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, L * M * D * sizeof(T)},
         {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, LH * M * H * sizeof(T)},
-        {(void**)&a->u, LH * M * H * sizeof(T)}, {(void**)&a->h, LH * M * H * sizeof(T)},
+        {(void**)&a->u, dense * LH * M * H * sizeof(T)}, {(void**)&a->h, dense * LH * M * H * sizeof(T)},
         {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
         {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
         {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
         {(void**)&a->proj, M * D * sizeof(T)}, {(void**)&a->d_res, M * D * sizeof(T)},
         {(void**)&a->d_tmp, M * D * sizeof(T)}, {(void**)&a->d_qkv, M * QKV * sizeof(T)},
-        {(void**)&a->d_h, M * H * sizeof(T)}, {(void**)&a->d_u, M * H * sizeof(T)},
+        {(void**)&a->d_h, dense * M * H * sizeof(T)}, {(void**)&a->d_u, dense * M * H * sizeof(T)},
         {(void**)&a->scratch, scratch * sizeof(G)},
     };
     const size_t align = 256; // every buffer starts on a 256-byte boundary for vector loads
@@ -173,6 +243,74 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     }
     model->B = B;
     model->T_ = T_;
+    if (model->ffn_mode != FFN_DENSE) {
+        if (model->device == DEVICE_CUDA) {
+#ifdef __CUDACC__
+            sparse_scratch_alloc_cuda(&model->sparse_scratch, (int)M, (int)H);
+#endif
+        }
+        // sparse from the start, or dense until the first statistics say otherwise
+        for (size_t l = 0; l < L; l++) {
+            SparseFfnLayer<T>* f = &model->ffn[l];
+            f->on = model->ffn_mode == FFN_SPARSE;
+            f->W = (int)(H < 256 ? H : 256);
+            f->tail_capacity = sparse_choose_tail((int)M / 64, (int)M);
+        }
+    }
+}
+
+// layer l's pattern at the sizes it wants, and the shared backward scratch large enough for it
+template <typename T, typename G>
+static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
+    SparseFfnLayer<T>* f = &model->ffn[l];
+    int M = model->B * model->T_, H = model->config.hidden;
+    if (f->p.M == 0 || f->p.W != f->W || f->p.tail_capacity != f->tail_capacity) {
+        sparse_pattern_free(&f->p, model->device);
+        sparse_pattern_alloc(&f->p, M, H, f->W, f->tail_capacity, model->tail_used + l, model->device);
+    }
+    size_t entries = sparse_entries(M, H, f->W, f->tail_capacity);
+    if (entries > model->sparse_scratch_entries) {
+        sparse_transposed_free(&model->transposed, model->device);
+        device_free(model->sparse_du, model->device);
+        device_free(model->sparse_dg, model->device);
+        sparse_transposed_alloc(&model->transposed, H, entries, model->device);
+        model->sparse_du = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
+        model->sparse_dg = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
+        model->sparse_scratch_entries = entries;
+    }
+}
+
+// After a forward: did a sparse layer's tail overflow? Such a layer gets a tail
+// for what it needed, and the event is logged; the caller redoes the forward.
+// The rows a layer lost are NaN in every later layer, which therefore counted
+// too few: the later layers get a tail at least as large, so that one redo
+// usually suffices (another one follows if not).
+template <typename T, typename G>
+static int gpt_sparse_overflowed(GPT<T, G>* model) {
+    int L = model->config.num_layers, M = model->B * model->T_, any_on = 0, overflow = 0, most = 0;
+    for (int l = 0; l < L; l++) { any_on |= model->ffn[l].on; }
+    if (!any_on) { return 0; }
+    int* used = (int*)mallocCheck(L * sizeof(int));
+    device_copy(used, model->tail_used, L * sizeof(int), model->device);
+    for (int l = 0; l < L; l++) {
+        SparseFfnLayer<T>* f = &model->ffn[l];
+        if (!f->on) { continue; }
+        if (used[l] > f->p.tail_capacity) {
+            f->tail_capacity = sparse_choose_tail(used[l] > most ? used[l] : most, M);
+            printf("ffn: layer %d: %d rows had more than %d active units, the tail held %d: tail grown to %d rows, "
+                   "forward redone\n", l, used[l], f->p.W, f->p.tail_capacity, f->tail_capacity);
+            overflow = 1;
+            most = used[l] > most ? used[l] : most;
+        } else if (overflow && f->tail_capacity < sparse_choose_tail(most, M)) {
+            f->tail_capacity = sparse_choose_tail(most, M);
+            printf("ffn: layer %d: tail grown to %d rows after the overflow of an earlier layer\n", l, f->tail_capacity);
+        } else if (f->tail_capacity > 4 * sparse_choose_tail(used[l], M)) {
+            f->tail_capacity = 2 * sparse_choose_tail(used[l], M); // far too large: give memory back next forward
+        }
+    }
+    free(used);
+    model->ffn_redone += overflow;
+    return overflow;
 }
 
 template <typename T, typename G>
@@ -183,6 +321,17 @@ void gpt_free(GPT<T, G>* model) {
     device_free(model->stats_acc, model->device);
     device_free(model->fired, model->device);
     free(model->stats);
+    for (int l = 0; l < model->config.num_layers; l++) { sparse_pattern_free(&model->ffn[l].p, model->device); }
+    free(model->ffn);
+    device_free(model->tail_used, model->device);
+    sparse_transposed_free(&model->transposed, model->device);
+    device_free(model->sparse_du, model->device);
+    device_free(model->sparse_dg, model->device);
+    if (model->device == DEVICE_CUDA && model->sparse_scratch.scan_temp) {
+#ifdef __CUDACC__
+        sparse_scratch_free_cuda(&model->sparse_scratch);
+#endif
+    }
     memset(model, 0, sizeof(*model));
 }
 
@@ -201,6 +350,25 @@ void gpt_stats_reset(GPT<T, G>* model) {
     int L = model->config.num_layers;
     device_zero(model->stats_acc, (1 + 3 * L) * sizeof(double), model->device);
     device_zero(model->fired, (size_t)L * model->config.hidden, model->device);
+}
+
+// re-chooses layer l's FFN from its measured mean activity k (FFN_AUTO), and
+// resizes its ELL width when k moved far from what the width was chosen for
+template <typename T, typename G>
+static void gpt_ffn_choose(GPT<T, G>* model, int l, double k) {
+    SparseFfnLayer<T>* f = &model->ffn[l];
+    int H = model->config.hidden;
+    if (model->ffn_mode == FFN_AUTO) {
+        double limit = FFN_AUTO_MAX_ACTIVE * H;
+        int on = f->on ? k <= 1.25 * limit : k < limit / 1.25;
+        if (on != f->on) {
+            printf("ffn: layer %d -> %s (%.1f of %d units active per token, sparse up to %.0f)\n", l,
+                   on ? "sparse" : "dense", k, H, limit);
+        }
+        f->on = on;
+    }
+    int W = sparse_choose_width(k, H);
+    if (f->on && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
 }
 
 // brings the sums of the forwards since gpt_stats_reset to the host (the one
@@ -223,6 +391,7 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
         for (int n = 0; n < H; n++) { dead += !fired[(size_t)l * H + n]; }
         s->dead = (double)dead / H;
         model->l1_term += s->l1 / L;
+        gpt_ffn_choose(model, l, s->l0_mean);
     }
     free(fired);
 }
@@ -253,6 +422,53 @@ void gpt_ffn_activations(GPT<T, G>* model, int l, T* g, T* u, T* h) {
                       model->fired + (size_t)l * H, g, u, M, H);
 }
 
+// the embedding and the layers of a forward (gpt_forward)
+template <typename T, typename G>
+static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
+    const GPTConfig* c = &model->config;
+    int B = model->B, T_ = model->T_, L = c->num_layers, D = c->channels, H = c->hidden, M = B * T_;
+    int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
+    Activations<T, G>* a = &model->acts;
+    size_t MD = (size_t)M * D, MH = (size_t)M * H;
+
+    encoder_forward(a->x_res, inputs, model->param[P_WTE], M, D);
+    rmsnorm_forward(a->attn_in, a->attn_rstd, a->x_res, model->param[P_ATTN_NORM], M, D, c->norm_eps);
+    for (int l = 0; l < L; l++) {
+        T* qkv = a->qkv + (size_t)l * M * QKV;
+        T* att = a->att + l * MD;
+        T* ffn_in = a->ffn_in + l * MD;
+        size_t ffn = gpt_keeps_ffn(model) ? l * MH : 0;
+        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
+        const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
+
+        linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
+        rope_forward(qkv, B, T_, 0, NH, NKV, hd, c->rope_theta);
+        attention_forward(att, a->lse + (size_t)l * M * NH, qkv, B, T_, NH, NKV, hd);
+        linear_forward(a->proj, att, model->param[P_WO] + (size_t)l * D * D, M, D, D);
+        fused_residual_rmsnorm_forward(a->x_mid + l * MD, ffn_in, a->ffn_rstd + (size_t)l * M, a->x_res + l * MD,
+                                       a->proj, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
+
+        if (model->ffn[l].on) {
+            // the dense gate product into g's buffer, then only the units that fire
+            SparsePattern<T>* p = &model->ffn[l].p;
+            gpt_sparse_ensure(model, l);
+            linear_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
+            sparse_pack(p, a->row_active + (size_t)l * M, model->fired + (size_t)l * H, g, &model->sparse_scratch);
+            sparse_up(p, a->row_l1 + (size_t)l * M, ffn_in, model->param[P_WU] + (size_t)l * H * D, D);
+            sparse_down(a->proj, p, wdT, D);
+        } else {
+            gpt_ffn_activations(model, l, g, u, h);
+            gemm(a->proj, h, wdT, M, D, H, 0, 0, 0);
+        }
+        // the residual add, fused with the norm of the next layer (or the final norm)
+        int last = l == L - 1;
+        fused_residual_rmsnorm_forward(a->x_res + (l + 1) * MD, last ? a->final_out : a->attn_in + (l + 1) * MD,
+                                       last ? a->final_rstd : a->attn_rstd + (size_t)(l + 1) * M, a->x_mid + l * MD,
+                                       a->proj, last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,
+                                       M, D, c->norm_eps);
+    }
+}
+
 // Forward over B sequences of T tokens (inputs and targets on the model's
 // device). With targets, adds the losses and the sparsity statistics to the
 // sums; with dloss > 0, also leaves dlogits = dloss * dCE/dlogits in place of
@@ -265,36 +481,13 @@ void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B,
     if (B != model->B || T_ != model->T_) {
         fatal("batch %dx%d differs from the %dx%d the activations were sized for", B, T_, model->B, model->T_);
     }
-    int L = c->num_layers, D = c->channels, H = c->hidden, M = B * T_;
-    int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
+    int L = c->num_layers, D = c->channels, M = B * T_;
     Activations<T, G>* a = &model->acts;
-    size_t MD = (size_t)M * D, MH = (size_t)M * H;
 
-    encoder_forward(a->x_res, inputs, model->param[P_WTE], M, D);
-    rmsnorm_forward(a->attn_in, a->attn_rstd, a->x_res, model->param[P_ATTN_NORM], M, D, c->norm_eps);
-    for (int l = 0; l < L; l++) {
-        T* qkv = a->qkv + (size_t)l * M * QKV;
-        T* att = a->att + l * MD;
-        T* ffn_in = a->ffn_in + l * MD;
-        size_t ffn = model->recompute ? 0 : l * MH;
-        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
-
-        linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
-        rope_forward(qkv, B, T_, 0, NH, NKV, hd, c->rope_theta);
-        attention_forward(att, a->lse + (size_t)l * M * NH, qkv, B, T_, NH, NKV, hd);
-        linear_forward(a->proj, att, model->param[P_WO] + (size_t)l * D * D, M, D, D);
-        fused_residual_rmsnorm_forward(a->x_mid + l * MD, ffn_in, a->ffn_rstd + (size_t)l * M, a->x_res + l * MD,
-                                       a->proj, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
-
-        gpt_ffn_activations(model, l, g, u, h);
-        gemm(a->proj, h, model->param[P_WDT] + (size_t)l * H * D, M, D, H, 0, 0, 0);
-        // the residual add, fused with the norm of the next layer (or the final norm)
-        int last = l == L - 1;
-        fused_residual_rmsnorm_forward(a->x_res + (l + 1) * MD, last ? a->final_out : a->attn_in + (l + 1) * MD,
-                                       last ? a->final_rstd : a->attn_rstd + (size_t)(l + 1) * M, a->x_mid + l * MD,
-                                       a->proj, last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,
-                                       M, D, c->norm_eps);
-    }
+    // a redo after a sparse tail overflow gives the same patterns, now all held
+    do {
+        gpt_forward_layers(model, inputs);
+    } while (gpt_sparse_overflowed(model));
     linear_forward(a->logits, a->final_out, model->param[P_WTE], M, D, c->padded_vocab_size);
     if (targets) {
         crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, a->losses, a->logits, targets, M,
@@ -334,17 +527,29 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
         const T* wg = model->param[P_WG] + (size_t)l * H * D;
         const T* wu = model->param[P_WU] + (size_t)l * H * D;
         const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
-        size_t ffn = model->recompute ? 0 : l * MH;
+        size_t ffn = gpt_keeps_ffn(model) ? l * MH : 0;
         T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
         const T* ffn_in = a->ffn_in + l * MD;
-        if (model->recompute) { gpt_ffn_activations(model, l, g, u, h); }
+        G *dwg = model->grad[P_WG] + (size_t)l * H * D, *dwu = model->grad[P_WU] + (size_t)l * H * D;
+        G* dwdT = model->grad[P_WDT] + (size_t)l * H * D;
 
         // FFN: x_out = x_mid + h Wd^T; d_res is dL/dx_out and passes through to x_mid
-        gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
-        gemm(model->grad[P_WDT] + (size_t)l * H * D, h, d_res, H, D, M, 1, 0, 1);
-        relu_gate_backward(a->d_h, a->d_u, a->d_h, g, u, h, l1_scale, M, H);
-        linear_backward(a->d_tmp, model->grad[P_WU] + (size_t)l * H * D, a->d_u, ffn_in, wu, M, D, H, 0);
-        linear_backward(a->d_tmp, model->grad[P_WG] + (size_t)l * H * D, a->d_h, ffn_in, wg, M, D, H, 1);
+        if (model->ffn[l].on) {
+            // all six products over the pattern only
+            const SparsePattern<T>* p = &model->ffn[l].p;
+            T *du = model->sparse_du, *dg = model->sparse_dg;
+            sparse_dh(du, dg, p, d_res, wdT, l1_scale, D);
+            sparse_df(a->d_tmp, p, du, dg, wu, wg, D);
+            sparse_transpose(&model->transposed, p, &model->sparse_scratch);
+            sparse_weight_grads(dwu, dwg, dwdT, p, &model->transposed, du, dg, ffn_in, d_res, D);
+        } else {
+            if (!gpt_keeps_ffn(model)) { gpt_ffn_activations(model, l, g, u, h); }
+            gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
+            gemm(dwdT, h, d_res, H, D, M, 1, 0, 1);
+            relu_gate_backward(a->d_h, a->d_u, a->d_h, g, u, h, l1_scale, M, H);
+            linear_backward(a->d_tmp, dwu, a->d_u, ffn_in, wu, M, D, H, 0);
+            linear_backward(a->d_tmp, dwg, a->d_h, ffn_in, wg, M, D, H, 1);
+        }
         rmsnorm_backward(d_res, model->grad[P_FFN_NORM] + (size_t)l * D, a->scratch, a->d_tmp, a->x_mid + l * MD,
                          model->param[P_FFN_NORM] + (size_t)l * D, a->ffn_rstd + (size_t)l * M, M, D);
 
@@ -358,8 +563,10 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
                         model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV, 0);
         rmsnorm_backward(d_res, model->grad[P_ATTN_NORM] + (size_t)l * D, a->scratch, a->d_tmp, a->x_res + l * MD,
                          model->param[P_ATTN_NORM] + (size_t)l * D, a->attn_rstd + (size_t)l * M, M, D);
+        if (model->grads_ready) { model->grads_ready(model->grads_ready_ctx, l); }
     }
     encoder_backward(model->grad[P_WTE], d_res, inputs, M, D);
+    if (model->grads_ready) { model->grads_ready(model->grads_ready_ctx, -1); }
 }
 
 // ----------------------------------------------------------------------------

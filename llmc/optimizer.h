@@ -4,43 +4,74 @@
  master weights from which the bf16 compute weights are rounded after every
  step. The moments (and master weights) are what checkpoints store, in fp32,
  so a checkpoint moves between the CPU and GPU paths.
+
+ On the GPU the state covers the parameters this process owns (llmc/zero.h),
+ packed in flat order: all of them with one process, a 1/P share with P
+ data-parallel processes (ZeRO-1), whose gradients llmc/zero.cuh sums into
+ owned_grads and whose new weights it all-gathers after the step.
 */
 #ifndef LLMC_OPTIMIZER_H
 #define LLMC_OPTIMIZER_H
 
 #include "llmc/adamw.h"
 #include "llmc/gpt.h"
+#include "llmc/zero.h"
 #ifdef __CUDACC__
 #include "llmc/cuda_adamw.cuh"
+#include "llmc/zero.cuh"
+#else
+typedef struct Zero Zero;
 #endif
 
 typedef struct {
     Device device;
-    size_t n;
-    float* master;      // GPU: fp32 master weights; CPU: NULL (the model's fp32 params are the master)
-    float* m;           // first moments, on the model's device
-    float* v;           // second moments
+    size_t n;           // parameters of the model
+    size_t owned;       // parameters this process updates: n unless sharded
+    ZeroLayout layout;  // which ones (GPU)
+    Zero* zero;         // NULL with one process
+    float* master;      // GPU: fp32 master weights (owned); CPU: NULL (the model's fp32 params are the master)
+    float* m;           // first moments (owned), on the model's device
+    float* v;           // second moments (owned)
+    float* grads;       // GPU: summed gradients of the owned parameters (the model's own with one process)
+    void* params;       // GPU: bf16 weights of the owned parameters (the model's own with one process)
     float* norm_sq;     // GPU: the squared gradient norm of the last step, on the device
     float* scratch;     // GPU: the norm's partial sums
     double grad_norm;   // the last step's gradient norm (read with the step's statistics)
 } Optimizer;
 
+// zero: the data-parallel group on the GPU, NULL for one process
 template <typename T, typename G>
-void optimizer_init(Optimizer* opt, const GPT<T, G>* model) {
+void optimizer_init(Optimizer* opt, GPT<T, G>* model, Zero* zero) {
     memset(opt, 0, sizeof(*opt));
     opt->device = model->device;
     opt->n = model->num_parameters;
-    opt->m = (float*)device_malloc(opt->n * sizeof(float), opt->device);
-    opt->v = (float*)device_malloc(opt->n * sizeof(float), opt->device);
-    device_zero(opt->m, opt->n * sizeof(float), opt->device);
-    device_zero(opt->v, opt->n * sizeof(float), opt->device);
+    opt->owned = opt->n;
+    opt->zero = zero;
     if (opt->device == DEVICE_CUDA) {
-        opt->master = (float*)device_malloc(opt->n * sizeof(float), opt->device);
-        opt->norm_sq = (float*)device_malloc(sizeof(float), opt->device);
 #ifdef __CUDACC__
+        zero_layout_init(&opt->layout, &model->config, zero ? zero->proc.size : 1, zero ? zero->proc.rank : 0);
+        opt->owned = opt->layout.owned;
+        gpt_zero_grad(model); // the gradient buffer exists from here on (also a scratch for set/get_params)
+        opt->master = (float*)device_malloc(opt->owned * sizeof(float), opt->device);
+        opt->norm_sq = (float*)device_malloc(sizeof(float), opt->device);
         opt->scratch = (float*)device_malloc(GLOBAL_NORM_BLOCKS * sizeof(float), opt->device);
+        if (zero) {
+            opt->grads = (float*)device_malloc(opt->owned * sizeof(float), opt->device);
+            opt->params = device_malloc(opt->owned * sizeof(bf16), opt->device);
+            zero->grads = model->grads;
+            zero->owned_grads = opt->grads;
+            model->grads_ready = zero_grads_ready;
+            model->grads_ready_ctx = zero;
+        } else {
+            opt->grads = model->grads;
+            opt->params = model->params;
+        }
 #endif
     }
+    opt->m = (float*)device_malloc(opt->owned * sizeof(float), opt->device);
+    opt->v = (float*)device_malloc(opt->owned * sizeof(float), opt->device);
+    device_zero(opt->m, opt->owned * sizeof(float), opt->device);
+    device_zero(opt->v, opt->owned * sizeof(float), opt->device);
 }
 
 static inline void optimizer_free(Optimizer* opt) {
@@ -49,6 +80,11 @@ static inline void optimizer_free(Optimizer* opt) {
     device_free(opt->master, opt->device);
     device_free(opt->norm_sq, opt->device);
     device_free(opt->scratch, opt->device);
+    if (opt->zero) {
+        device_free(opt->grads, opt->device);
+        device_free(opt->params, opt->device);
+    }
+    if (opt->layout.buckets) { zero_layout_free(&opt->layout); }
     memset(opt, 0, sizeof(*opt));
 }
 
@@ -62,13 +98,27 @@ static inline void get_params_fp32(const GPT<float, float>* model, const Optimiz
 }
 
 #ifdef __CUDACC__
+// every process gets the same host values; the gradient buffer is the scratch
 static inline void set_params_from_fp32(GPT<bf16, float>* model, Optimizer* opt, const float* host) {
-    device_copy(opt->master, host, opt->n * sizeof(float), DEVICE_CUDA);
-    round_to_bf16_cuda(model->params, opt->master, opt->n);
+    float* full = model->grads;
+    device_copy(full, host, opt->n * sizeof(float), DEVICE_CUDA);
+    round_to_bf16_cuda(model->params, full, opt->n);
+    for (int i = 0; i < opt->layout.num_segments; i++) {
+        const ZeroSegment* s = &opt->layout.segments[i];
+        cudaCheck(cudaMemcpyAsync(opt->master + s->packed, full + s->offset, s->count * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, main_stream));
+    }
 }
 
-static inline void get_params_fp32(const GPT<bf16, float>* model, const Optimizer* opt, float* host) {
-    device_copy(host, opt->master, opt->n * sizeof(float), DEVICE_CUDA);
+// the fp32 master weights of every process (a collective when sharded: all
+// processes call it); the gradient buffer is the scratch
+static inline void get_params_fp32(GPT<bf16, float>* model, const Optimizer* opt, float* host) {
+    if (opt->zero == NULL) {
+        device_copy(host, opt->master, opt->n * sizeof(float), DEVICE_CUDA);
+        return;
+    }
+    zero_all_gather(opt->zero, model->grads, opt->master);
+    device_copy(host, model->grads, opt->n * sizeof(float), DEVICE_CUDA);
 }
 #endif
 
@@ -86,19 +136,26 @@ static inline void optimizer_step(Optimizer* opt, GPT<float, float>* model, cons
 }
 
 #ifdef __CUDACC__
+// with P processes the gradients must have been reduced (zero_reduce_finish)
 static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const OptimConfig* cfg, float lr, int t) {
-    size_t sizes[NUM_PARAM_TENSORS];
-    param_sizes(sizes, &model->config);
     // the clip factor is computed on the device from the norm, so the step never waits for it
-    global_norm_squared_cuda(opt->norm_sq, model->grads, opt->n, opt->scratch);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        size_t off = model->param[i] - model->params;
-        adamw_update_cuda(opt->master + off, model->param[i], model->grad[i], opt->m + off, opt->v + off, sizes[i], lr,
-                          cfg->beta1, cfg->beta2, cfg->eps, param_is_matrix(i) ? cfg->weight_decay : 0.0f, t,
-                          opt->norm_sq, cfg->grad_clip);
+    global_norm_squared_cuda(opt->norm_sq, opt->grads, opt->owned, opt->scratch);
+    if (opt->zero) { zero_all_reduce_sum(opt->zero, opt->norm_sq, 1); }
+    // one update per run of packed parameters with the same weight decay
+    const ZeroLayout* z = &opt->layout;
+    for (int i = 0; i < z->num_segments;) {
+        int j = i + 1;
+        while (j < z->num_segments && z->segments[j].decay == z->segments[i].decay) { j++; }
+        size_t first = z->segments[i].packed, count = z->segments[j - 1].packed + z->segments[j - 1].count - first;
+        adamw_update_cuda(opt->master + first, (bf16*)opt->params + first, opt->grads + first, opt->m + first,
+                          opt->v + first, count, lr, cfg->beta1, cfg->beta2, cfg->eps,
+                          z->segments[i].decay ? cfg->weight_decay : 0.0f, t, opt->norm_sq, cfg->grad_clip);
+        i = j;
     }
+    if (opt->zero) { zero_all_gather(opt->zero, model->params, (const bf16*)opt->params); }
 }
 #endif
+
 // the last step's gradient norm, on the host (on the GPU this waits for the step)
 static inline double optimizer_grad_norm(Optimizer* opt) {
     if (opt->device == DEVICE_CUDA) {

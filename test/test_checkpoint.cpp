@@ -25,15 +25,16 @@ static void load_model(const void* path) {
     free(checkpoint_load_model((const char*)path, &c, NULL));
 }
 
-static void load_state_other_config(const void* path) {
+// path: a checkpoint directory with a state of step 17
+static void load_state_other_config(const void* dir) {
     GPTConfig other = small_config();
     other.hidden = 48;
     TrainState s;
-    char loader[8];
+    char loader[24];
     size_t n = num_parameters(&other);
     float* m = (float*)mallocCheck(n * sizeof(float));
     float* v = (float*)mallocCheck(n * sizeof(float));
-    checkpoint_load_state((const char*)path, &other, &s, loader, sizeof(loader), m, v);
+    checkpoint_load_state((const char*)dir, 17, &other, 1, 0, &s, loader, sizeof(loader), m, v);
 }
 
 static void expect_child_error(void (*fn)(const void*), const char* path, const char* want) {
@@ -64,9 +65,9 @@ static void test_round_trip(void) {
     GPTConfig c = small_config();
     size_t n = num_parameters(&c);
     float* params = random_floats(n, 1);
-    Path model = tmp_path("model.bin");
+    Path model = tmp_path("model_00000017.bin");
     checkpoint_save_model(model.s, &c, params, 17);
-    CHECK(!file_exists(tmp_path("model.bin.tmp").s), "the temporary file was left behind");
+    CHECK(!file_exists(tmp_path("model_00000017.bin.tmp").s), "the temporary file was left behind");
     CHECK(size_of(model.s) == 1024 + (long)(n * sizeof(float)), "model file size %ld", size_of(model.s));
     GPTConfig loaded;
     int step = 0;
@@ -81,19 +82,21 @@ static void test_round_trip(void) {
     float* v = random_floats(n, 3);
     TrainState s = {17, 4, 32, 3, 1, 0, 0x1234567890abcdefull};
     char loader[24] = "loader state bytes";
-    Path state = tmp_path("state.bin");
-    checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v);
+    Path state = tmp_path("state_00000017_00000.bin");
+    CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
+    checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n);
+    CHECK(checkpoint_complete(tmp_dir, 17), "model and state make a complete checkpoint");
     TrainState s2;
     char loader2[24];
     float* m2 = (float*)mallocCheck(n * sizeof(float));
     float* v2 = (float*)mallocCheck(n * sizeof(float));
-    checkpoint_load_state(state.s, &c, &s2, loader2, sizeof(loader2), m2, v2);
+    checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2);
     CHECK(memcmp(&s, &s2, sizeof(s)) == 0, "train state differs after the round trip");
     CHECK(memcmp(loader, loader2, sizeof(loader)) == 0, "loader state differs");
     CHECK(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0, "moments differ");
 
     // the errors
-    expect_child_error(load_state_other_config, state.s, "is for another model: hidden 40 (checkpoint) vs 48 (this run)");
+    expect_child_error(load_state_other_config, tmp_dir, "is for another model: hidden 40 (checkpoint) vs 48 (this run)");
     Path cut = tmp_path("cut.bin");
     copy_prefix(model.s, cut.s, size_of(model.s) - 4);
     expect_child_error(load_model, cut.s, "truncated");
@@ -111,6 +114,114 @@ static void test_round_trip(void) {
     poke(bad.s, 5 * 4, 17); // channels 17 is not a multiple of 4 heads
     expect_child_error(load_model, bad.s, "channels 17 must be a multiple of num_heads 4");
     free(params); free(m); free(v); free(m2); free(v2);
+}
+
+// optimizer state written by P processes (ZeRO shards, llmc/zero.h) loads on
+// any other number of processes: every rank gets exactly its share
+static void test_resharding(void) {
+    GPTConfig c = small_config();
+    size_t n = num_parameters(&c);
+    float* m = random_floats(n, 4);
+    float* v = random_floats(n, 5);
+    char loader[24] = "position";
+    const int counts[] = {1, 2, 3, 5};
+    for (int wi = 0; wi < 4; wi++) {
+        int writers = counts[wi];
+        char dir_name[32];
+        snprintf(dir_name, sizeof(dir_name), "shards%d", writers);
+        Path dir = tmp_path(dir_name);
+        make_dir(dir.s);
+        float* model = random_floats(n, 6);
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", dir.s, 40);
+        checkpoint_save_model(path, &c, model, 40);
+        free(model);
+        size_t covered = 0;
+        for (int r = 0; r < writers; r++) {
+            ZeroLayout z;
+            zero_layout_init(&z, &c, writers, r);
+            covered += z.owned;
+            float* pm = (float*)mallocCheck(z.owned * sizeof(float));
+            float* pv = (float*)mallocCheck(z.owned * sizeof(float));
+            zero_pack(pm, m, &z);
+            zero_pack(pv, v, &z);
+            TrainState s = {40, 2, 32, 1, writers, r, 99};
+            state_path(path, sizeof(path), dir.s, 40, r);
+            CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
+            checkpoint_save_state(path, &c, &s, loader, sizeof(loader), pm, pv, z.owned);
+            free(pm);
+            free(pv);
+            zero_layout_free(&z);
+        }
+        CHECK(covered == n, "%d shards cover %zu of %zu parameters", writers, covered, n);
+        CHECK(checkpoint_complete(dir.s, 40), "all %d state files: complete", writers);
+        for (int ri = 0; ri < 4; ri++) {
+            int readers = counts[ri];
+            for (int r = 0; r < readers; r++) {
+                ZeroLayout z;
+                zero_layout_init(&z, &c, readers, r);
+                float* got_m = (float*)mallocCheck(z.owned * sizeof(float));
+                float* got_v = (float*)mallocCheck(z.owned * sizeof(float));
+                float* want_m = (float*)mallocCheck(z.owned * sizeof(float));
+                float* want_v = (float*)mallocCheck(z.owned * sizeof(float));
+                zero_pack(want_m, m, &z);
+                zero_pack(want_v, v, &z);
+                TrainState s;
+                char loader2[24];
+                checkpoint_load_state(dir.s, 40, &c, readers, r, &s, loader2, sizeof(loader2), got_m, got_v);
+                CHECK(memcmp(got_m, want_m, z.owned * sizeof(float)) == 0 &&
+                      memcmp(got_v, want_v, z.owned * sizeof(float)) == 0 && s.num_processes == writers &&
+                      memcmp(loader, loader2, sizeof(loader)) == 0,
+                      "written by %d, read by rank %d of %d: moments differ", writers, r, readers);
+                free(got_m); free(got_v); free(want_m); free(want_v);
+                zero_layout_free(&z);
+            }
+        }
+        // a missing rank's file makes the checkpoint incomplete
+        if (writers > 1) {
+            state_path(path, sizeof(path), dir.s, 40, writers - 1);
+            remove(path);
+            CHECK(!checkpoint_complete(dir.s, 40), "a checkpoint missing rank %d's state counts as complete", writers - 1);
+        }
+        for (int r = 0; r < writers; r++) {
+            state_path(path, sizeof(path), dir.s, 40, r);
+            remove(path);
+        }
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", dir.s, 40);
+        remove(path);
+        rmdir(dir.s);
+    }
+    free(m);
+    free(v);
+}
+
+// every parameter is owned by exactly one rank, in flat order within a rank,
+// and bucket shares are what zero_share says
+static void test_zero_layout(void) {
+    GPTConfig c = small_config();
+    size_t n = num_parameters(&c);
+    for (int P = 1; P <= 9; P++) {
+        unsigned char* owner = (unsigned char*)callocCheck(n, 1);
+        int bad = 0;
+        for (int r = 0; r < P; r++) {
+            ZeroLayout z;
+            zero_layout_init(&z, &c, P, r);
+            size_t packed = 0, last_end = 0;
+            for (int i = 0; i < z.num_segments; i++) {
+                const ZeroSegment* s = &z.segments[i];
+                bad += s->packed != packed || s->offset < last_end;
+                for (size_t k = 0; k < s->count; k++) { owner[s->offset + k]++; }
+                packed += s->count;
+                last_end = s->offset + s->count;
+            }
+            bad += packed != z.owned;
+            CHECK(z.num_buckets == 2 + 7 * c.num_layers, "P=%d: %d buckets", P, z.num_buckets);
+            zero_layout_free(&z);
+        }
+        for (size_t i = 0; i < n; i++) { bad += owner[i] != 1; }
+        CHECK(bad == 0, "P=%d: %d layout errors", P, bad);
+        free(owner);
+    }
 }
 
 static void test_log_truncation(void) {
@@ -134,6 +245,8 @@ static void test_log_truncation(void) {
 int main(void) {
     make_tmp_dir("test_checkpoint");
     test_round_trip();
+    test_zero_layout();
+    test_resharding();
     test_log_truncation();
     remove_tmp_dir();
     return test_summary("test_checkpoint");

@@ -425,14 +425,55 @@ static void check_resume(int B, int P, int shuffle) {
     dataloader_free(&ref);
 }
 
+// a state written by P processes of batch B resumes in a loader that splits the
+// same global batch otherwise (a run moved to another number of GPUs): the
+// one-process loader of batch B P continues with what the P processes would
+// have read next, and the other way round
+static void check_resplit(int B, int P) {
+    DataLoader whole;
+    dataloader_init(&whole, train_pattern.s, B * P, 4, 0, 1, 1, 7, VOCAB);
+    size_t total = 2 * dataloader_num_batches(&whole) + 1;
+    int* want = (int*)mallocCheck((total + 4) * (size_t)B * P * sizeof(int));
+    collect(&whole, total + 4, want);
+    int* got = (int*)mallocCheck((total + 3) * (size_t)B * P * sizeof(int)); // any collect below fits
+    int bad = 0;
+    for (size_t k = 0; k <= total; k += 3) {
+        DataLoader part, one;
+        dataloader_init(&part, train_pattern.s, B, 4, P - 1, P, 1, 7, VOCAB);
+        collect(&part, k, got);
+        DataLoaderState st = dataloader_get_state(&part);
+        dataloader_init(&one, train_pattern.s, B * P, 4, 0, 1, 1, 7, VOCAB);
+        dataloader_set_state(&one, &st);
+        collect(&one, 3, got);
+        bad += memcmp(got, want + k * (size_t)B * P, 3 * (size_t)B * P * sizeof(int)) != 0;
+        // and back: rank r of P continues with its part of the next global batch
+        st = dataloader_get_state(&one);
+        for (int r = 0; r < P; r++) {
+            DataLoader back;
+            dataloader_init(&back, train_pattern.s, B, 4, r, P, 1, 7, VOCAB);
+            dataloader_set_state(&back, &st);
+            collect(&back, 1, got);
+            bad += memcmp(got, want + ((k + 3) * P + r) * (size_t)B, (size_t)B * sizeof(int)) != 0;
+            dataloader_free(&back);
+        }
+        dataloader_free(&part);
+        dataloader_free(&one);
+    }
+    CHECK(bad == 0, "B=%d P=%d: %d resumes across process counts differ", B, P, bad);
+    free(want);
+    free(got);
+    dataloader_free(&whole);
+}
+
 static void test_state_errors(void) {
     DataLoader dl;
     dataloader_init(&dl, train_pattern.s, 3, 4, 0, 1, 1, 3, VOCAB);
     char err[SHARD_ERR_LEN];
     DataLoaderState st = dataloader_get_state(&dl);
     st.B = 2;
-    CHECK(dataloader_try_set_state(&dl, &st, err, sizeof(err)) == -1 && strstr(err, "B is 2 in the state, 3 here"),
-          "B mismatch: %s", err);
+    st.batch_pos = 1; // sample 2 is no multiple of this loader's batches of 3
+    CHECK(dataloader_try_set_state(&dl, &st, err, sizeof(err)) == -1 && strstr(err, "sample 2 (batches of 2 x 1") &&
+          strstr(err, "not a multiple of this run's 3 x 1"), "B mismatch: %s", err);
     st = dataloader_get_state(&dl);
     st.num_tokens = 1;
     CHECK(dataloader_try_set_state(&dl, &st, err, sizeof(err)) == -1 && strstr(err, "num_tokens is 1"),
@@ -475,6 +516,8 @@ int main(void) {
     check_resume(3, 1, 1);
     check_resume(2, 3, 1);
     check_resume(3, 1, 0);
+    check_resplit(2, 2);
+    check_resplit(1, 3);
     test_state_errors();
 
     remove_tmp_dir();

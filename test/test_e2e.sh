@@ -86,6 +86,16 @@ printf 'bad \xff byte' > "$work/bad_prompt.txt"
 expect_error "not valid UTF-8 at byte 4" ./infer -m "$model" -f "$work/bad_prompt.txt"
 expect_error "bad magic" ./infer -m "$work/a/state_00000040_00000.bin" -p hi
 expect_error "cannot open" ./infer -m "$work/nothing.bin" -p hi
+printf 'The sea\n\nIt was\n' > "$work/prompts.txt"
+./infer -m "$model" -f "$work/prompts.txt" -n 10 -t 0 -q 1 > "$work/batch.txt" 2>&1
+{ printf '[1] '; ./infer -m "$model" -p "The sea" -n 10 -t 0 -q 1; printf '[2] '; ./infer -m "$model" -p "It was" -n 10 -t 0 -q 1; } > "$work/batch_expect.txt" 2>&1
+check "a prompt file is a batch: each line as it would come alone" cmp -s "$work/batch.txt" "$work/batch_expect.txt"
+printf 'fine\nbad \xff byte\n' > "$work/bad_line.txt"
+expect_error "line 2) is not valid UTF-8 at byte 4" ./infer -m "$model" -f "$work/bad_line.txt"
+expect_error "--ffn chooses a GPU path" ./infer -m "$model" -p hi --device cpu --ffn dense
+expect_error "--device gpu: expected auto, cpu or cuda" ./infer -m "$model" -p hi --device gpu
+expect_error "--bench measures the GPU paths" ./infer -m "$model" --bench 1 --device cpu
+expect_error "--batch needs --bench" ./infer -m "$model" -p hi --batch 2
 
 # 5. tokenize: text files into llm.c shards, documents split across shard boundaries as llm.c does
 printf 'Hello world' > "$work/doc1.txt"; printf 'Hello world' > "$work/doc2.txt"

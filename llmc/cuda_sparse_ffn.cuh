@@ -1,0 +1,415 @@
+/*
+ The sparse FFN kernels of training on the GPU: the hybrid pattern and the
+ products of llmc/sparse_ffn.h (which has the math, the format and the CPU
+ reference), bf16 values, fp32 accumulation, fp32 weight gradients.
+
+     pack        g [M, H] (the one dense product, from cuBLASLt) -> P: a warp per row counts, a scan
+                 gives the tail slots in row order, a warp per row writes its entries in unit order
+     up, dh      a warp per row: one D-long dot product per entry (f . Wu[n] or dy . WdT[n])
+     down, df    a CTA per (row, column slice), a thread per 8 columns: y_m (df_m) = sum_e a_e A[n_e]
+                 (+ b_e B[n_e])
+     transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order)
+     weights     a CTA per (unit, column slice), fp32 sums in registers added once to the gradient:
+                 dWu[n], dWg[n], dWdT[n]
+
+ Deterministic: the same inputs give the same bits (fixed slot, entry and
+ summation orders, no float atomics). Nothing here waits for the host; the
+ caller reads tail_used once per forward and redoes the forward with a larger
+ tail when it exceeded the capacity (the lost rows are NaN until then).
+ Every kernel reads gathered rows (weights, or f and dy) from L2: that traffic,
+ about 14 GB at the standard point with k = 30, is what bounds them (dev/NOTES.md).
+ Requirements: H % 8 == 0, D % 8 == 0, 16-byte aligned rows.
+*/
+#ifndef LLMC_CUDA_SPARSE_FFN_CUH
+#define LLMC_CUDA_SPARSE_FFN_CUH
+
+#include <cub/cub.cuh>
+#include "llmc/cuda_common.cuh"
+#include "llmc/sparse_ffn.h"
+
+constexpr int SPARSE_ROW_WARPS = 8;      // warps per CTA of the warp-per-row kernels
+constexpr int SPARSE_ROW_BLOCK = 64;     // rows per block of the transpose
+constexpr int SPARSE_STAGE = 256;        // entries a CTA stages in shared memory at a time
+
+// threads of the kernels with a thread per 8 columns of D
+static inline int sparse_col_threads(int D) { return ceil_div(D / 8, 32) * 32; }
+
+// inclusive prefix sum over the lanes
+__device__ __forceinline__ int warp_inclusive_sum(int x) {
+    const int lane = threadIdx.x % 32;
+    for (int offset = 1; offset < 32; offset *= 2) {
+        int y = __shfl_up_sync(0xffffffffu, x, offset);
+        if (lane >= offset) { x += y; }
+    }
+    return x;
+}
+
+__device__ __forceinline__ size_t row_base(const SparsePattern<bf16>& p, int m, int slot) {
+    return sparse_row_base(p.M, p.H, p.W, m, slot);
+}
+
+// ----------------------------------------------------------------------------
+// pack
+
+__global__ void sparse_count_kernel(int* count, int* row_active, int* row_flag, const bf16* g, int M, int H, int W) {
+    const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (m >= M) { return; }
+    int c = 0;
+    for (int col = lane * 8; col < H; col += 256) {
+        Bf16x8 v = load_bf16x8(g + (size_t)m * H + col);
+        for (int i = 0; i < 8; i++) { c += __bfloat162float(v.v[i]) > 0.0f; }
+    }
+    c = warp_reduce<Sum>(c);
+    if (lane == 0) {
+        count[m] = row_active[m] = c;
+        row_flag[m] = c > W;
+    }
+}
+
+// lane l holds columns 8l..8l+7 of each 256-column group, so lane order is unit order
+__global__ void sparse_write_kernel(SparsePattern<bf16> p, uint8_t* fired, const bf16* g, const int* row_flag,
+                                    const int* row_prefix) {
+    const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (m >= p.M) { return; }
+    const int H = p.H;
+    int slot = row_flag[m] ? row_prefix[m] : -1;
+    if (m == p.M - 1 && lane == 0) { *p.tail_used = row_prefix[m] + row_flag[m]; }
+    if (slot >= p.tail_capacity) { slot = SPARSE_ROW_LOST; }
+    if (lane == 0) { p.tail_slot[m] = slot; }
+    if (slot == SPARSE_ROW_LOST) { return; }
+    size_t e = row_base(p, m, slot);
+    for (int col = lane * 8; col < H; col += 256) {
+        Bf16x8 v = load_bf16x8(g + (size_t)m * H + col);
+        unsigned mask = 0;
+        for (int i = 0; i < 8; i++) { mask |= (unsigned)(__bfloat162float(v.v[i]) > 0.0f) << i; }
+        int mine = __popc(mask);
+        int inclusive = warp_inclusive_sum(mine);
+        size_t out = e + inclusive - mine;
+        for (int i = 0; i < 8; i++) {
+            if ((mask >> i) & 1) {
+                p.unit[out] = (uint16_t)(col + i);
+                p.g[out] = v.v[i];
+                out++;
+                if (fired && !fired[col + i]) { fired[col + i] = 1; }
+            }
+        }
+        e += __shfl_sync(0xffffffffu, inclusive, 31);
+    }
+}
+
+void sparse_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const bf16* g, SparseScratch* s) {
+    if (p->H % 8 != 0) { fatal("sparse_pack: H %d must be a multiple of 8 on the GPU", p->H); }
+    const int blocks = ceil_div(p->M, SPARSE_ROW_WARPS);
+    sparse_count_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(p->count, row_active, s->row_flag, g, p->M,
+                                                                           p->H, p->W);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cub::DeviceScan::ExclusiveSum(s->scan_temp, s->scan_temp_bytes, s->row_flag, s->row_prefix, p->M, main_stream));
+    sparse_write_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(*p, fired, g, s->row_flag, s->row_prefix);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// up and dh: a D-long dot product per entry, a warp per row
+
+enum { SPARSE_UP, SPARSE_DH };
+
+// UP:  u_e = x_m . A[n_e] (A = Wu, x = f), row_l1[m] = sum |bf16(g_e u_e)| (NaN for a lost row)
+// DH:  d = x_m . A[n_e] + l1_scale sign(h_e) (A = WdT, x = dy), du_e = d g_e, dg_e = d u_e
+// Four entries at a time, so that each lane has four weight loads in flight per x load.
+constexpr int DOT_ENTRIES = 4;
+
+template <int MODE>
+__global__ void sparse_dot_kernel(SparsePattern<bf16> p, float* row_l1, bf16* du, bf16* dg, const bf16* x,
+                                  const bf16* A, float l1_scale, int D) {
+    const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (m >= p.M) { return; }
+    const int slot = p.tail_slot[m];
+    if (slot == SPARSE_ROW_LOST) {
+        if (MODE == SPARSE_UP && lane == 0) { row_l1[m] = NAN; }
+        return;
+    }
+    const size_t e0 = row_base(p, m, slot);
+    const int c = p.count[m];
+    const bf16* xm = x + (size_t)m * D;
+    float l1 = 0.0f;
+    for (int j0 = 0; j0 < c; j0 += DOT_ENTRIES) {
+        const int nj = min(DOT_ENTRIES, c - j0);
+        const bf16* a[DOT_ENTRIES];
+        #pragma unroll
+        for (int q = 0; q < DOT_ENTRIES; q++) { a[q] = A + (size_t)p.unit[e0 + j0 + min(q, nj - 1)] * D; }
+        float dot[DOT_ENTRIES] = {};
+        for (int col = lane * 8; col < D; col += 256) {
+            Bf16x8 xv = load_bf16x8(xm + col);
+            Bf16x8 av[DOT_ENTRIES];
+            #pragma unroll
+            for (int q = 0; q < DOT_ENTRIES; q++) { av[q] = load_bf16x8(a[q] + col); }
+            #pragma unroll
+            for (int q = 0; q < DOT_ENTRIES; q++) {
+                for (int i = 0; i < 8; i++) { dot[q] += __bfloat162float(xv.v[i]) * __bfloat162float(av[q].v[i]); }
+            }
+        }
+        #pragma unroll
+        for (int q = 0; q < DOT_ENTRIES; q++) { dot[q] = warp_reduce<Sum>(dot[q]); }
+        for (int q = 0; q < nj; q++) {
+            const size_t e = e0 + j0 + q;
+            float gv = __bfloat162float(p.g[e]);
+            if (MODE == SPARSE_UP) {
+                bf16 u = __float2bfloat16_rn(dot[q]);
+                l1 += fabsf(__bfloat162float(__float2bfloat16_rn(gv * __bfloat162float(u))));
+                if (lane == 0) { p.u[e] = u; }
+            } else if (lane == 0) {
+                float uv = __bfloat162float(p.u[e]);
+                float h = __bfloat162float(__float2bfloat16_rn(gv * uv));
+                float d = dot[q] + l1_scale * (h > 0.0f ? 1.0f : (h < 0.0f ? -1.0f : 0.0f));
+                du[e] = __float2bfloat16_rn(d * gv);
+                dg[e] = __float2bfloat16_rn(d * uv);
+            }
+        }
+    }
+    if (MODE == SPARSE_UP && lane == 0) { row_l1[m] = l1; }
+}
+
+void sparse_up(SparsePattern<bf16>* p, float* row_l1, const bf16* f, const bf16* wu, int D) {
+    if (D % 8 != 0) { fatal("sparse_up: D %d must be a multiple of 8 on the GPU", D); }
+    sparse_dot_kernel<SPARSE_UP><<<ceil_div(p->M, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
+        *p, row_l1, (bf16*)NULL, (bf16*)NULL, f, wu, 0.0f, D);
+    cudaCheck(cudaGetLastError());
+}
+
+void sparse_dh(bf16* du, bf16* dg, const SparsePattern<bf16>* p, const bf16* dy, const bf16* wdT, float l1_scale, int D) {
+    if (D % 8 != 0) { fatal("sparse_dh: D %d must be a multiple of 8 on the GPU", D); }
+    sparse_dot_kernel<SPARSE_DH><<<ceil_div(p->M, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
+        *p, (float*)NULL, du, dg, dy, wdT, l1_scale, D);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// down and df: out_m = sum_e a_e A[n_e] (+ b_e B[n_e]); a CTA per (row, slice
+// of up to 1024 columns), slices outermost (so df's two gathered matrices are
+// read one slice at a time, which L2 holds), the row's entries staged in shared
+// memory, a thread per 8 columns. a NULL: a_e = h_e = bf16(g_e u_e), as the
+// dense path rounds h.
+
+__global__ void sparse_gather_kernel(bf16* out, SparsePattern<bf16> p, const bf16* a, const bf16* A, const bf16* b,
+                                     const bf16* B, int D) {
+    __shared__ uint16_t s_unit[SPARSE_STAGE];
+    __shared__ float s_a[SPARSE_STAGE], s_b[SPARSE_STAGE];
+    const int m = blockIdx.x, col = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+    const int slot = p.tail_slot[m];
+    float acc[8] = {};
+    if (slot == SPARSE_ROW_LOST) {
+        for (int i = 0; i < 8; i++) { acc[i] = NAN; }
+    } else {
+        const size_t e0 = row_base(p, m, slot);
+        const int c = p.count[m];
+        for (int j0 = 0; j0 < c; j0 += SPARSE_STAGE) {
+            int n = min(SPARSE_STAGE, c - j0);
+            __syncthreads();
+            for (int j = threadIdx.x; j < n; j += blockDim.x) {
+                size_t e = e0 + j0 + j;
+                s_unit[j] = p.unit[e];
+                s_a[j] = a ? __bfloat162float(a[e])
+                           : __bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(p.u[e])));
+                if (B) { s_b[j] = __bfloat162float(b[e]); }
+            }
+            __syncthreads();
+            if (col >= D) { continue; }
+            #pragma unroll 8
+            for (int j = 0; j < n; j++) {
+                Bf16x8 w = load_bf16x8(A + (size_t)s_unit[j] * D + col);
+                for (int i = 0; i < 8; i++) { acc[i] += s_a[j] * __bfloat162float(w.v[i]); }
+                if (B) {
+                    Bf16x8 w2 = load_bf16x8(B + (size_t)s_unit[j] * D + col);
+                    for (int i = 0; i < 8; i++) { acc[i] += s_b[j] * __bfloat162float(w2.v[i]); }
+                }
+            }
+        }
+    }
+    if (col < D) {
+        Bf16x8 o;
+        for (int i = 0; i < 8; i++) { o.v[i] = __float2bfloat16_rn(acc[i]); }
+        store_bf16x8(out + (size_t)m * D + col, o);
+    }
+}
+
+static void sparse_gather(bf16* out, const SparsePattern<bf16>* p, const bf16* a, const bf16* A, const bf16* b,
+                          const bf16* B, int D) {
+    if (D % 8 != 0) { fatal("sparse FFN: D %d must be a multiple of 8 on the GPU", D); }
+    const int threads = min(128, sparse_col_threads(D));
+    dim3 grid(p->M, ceil_div(D, threads * 8));
+    sparse_gather_kernel<<<grid, threads, 0, main_stream>>>(out, *p, a, A, b, B, D);
+    cudaCheck(cudaGetLastError());
+}
+
+void sparse_down(bf16* y, const SparsePattern<bf16>* p, const bf16* wdT, int D) {
+    sparse_gather(y, p, (const bf16*)NULL, wdT, (const bf16*)NULL, (const bf16*)NULL, D);
+}
+
+void sparse_df(bf16* df, const SparsePattern<bf16>* p, const bf16* du, const bf16* dg, const bf16* wu, const bf16* wg, int D) {
+    sparse_gather(df, p, du, wu, dg, wg, D);
+}
+
+// ----------------------------------------------------------------------------
+// the transposed pattern: per block of SPARSE_ROW_BLOCK rows a histogram of
+// units (shared memory), one scan over [unit, block] (unit-major), then each
+// block's warp 0 walks its rows in order, so a unit's tokens come out sorted.
+
+__global__ void sparse_unit_count_kernel(int* block_counts, SparsePattern<bf16> p, int blocks) {
+    extern __shared__ int s_hist[];
+    for (int n = threadIdx.x; n < p.H; n += blockDim.x) { s_hist[n] = 0; }
+    __syncthreads();
+    const int lane = threadIdx.x % 32;
+    for (int r = threadIdx.x / 32; r < SPARSE_ROW_BLOCK; r += blockDim.x / 32) {
+        int m = blockIdx.x * SPARSE_ROW_BLOCK + r;
+        if (m >= p.M || p.tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e0 = row_base(p, m, p.tail_slot[m]);
+        for (int j = lane; j < p.count[m]; j += 32) { atomicAdd(&s_hist[p.unit[e0 + j]], 1); }
+    }
+    __syncthreads();
+    for (int n = threadIdx.x; n < p.H; n += blockDim.x) { block_counts[(size_t)n * blocks + blockIdx.x] = s_hist[n]; }
+}
+
+__global__ void sparse_unit_fill_kernel(SparseTransposed t, SparsePattern<bf16> p, const int* block_counts,
+                                        const int* block_offsets, int blocks) {
+    extern __shared__ int s_cursor[];
+    for (int n = threadIdx.x; n < p.H; n += blockDim.x) {
+        s_cursor[n] = block_offsets[(size_t)n * blocks + blockIdx.x];
+        if (blockIdx.x == 0) { t.unit_start[n] = s_cursor[n]; }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        size_t last = (size_t)p.H * blocks - 1;
+        t.unit_start[p.H] = block_offsets[last] + block_counts[last];
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) { return; }
+    const int lane = threadIdx.x;
+    for (int r = 0; r < SPARSE_ROW_BLOCK; r++) {
+        int m = blockIdx.x * SPARSE_ROW_BLOCK + r;
+        if (m >= p.M) { break; }
+        if (p.tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e0 = row_base(p, m, p.tail_slot[m]);
+        // the units of a row are distinct, so the lanes never share a cursor
+        for (int j = lane; j < p.count[m]; j += 32) {
+            int n = p.unit[e0 + j];
+            int pos = s_cursor[n]++;
+            t.token[pos] = m;
+            t.entry[pos] = (int)(e0 + j);
+        }
+        __syncwarp();
+    }
+}
+
+static inline int sparse_row_blocks(int M) { return ceil_div(M, SPARSE_ROW_BLOCK); }
+
+void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseScratch* s) {
+    const int blocks = sparse_row_blocks(p->M);
+    const size_t smem = (size_t)p->H * sizeof(int);
+    cudaCheck(cudaFuncSetAttribute(sparse_unit_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaCheck(cudaFuncSetAttribute(sparse_unit_fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    sparse_unit_count_kernel<<<blocks, 256, smem, main_stream>>>(s->block_counts, *p, blocks);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cub::DeviceScan::ExclusiveSum(s->scan_temp, s->scan_temp_bytes, s->block_counts, s->block_offsets,
+                                            p->H * blocks, main_stream));
+    sparse_unit_fill_kernel<<<blocks, 256, smem, main_stream>>>(*t, *p, s->block_counts, s->block_offsets, blocks);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// weight gradients: a CTA per (unit n, slice of 256 columns), slices outermost,
+// so that the CTAs at work gather from one slice of f and dy (16 MB at M 16384):
+// L2 holds it, where whole rows (128 MB) would come from memory. The CTA's 4
+// warps take every 4th of the unit's entries (tokens in order), lane l columns
+// 8l..8l+7 of the slice; the warps' sums are added in warp order, then once to
+// the gradient.
+
+constexpr int WGRAD_WARPS = 4;
+constexpr int WGRAD_SLICE = 256;
+
+__global__ void __launch_bounds__(WGRAD_WARPS * 32)
+sparse_weight_grads_kernel(float* dwu, float* dwg, float* dwdT, SparsePattern<bf16> p, SparseTransposed t,
+                           const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
+    __shared__ int s_token[SPARSE_STAGE];
+    __shared__ float s_du[SPARSE_STAGE], s_dg[SPARSE_STAGE], s_h[SPARSE_STAGE];
+    __shared__ float s_sum[WGRAD_WARPS - 1][3][WGRAD_SLICE];
+    const int n = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int col = blockIdx.y * WGRAD_SLICE + lane * 8;
+    const int start = t.unit_start[n], end = t.unit_start[n + 1];
+    if (start == end) { return; }
+    float acc[3][8] = {};
+    for (int i0 = start; i0 < end; i0 += SPARSE_STAGE) {
+        int cnt = min(SPARSE_STAGE, end - i0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+            int e = t.entry[i0 + i];
+            s_token[i] = t.token[i0 + i];
+            s_du[i] = __bfloat162float(du[e]);
+            s_dg[i] = __bfloat162float(dg[e]);
+            s_h[i] = __bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(p.u[e])));
+        }
+        __syncthreads();
+        if (col >= D) { continue; }
+        #pragma unroll 4
+        for (int i = warp; i < cnt; i += WGRAD_WARPS) {
+            Bf16x8 fv = load_bf16x8(f + (size_t)s_token[i] * D + col);
+            Bf16x8 dv = load_bf16x8(dy + (size_t)s_token[i] * D + col);
+            for (int k = 0; k < 8; k++) {
+                float fk = __bfloat162float(fv.v[k]);
+                acc[0][k] += s_du[i] * fk;
+                acc[1][k] += s_dg[i] * fk;
+                acc[2][k] += s_h[i] * __bfloat162float(dv.v[k]);
+            }
+        }
+    }
+    if (warp > 0) {
+        for (int r = 0; r < 3; r++) {
+            for (int k = 0; k < 8; k++) { s_sum[warp - 1][r][lane * 8 + k] = acc[r][k]; }
+        }
+    }
+    __syncthreads();
+    if (warp > 0 || col >= D) { return; }
+    float* grads[3] = {dwu, dwg, dwdT};
+    for (int r = 0; r < 3; r++) {
+        for (int w = 0; w < WGRAD_WARPS - 1; w++) {
+            for (int k = 0; k < 8; k++) { acc[r][k] += s_sum[w][r][lane * 8 + k]; }
+        }
+        float* out = grads[r] + (size_t)n * D + col;
+        for (int k = 0; k < 8; k++) { out[k] += acc[r][k]; }
+    }
+}
+
+void sparse_weight_grads(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>* p, const SparseTransposed* t,
+                         const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
+    if (D % 8 != 0) { fatal("sparse_weight_grads: D %d must be a multiple of 8 on the GPU", D); }
+    dim3 grid(p->H, ceil_div(D, WGRAD_SLICE));
+    sparse_weight_grads_kernel<<<grid, WGRAD_WARPS * 32, 0, main_stream>>>(dwu, dwg, dwdT, *p, *t, du, dg, f, dy, D);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// scratch
+
+static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H) {
+    const int blocks = sparse_row_blocks(M);
+    size_t n = (size_t)H * blocks;
+    if (n > INT_MAX) { fatal("sparse scratch: %zu unit blocks exceed int32", n); }
+    s->row_flag = (int*)cuda_malloc(M * sizeof(int));
+    s->row_prefix = (int*)cuda_malloc(M * sizeof(int));
+    s->block_counts = (int*)cuda_malloc(n * sizeof(int));
+    s->block_offsets = (int*)cuda_malloc(n * sizeof(int));
+    size_t a = 0, b = 0;
+    cudaCheck(cub::DeviceScan::ExclusiveSum(NULL, a, s->row_flag, s->row_prefix, M, main_stream));
+    cudaCheck(cub::DeviceScan::ExclusiveSum(NULL, b, s->block_counts, s->block_offsets, (int)n, main_stream));
+    s->scan_temp_bytes = a > b ? a : b;
+    s->scan_temp = cuda_malloc(s->scan_temp_bytes);
+}
+
+static inline void sparse_scratch_free_cuda(SparseScratch* s) {
+    cuda_free(s->row_flag);
+    cuda_free(s->row_prefix);
+    cuda_free(s->block_counts);
+    cuda_free(s->block_offsets);
+    cuda_free(s->scan_temp);
+    memset(s, 0, sizeof(*s));
+}
+
+#endif // LLMC_CUDA_SPARSE_FFN_CUH

@@ -1,0 +1,349 @@
+/*
+ The hybrid sparse format of the FFN activations for training, and the CPU
+ reference of every sparse FFN kernel (the GPU ones are in llmc/cuda_sparse_ffn.cuh,
+ with the same signatures for T = bf16, G = float). Plain C++: the CPU tests
+ build it with the sanitizers.
+
+ One gated FFN layer, M token rows f_m of width D, H hidden units (WdT [H, D] is
+ W_d transposed: row n holds unit n's down weights). With P = {(m, n) : g_mn > 0}:
+     forward    g = f Wg^T (dense), then only on P:  u_mn = f_m . Wu[n],
+                h_mn = g_mn u_mn,  y_m = sum_n h_mn WdT[n],  l1_m = sum_n |h_mn|
+     backward   d_mn = dy_m . WdT[n] + l1_scale sign(h_mn),  du_mn = d_mn g_mn,  dg_mn = d_mn u_mn,
+                df_m = sum_n du_mn Wu[n] + dg_mn Wg[n],
+                dWu[n] += sum_m du_mn f_m,  dWg[n] += sum_m dg_mn f_m,  dWdT[n] += sum_m h_mn dy_m
+ All six products run over P only; the dense g is needed only while packing.
+
+ The pattern P with its values (what the backward keeps): per row m its true
+ count c_m and its entries (unit, g, u) in increasing unit order, stored
+     c_m <= W    in the ELL part: entries m W .. m W + c_m - 1
+     c_m > W     in the tail: a slot s of H entries, at M W + s H (tail_slot[m] = s)
+ Tail slots go to the overflowing rows in row order. A row past the tail's
+ capacity is SPARSE_ROW_LOST: nothing of it is stored, every output of it
+ (y, l1, df) is NaN, never silently wrong, and tail_used counts every row that
+ asked for a slot, so the caller sees how many it needed, grows the tail and
+ redoes the forward.
+
+ The transposed pattern, for the weight gradients: per unit n the entries that
+ hold it, in increasing token order: token[i] and entry[i] for i in
+ unit_start[n] .. unit_start[n + 1] - 1 (int32: no 16-bit token limit).
+*/
+#ifndef LLMC_SPARSE_FFN_H
+#define LLMC_SPARSE_FFN_H
+
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "llmc/memory.h"
+#include "llmc/rng.h"
+#include "llmc/utils.h"
+
+#define SPARSE_ROW_LOST (-2)
+
+// the helpers the GPU shares with this file are host and device functions under nvcc
+#ifdef __CUDACC__
+#define SPARSE_HD __host__ __device__
+#else
+#define SPARSE_HD
+#endif
+
+template <typename T>
+struct SparsePattern {
+    int M, H, W;       // rows, units, ELL width
+    int tail_capacity; // rows the tail holds
+    int* count;        // [M] units with g > 0
+    int* tail_slot;    // [M] -1 (ELL part), the tail slot, or SPARSE_ROW_LOST
+    int* tail_used;    // [1] rows that asked for a tail slot (may exceed the capacity); the caller's
+    uint16_t* unit;    // [entries] hidden unit of each entry
+    T* g;              // [entries] g at the entry (> 0)
+    T* u;              // [entries] u at the entry
+};
+
+typedef struct {
+    int H;
+    int* unit_start; // [H + 1]
+    int* token;      // [entries]
+    int* entry;      // [entries]
+} SparseTransposed;
+
+// device scratch of the GPU kernels (the CPU ones need none)
+typedef struct {
+    int* row_flag;        // [M] count > W
+    int* row_prefix;      // [M] exclusive prefix of row_flag
+    int* block_counts;    // [H, row blocks] entries per unit and block of rows
+    int* block_offsets;   // [H, row blocks] their exclusive prefix, unit-major
+    void* scan_temp;      // cub's temporary storage
+    size_t scan_temp_bytes;
+} SparseScratch;
+
+static inline size_t sparse_entries(int M, int H, int W, int tail_capacity) {
+    return (size_t)M * W + (size_t)tail_capacity * H;
+}
+
+// sizing from measured activity: an ELL width of about twice the mean count
+// (rows past it go to the tail), and a tail a quarter larger than the rows that
+// needed one, so that a step with a few more does not have to be redone
+static inline int sparse_choose_width(double mean_active, int H) {
+    int W = ((int)(2 * mean_active) + 16 + 15) / 16 * 16;
+    return W < H ? W : H;
+}
+
+static inline int sparse_choose_tail(int needed, int M) {
+    long cap = (long)needed + needed / 4 + 16;
+    return cap < M ? (int)cap : M;
+}
+
+// the bytes a pattern keeps for the backward
+static inline size_t sparse_pattern_bytes(int M, int H, int W, int tail_capacity, size_t value_bytes) {
+    return (2 * (size_t)M + 1) * sizeof(int) + sparse_entries(M, H, W, tail_capacity) * (sizeof(uint16_t) + 2 * value_bytes);
+}
+
+// tail_used is the caller's counter (so that one copy can read those of many patterns)
+template <typename T>
+void sparse_pattern_alloc(SparsePattern<T>* p, int M, int H, int W, int tail_capacity, int* tail_used, Device device) {
+    if (M < 1 || H < 1 || H > 65536 || W < 1 || W > H || tail_capacity < 0) {
+        fatal("sparse pattern: M %d, H %d (<= 65536), W %d (1..H), tail %d", M, H, W, tail_capacity);
+    }
+    size_t n = sparse_entries(M, H, W, tail_capacity);
+    if (n > INT_MAX) { fatal("sparse pattern: %zu entries exceed the int32 entry index", n); }
+    p->M = M, p->H = H, p->W = W, p->tail_capacity = tail_capacity;
+    p->count = (int*)device_malloc(M * sizeof(int), device);
+    p->tail_slot = (int*)device_malloc(M * sizeof(int), device);
+    p->tail_used = tail_used;
+    p->unit = (uint16_t*)device_malloc(n * sizeof(uint16_t) + 1, device);
+    p->g = (T*)device_malloc(n * sizeof(T) + 1, device);
+    p->u = (T*)device_malloc(n * sizeof(T) + 1, device);
+}
+
+template <typename T>
+void sparse_pattern_free(SparsePattern<T>* p, Device device) {
+    device_free(p->count, device);
+    device_free(p->tail_slot, device);
+    device_free(p->unit, device);
+    device_free(p->g, device);
+    device_free(p->u, device);
+    memset(p, 0, sizeof(*p));
+}
+
+static inline void sparse_transposed_alloc(SparseTransposed* t, int H, size_t entries, Device device) {
+    t->H = H;
+    t->unit_start = (int*)device_malloc((H + 1) * sizeof(int), device);
+    t->token = (int*)device_malloc(entries * sizeof(int) + 1, device);
+    t->entry = (int*)device_malloc(entries * sizeof(int) + 1, device);
+}
+
+static inline void sparse_transposed_free(SparseTransposed* t, Device device) {
+    device_free(t->unit_start, device);
+    device_free(t->token, device);
+    device_free(t->entry, device);
+    memset(t, 0, sizeof(*t));
+}
+
+// the first entry of row m (the row must not be lost)
+SPARSE_HD static inline size_t sparse_row_base(int M, int H, int W, int m, int slot) {
+    return slot >= 0 ? (size_t)M * W + (size_t)slot * H : (size_t)m * W;
+}
+
+// ----------------------------------------------------------------------------
+// the CPU reference kernels
+
+// P from the dense gate g [M, H]; row_active[m] = c_m; fired[n] = 1 where unit n
+// has an entry (only ever set; may be NULL)
+template <typename T>
+void sparse_pack(SparsePattern<T>* p, int* row_active, uint8_t* fired, const T* g, SparseScratch* scratch) {
+    const int M = p->M, H = p->H, W = p->W;
+    int used = 0;
+    for (int m = 0; m < M; m++) {
+        const T* gm = g + (size_t)m * H;
+        int c = 0;
+        for (int n = 0; n < H; n++) { c += gm[n] > 0; }
+        p->count[m] = row_active[m] = c;
+        p->tail_slot[m] = -1;
+        if (c > W) {
+            int slot = used++;
+            p->tail_slot[m] = slot < p->tail_capacity ? slot : SPARSE_ROW_LOST;
+            if (slot >= p->tail_capacity) { continue; }
+        }
+        size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
+        for (int n = 0; n < H; n++) {
+            if (gm[n] > 0) {
+                p->unit[e] = (uint16_t)n;
+                p->g[e] = gm[n];
+                e++;
+                if (fired) { fired[n] = 1; }
+            }
+        }
+    }
+    *p->tail_used = used;
+}
+
+template <typename T>
+static inline T sparse_dot(const T* a, const T* b, int D) {
+    T s = 0;
+    for (int i = 0; i < D; i++) { s += a[i] * b[i]; }
+    return s;
+}
+
+// u on P, and l1_m = sum_n |g_mn u_mn| (NaN for a lost row)
+template <typename T, typename G>
+void sparse_up(SparsePattern<T>* p, G* row_l1, const T* f, const T* wu, int D) {
+    const int M = p->M, H = p->H, W = p->W;
+    #pragma omp parallel for
+    for (int m = 0; m < M; m++) {
+        if (p->tail_slot[m] == SPARSE_ROW_LOST) { row_l1[m] = (G)NAN; continue; }
+        size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
+        G l1 = 0;
+        for (int j = 0; j < p->count[m]; j++, e++) {
+            p->u[e] = sparse_dot(f + (size_t)m * D, wu + (size_t)p->unit[e] * D, D);
+            l1 += fabs(p->g[e] * p->u[e]);
+        }
+        row_l1[m] = l1;
+    }
+}
+
+// out_m = sum over row m's entries of a_e A[unit_e] (+ b_e B[unit_e] when B): y (a NULL: a_e = h_e =
+// g_e u_e) and df
+template <typename T>
+static void sparse_gather_rows(T* out, const SparsePattern<T>* p, const T* a, const T* A, const T* b, const T* B, int D) {
+    const int M = p->M, H = p->H, W = p->W;
+    #pragma omp parallel for
+    for (int m = 0; m < M; m++) {
+        T* om = out + (size_t)m * D;
+        if (p->tail_slot[m] == SPARSE_ROW_LOST) {
+            for (int i = 0; i < D; i++) { om[i] = (T)NAN; }
+            continue;
+        }
+        for (int i = 0; i < D; i++) { om[i] = 0; }
+        size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
+        for (int j = 0; j < p->count[m]; j++, e++) {
+            const T* ra = A + (size_t)p->unit[e] * D;
+            T ae = a ? a[e] : p->g[e] * p->u[e];
+            for (int i = 0; i < D; i++) { om[i] += ae * ra[i]; }
+            if (B) {
+                const T* rb = B + (size_t)p->unit[e] * D;
+                for (int i = 0; i < D; i++) { om[i] += b[e] * rb[i]; }
+            }
+        }
+    }
+}
+
+// y = h WdT
+template <typename T>
+void sparse_down(T* y, const SparsePattern<T>* p, const T* wdT, int D) {
+    sparse_gather_rows(y, p, (const T*)NULL, wdT, (const T*)NULL, (const T*)NULL, D);
+}
+
+// du, dg on the entries from dy [M, D] (the gradient of y)
+template <typename T>
+void sparse_dh(T* du, T* dg, const SparsePattern<T>* p, const T* dy, const T* wdT, float l1_scale, int D) {
+    const int M = p->M, H = p->H, W = p->W;
+    #pragma omp parallel for
+    for (int m = 0; m < M; m++) {
+        if (p->tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
+        for (int j = 0; j < p->count[m]; j++, e++) {
+            T h = p->g[e] * p->u[e];
+            T sign = h > 0 ? 1 : (h < 0 ? -1 : 0);
+            T d = sparse_dot(dy + (size_t)m * D, wdT + (size_t)p->unit[e] * D, D) + (T)l1_scale * sign;
+            du[e] = d * p->g[e];
+            dg[e] = d * p->u[e];
+        }
+    }
+}
+
+// df = du Wu + dg Wg over the entries
+template <typename T>
+void sparse_df(T* df, const SparsePattern<T>* p, const T* du, const T* dg, const T* wu, const T* wg, int D) {
+    sparse_gather_rows(df, p, du, wu, dg, wg, D);
+}
+
+// the transposed pattern: a counting sort of the entries by unit, rows in order
+template <typename T>
+void sparse_transpose(SparseTransposed* t, const SparsePattern<T>* p, SparseScratch* scratch) {
+    const int M = p->M, H = p->H, W = p->W;
+    memset(t->unit_start, 0, (H + 1) * sizeof(int));
+    for (int m = 0; m < M; m++) {
+        if (p->tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
+        for (int j = 0; j < p->count[m]; j++) { t->unit_start[p->unit[e + j] + 1]++; }
+    }
+    for (int n = 0; n < H; n++) { t->unit_start[n + 1] += t->unit_start[n]; }
+    int* cursor = (int*)mallocCheck(H * sizeof(int));
+    memcpy(cursor, t->unit_start, H * sizeof(int));
+    for (int m = 0; m < M; m++) {
+        if (p->tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
+        for (int j = 0; j < p->count[m]; j++) {
+            int i = cursor[p->unit[e + j]]++;
+            t->token[i] = m;
+            t->entry[i] = (int)(e + j);
+        }
+    }
+    free(cursor);
+}
+
+// dWu[n] += sum du f_m, dWg[n] += sum dg f_m, dWdT[n] += sum h dy_m over unit n's entries
+template <typename T, typename G>
+void sparse_weight_grads(G* dwu, G* dwg, G* dwdT, const SparsePattern<T>* p, const SparseTransposed* t, const T* du,
+                         const T* dg, const T* f, const T* dy, int D) {
+    #pragma omp parallel for
+    for (int n = 0; n < p->H; n++) {
+        for (int i = t->unit_start[n]; i < t->unit_start[n + 1]; i++) {
+            int e = t->entry[i];
+            const T* fm = f + (size_t)t->token[i] * D;
+            const T* dym = dy + (size_t)t->token[i] * D;
+            T h = p->g[e] * p->u[e];
+            for (int c = 0; c < D; c++) {
+                dwu[(size_t)n * D + c] += du[e] * fm[c];
+                dwg[(size_t)n * D + c] += dg[e] * fm[c];
+                dwdT[(size_t)n * D + c] += h * dym[c];
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// synthetic sparsity for tests and benchmarks (SPARSE.md, "Measuring"): f rows
+// N(0, 1) with the last feature a bias carrier of 1; Wg rows N(0, 1/(D-1)) with
+// the last column -t_n, t_n = Phi^-1(1 - p_n), so unit n fires with probability
+// p_n. uniform: p_n = k / H. realistic: p_n log-normal (sigma 1.5) with mean k / H,
+// capped at 0.5, 30% of units never firing, and the carrier 0.5 on the first 1%
+// of rows (which then fire many times the mean). Wu N(0, 1/D), WdT N(0, 1/H).
+
+// Phi^-1(q) by bisection on the normal CDF (host only, H calls)
+static inline double sparse_normal_quantile(double q) {
+    double lo = -40, hi = 40;
+    for (int i = 0; i < 200; i++) {
+        double mid = 0.5 * (lo + hi);
+        if (0.5 * erfc(-mid / sqrt(2.0)) < q) { lo = mid; } else { hi = mid; }
+    }
+    return 0.5 * (lo + hi);
+}
+
+static inline void sparse_synthetic_ffn(float* f, float* wg, float* wu, float* wdT, int M, int D, int H, double k,
+                                        int realistic, uint64_t seed) {
+    uint64_t rng = seed;
+    double* p = (double*)mallocCheck(H * sizeof(double));
+    double sum = 0;
+    for (int n = 0; n < H; n++) {
+        p[n] = realistic ? (rng_uniform(&rng) < 0.3 ? 0.0 : exp(1.5 * rng_normal(&rng))) : 1.0;
+        sum += p[n];
+    }
+    // rescale to mean k / H; the cap at 0.5 takes a little mass off the largest
+    for (int n = 0; n < H; n++) { p[n] = fmin(0.5, p[n] * (k / H) * H / sum); }
+    for (int m = 0; m < M; m++) {
+        for (int i = 0; i < D - 1; i++) { f[(size_t)m * D + i] = (float)rng_normal(&rng); }
+        f[(size_t)m * D + D - 1] = realistic && m < M / 100 ? 0.5f : 1.0f;
+    }
+    double sd = 1.0 / sqrt((double)(D - 1));
+    for (int n = 0; n < H; n++) {
+        for (int i = 0; i < D - 1; i++) { wg[(size_t)n * D + i] = (float)(sd * rng_normal(&rng)); }
+        wg[(size_t)n * D + D - 1] = p[n] > 0 ? (float)-sparse_normal_quantile(1.0 - p[n]) : -1e4f;
+    }
+    for (size_t i = 0; i < (size_t)H * D; i++) { wu[i] = (float)(rng_normal(&rng) / sqrt((double)D)); }
+    for (size_t i = 0; i < (size_t)H * D; i++) { wdT[i] = (float)(rng_normal(&rng) / sqrt((double)H)); }
+    free(p);
+}
+
+#endif // LLMC_SPARSE_FFN_H

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Data parallelism on two GPUs (llmc/zero.cuh): a 2-GPU run follows a 1-GPU run
+# of the same global batch within bf16 noise; a resume on the same number of
+# GPUs is bit-identical and one on another number works (re-sharded optimizer
+# state); a killed rank makes the other stop with a clear error within the
+# timeout, and the last checkpoint still resumes.
+set -u
+cd "$(dirname "$0")/../.."
+passed=0; failed=0
+check() {
+    local what=$1; shift
+    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL ddp: $what"; fi
+}
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$gpus" -lt 2 ]; then
+    echo "ddp: needs 2 GPUs, this machine has $gpus: nothing run"
+    echo "ddp: 0 passed, 0 failed"
+    exit 0
+fi
+export NCCL_NVLS_ENABLE=0
+work=$(mktemp -d /tmp/test_ddp_XXXXXX)
+trap 'rm -rf "$work"' EXIT
+ffn=${FFN:-dense}
+small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -u 5 -l 3e-3 -s 0 -m 4 -a 1e-2 -x 20 -v 10 -n 10 --ffn "$ffn")
+echo "ddp: FFN path $ffn"
+strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//; s/,"mfu":[^,]*,"mem_gib":[^,]*//' "$1"; }
+losses() { grep '"type":"train"' "$1/log.jsonl" | sed -E 's/.*"step":([0-9]+).*"loss":([-0-9.e+]+).*/\1 \2/'; }
+# the largest |a - b| of the losses of the steps both logs have
+max_diff() { join <(losses "$1") <(losses "$2") | awk '{d = $2 - $3; if (d < 0) d = -d; if (d > m) m = d} END {printf "%.5f", m + 0}'; }
+below() { awk -v a="$1" -v b="$2" 'BEGIN {exit !(a < b)}'; }
+two() { scripts/launch_local.sh 2 "$@"; }
+copy_ckpt() { mkdir -p "$2"; cp "$1"/model_00000010.bin "$1"/state_00000010_* "$1"/log.jsonl "$2/"; }
+
+# 1. the same global batch of 8 x 128 tokens: 1 GPU (one micro-batch of 8, and
+# 2 of 4) against 2 GPUs of 4 each
+./train_gpt_sparse "${small[@]}" -b 8 -o "$work/one" > "$work/one.txt" 2>&1
+check "1-GPU run exits 0" test $? -eq 0
+./train_gpt_sparse "${small[@]}" -b 4 -d 1024 -o "$work/acc" > "$work/acc.txt" 2>&1
+check "1-GPU run with accumulation exits 0" test $? -eq 0
+two "${small[@]}" -b 4 -o "$work/two" > "$work/two.txt" 2>&1
+check "2-GPU run exits 0" test $? -eq 0
+check "2 processes are announced" grep -q "processes: 2 (from environment), one GPU each" "$work/two.txt"
+check "the global batch is announced" grep -q "4 x 128 tokens x 1 accumulation x 2 processes = 1024 tokens per step" "$work/two.txt"
+check "2-GPU log has 20 steps" test "$(losses "$work/two" | wc -l)" -eq 20
+d_acc=$(max_diff "$work/two" "$work/acc"); d_one=$(max_diff "$work/two" "$work/one")
+echo "ddp: max |loss difference| over 20 steps: 2 GPUs vs 1 GPU 2x4: $d_acc, vs 1 GPU 1x8: $d_one"
+check "2 GPUs follow 1 GPU with accumulation ($d_acc)" below "$d_acc" 0.01
+check "2 GPUs follow 1 GPU with one micro-batch ($d_one)" below "$d_one" 0.02
+v_two=$(grep '"type":"val"' "$work/two/log.jsonl" | tail -n 1 | sed -E 's/.*"ce":([-0-9.e+]+).*/\1/')
+v_acc=$(grep '"type":"val"' "$work/acc/log.jsonl" | tail -n 1 | sed -E 's/.*"ce":([-0-9.e+]+).*/\1/')
+check "validation over the same batches ($v_two vs $v_acc)" below "$(awk -v a="$v_two" -v b="$v_acc" 'BEGIN {d = a - b; print d < 0 ? -d : d}')" 0.01
+
+# 2. resume on 2 GPUs from step 10: bit-identical to the uninterrupted run
+copy_ckpt "$work/two" "$work/two_resumed"
+check "2-GPU checkpoint has a state file per rank" test -f "$work/two/state_00000010_00001.bin"
+two "${small[@]}" -b 4 -o "$work/two_resumed" -y 1 > "$work/two_resumed.txt" 2>&1
+check "2-GPU resume exits 0" test $? -eq 0
+check "2-GPU resumed log is identical" cmp -s <(strip_timing "$work/two/log.jsonl") <(strip_timing "$work/two_resumed/log.jsonl")
+diff <(strip_timing "$work/two/log.jsonl") <(strip_timing "$work/two_resumed/log.jsonl") | head -n 4
+check "2-GPU resumed checkpoint is identical" cmp -s "$work/two/model_00000020.bin" "$work/two_resumed/model_00000020.bin"
+
+# 3. across GPU counts: 2 -> 1 and 1 -> 2
+copy_ckpt "$work/two" "$work/to_one"
+./train_gpt_sparse "${small[@]}" -b 4 -d 1024 -o "$work/to_one" -y 1 > "$work/to_one.txt" 2>&1
+check "2-GPU checkpoint resumes on 1 GPU" test $? -eq 0
+check "the re-sharding is announced" grep -q "resuming 2 processes' optimizer state on 1: re-sharded" "$work/to_one.txt"
+d=$(max_diff "$work/to_one" "$work/two")
+check "2 -> 1 GPU resume follows the 2-GPU run ($d)" below "$d" 0.01
+copy_ckpt "$work/acc" "$work/to_two"
+two "${small[@]}" -b 4 -o "$work/to_two" -y 1 > "$work/to_two.txt" 2>&1
+check "1-GPU checkpoint resumes on 2 GPUs" test $? -eq 0
+d=$(max_diff "$work/to_two" "$work/acc")
+check "1 -> 2 GPU resume follows the 1-GPU run ($d)" below "$d" 0.01
+copy_ckpt "$work/two" "$work/wrong_batch"
+two "${small[@]}" -b 8 -o "$work/wrong_batch" -y 1 > "$work/wrong_batch.txt" 2>&1 # 2048 tokens per step
+check "a resume with another global batch is refused" grep -q "1024 tokens per step .* this run has seq-len 128 and 2048" "$work/wrong_batch.txt"
+
+# 4. a rank dies: the other stops within the timeout with one clear line, and
+# the last checkpoint resumes
+long=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -s 0 -v 0 -m 1 -n 5 -x 1000000 --timeout 15 --ffn "$ffn")
+port=$((31000 + RANDOM % 1000))
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_gpt_sparse "${long[@]}" -o "$work/dies" --init-address 127.0.0.1:$port > "$work/dies0.txt" 2>&1 &
+pid0=$!
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_gpt_sparse "${long[@]}" -o "$work/dies" --init-address 127.0.0.1:$port > "$work/dies1.txt" 2>&1 &
+pid1=$!
+for _ in $(seq 120); do [ -f "$work/dies/state_00000010_00001.bin" ] && break; sleep 0.5; done
+kill -9 $pid1
+start=$(date +%s)
+wait $pid0
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+echo "ddp: rank 0 stopped $elapsed s after rank 1 was killed (exit $rc): $(grep error "$work/dies0.txt" | head -n 1)"
+check "rank 0 exits with an error when rank 1 dies" test $rc -ne 0
+check "rank 0 stops within the timeout (${elapsed} s)" test "$elapsed" -le 45
+check "rank 0 says why" grep -q "did not finish within 15 s: another process of the run died or hangs" "$work/dies0.txt"
+last=$(ls "$work/dies"/model_*.bin | sed -E 's/.*model_0*([0-9]+)\.bin/\1/' | sort -n | tail -n 1)
+two "${long[@]}" -x $((last + 2)) -o "$work/dies" -y 1 > "$work/dies_resumed.txt" 2>&1
+rc=$?
+check "the last checkpoint (step $last) resumes on 2 GPUs" test $rc -eq 0
+[ $rc -eq 0 ] || tail -n 5 "$work/dies_resumed.txt"
+
+# 5. the other ways to meet give the same run: a shared file, and MPI under
+# mpirun (when this build has MPI)
+for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r ./train_gpt_sparse "${small[@]}" -b 4 -o "$work/by_file" --init file \
+        --init-file "$work/rendezvous" > "$work/by_file$r.txt" 2>&1 &
+done
+wait
+check "processes meeting through a file train the same steps" cmp -s <(strip_timing "$work/two/log.jsonl") <(strip_timing "$work/by_file/log.jsonl")
+check "the rendezvous file is removed" test ! -e "$work/rendezvous"
+if mpicc --showme:compile > /dev/null 2>&1 && command -v mpirun > /dev/null; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 scripts/launch_mpi.sh 2 "${small[@]}" -b 4 -o "$work/by_mpi" > "$work/by_mpi.txt" 2>&1
+    check "mpirun starts 2 processes that meet through MPI" grep -q "processes: 2 (from mpirun (Open MPI))" "$work/by_mpi.txt"
+    check "processes meeting through MPI train the same steps" cmp -s <(strip_timing "$work/two/log.jsonl") <(strip_timing "$work/by_mpi/log.jsonl")
+    [ -f "$work/by_mpi/log.jsonl" ] || tail -n 5 "$work/by_mpi.txt"
+else
+    echo "ddp: no Open MPI here: the MPI launch is not tested"
+fi
+
+# 6. two processes with no way to meet: one line, not a hang
+RANK=0 WORLD_SIZE=2 ./train_gpt_sparse "${small[@]}" -o "$work/alone" > "$work/alone.txt" 2>&1
+check "no rendezvous given is an error" grep -q "2 processes (from environment) but no way for them to meet" "$work/alone.txt"
+
+echo "ddp: $passed passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,328 @@
+/*
+ GPU inference (llmc/cuda_infer.cuh) against the CPU reference path
+ (gpt_forward_cached of llmc/gpt.h, fp32 on the same bf16-rounded weights),
+ on fresh random inputs:
+ - decode attention against an fp64 softmax over each sequence's cache
+   (positions 0, 17, 128, 299: one key, one split, just past a split, the
+   whole cache of 300), head sizes 16, 32, 64, 128;
+ - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
+ - the sparse decode FFN (after the gate) against an fp64 FFN over the units
+   with g > 0, batches 1, 5, 64, activity none, ~1%, ~50% and all units, D
+   not a multiple of the kernel's 256 columns; the active counts exact;
+ - the whole model: a batch of prompts of different lengths (1, 5, 17 tokens)
+   prefilled at once, then decode steps, logits of every step against the CPU
+   path, FFN dense and TwELL (sparse forced, and auto), on random weights
+   (half the units fire: every TwELL tile overflows, computed from records)
+   and on the synthetic-sparse init (few units fire); TwELL with buffers of
+   one record and one chunk, grown until exact; the decode step as a graph
+   and launched directly, bit-identical.
+ Logits are bf16 after two bf16 layers: max|gpu - cpu| / max|cpu| < 3e-2 (a
+ wrong index or a missing unit is O(1)). Every output is poisoned (0xFF, NaN)
+ before each run, and a NaN fails.
+*/
+#include <vector>
+#include "llmc/cuda_infer.cuh"
+#include "llmc/gpt.h"
+#include "test/gpu/gpu_util.cuh"
+#include "test/test.h"
+
+// max |a - b| / max |b|, infinite if a holds a NaN
+static double max_rel_err(const float* a, const double* b, size_t n) {
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) { return INFINITY; }
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs(b[i]));
+    }
+    return diff / fmax(scale, 1e-30);
+}
+
+static std::vector<bf16> random_bf16(size_t n, double std, uint64_t* rng) {
+    std::vector<bf16> x(n);
+    for (size_t i = 0; i < n; i++) { x[i] = __float2bfloat16((float)(std * rng_normal(rng))); }
+    return x;
+}
+
+static std::vector<float> to_float(const std::vector<bf16>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) { y[i] = __bfloat162float(x[i]); }
+    return y;
+}
+
+static void test_decode_attention(void) {
+    using namespace infer_detail;
+    uint64_t rng = 101;
+    for (int hd : {16, 32, 64, 128}) {
+        const int NH = 4, NKV = 2, B = 4, cache_len = 300, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
+        std::vector<int> pos = {0, 17, 128, 299}; // one key; one split; just past a split; the whole cache
+        std::vector<bf16> qkv = random_bf16((size_t)B * QKV, 1.0, &rng);
+        std::vector<bf16> kc = random_bf16((size_t)B * cache_len * KVD, 1.0, &rng);
+        std::vector<bf16> vc = random_bf16((size_t)B * cache_len * KVD, 1.0, &rng);
+        bf16 *qkv_d = upload(qkv), *kc_d = upload(kc), *vc_d = upload(vc);
+        int* pos_d = upload(pos);
+        bf16* out_d = (bf16*)cuda_malloc((size_t)B * NH * hd * sizeof(bf16));
+        size_t splits = (size_t)B * NH * decode_splits(cache_len);
+        float* part_o = (float*)cuda_malloc(splits * hd * sizeof(float));
+        float* part_ml = (float*)cuda_malloc(splits * 2 * sizeof(float));
+        cudaCheck(cudaMemset(out_d, 0xFF, (size_t)B * NH * hd * sizeof(bf16)));
+        cudaCheck(cudaMemset(part_o, 0xFF, splits * hd * sizeof(float)));
+        cudaCheck(cudaMemset(part_ml, 0xFF, splits * 2 * sizeof(float)));
+        decode_attention(out_d, part_o, part_ml, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len);
+        std::vector<float> out = to_float(download(out_d, (size_t)B * NH * hd));
+        std::vector<float> q = to_float(qkv), k = to_float(kc), v = to_float(vc);
+        std::vector<double> ref((size_t)B * NH * hd, 0.0);
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                int kvh = h / (NH / NKV), n = pos[b] + 1;
+                std::vector<double> s(n);
+                double mx = -INFINITY, sum = 0;
+                for (int t = 0; t < n; t++) {
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++) {
+                        dot += (double)q[(size_t)b * QKV + h * hd + d] * k[((size_t)b * cache_len + t) * KVD + kvh * hd + d];
+                    }
+                    s[t] = dot / sqrt((double)hd);
+                    mx = fmax(mx, s[t]);
+                }
+                for (int t = 0; t < n; t++) { s[t] = exp(s[t] - mx); sum += s[t]; }
+                for (int d = 0; d < hd; d++) {
+                    double o = 0;
+                    for (int t = 0; t < n; t++) { o += s[t] * v[((size_t)b * cache_len + t) * KVD + kvh * hd + d]; }
+                    ref[(size_t)b * NH * hd + h * hd + d] = o / sum;
+                }
+            }
+        }
+        double e = max_rel_err(out.data(), ref.data(), ref.size());
+        CHECK(e < 1e-2, "decode attention hd %d: rel err %g", hd, e);
+        printf("  decode attention hd %3d, positions 0/17/128/299: rel err %.2e\n", hd, e);
+        cuda_free(qkv_d); cuda_free(kc_d); cuda_free(vc_d); cuda_free(pos_d); cuda_free(out_d);
+        cuda_free(part_o); cuda_free(part_ml);
+    }
+}
+
+// the decode linear layer: the GEMV for 1..8 rows, cuBLASLt above
+static void test_decode_linear(void) {
+    uint64_t rng = 505;
+    const int N = 300, K = 328; // N not a multiple of the block's 8 warps
+    for (int B : {1, 3, 8, 9}) {
+        std::vector<bf16> x = random_bf16((size_t)B * K, 1.0, &rng), w = random_bf16((size_t)N * K, 1.0, &rng);
+        bf16 *x_d = upload(x), *w_d = upload(w);
+        bf16* y_d = (bf16*)cuda_malloc((size_t)B * N * sizeof(bf16));
+        cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * N * sizeof(bf16)));
+        infer_detail::decode_linear(y_d, x_d, w_d, B, N, K);
+        std::vector<float> y = to_float(download(y_d, (size_t)B * N)), xf = to_float(x), wf = to_float(w);
+        std::vector<double> ref((size_t)B * N);
+        for (int b = 0; b < B; b++) {
+            for (int n = 0; n < N; n++) {
+                double sum = 0;
+                for (int k = 0; k < K; k++) { sum += (double)xf[(size_t)b * K + k] * wf[(size_t)n * K + k]; }
+                ref[(size_t)b * N + n] = sum;
+            }
+        }
+        double e = max_rel_err(y.data(), ref.data(), ref.size());
+        CHECK(e < 1e-2, "decode linear B %d: rel err %g", B, e);
+        printf("  decode linear B %d (%s): rel err %.2e\n", B, B <= infer_detail::GEMV_MAX_ROWS ? "GEMV" : "cuBLASLt", e);
+        cuda_free(x_d); cuda_free(w_d); cuda_free(y_d);
+    }
+}
+
+static void test_sparse_decode_ffn(void) {
+    using namespace infer_detail;
+    uint64_t rng = 202;
+    const int D = 320, H = 1024;
+    for (int B : {1, 5, 64}) {
+        for (double p : {0.0, 0.01, 0.5, 1.0}) {
+            std::vector<bf16> f = random_bf16((size_t)B * D, 1.0, &rng);
+            std::vector<bf16> wu = random_bf16((size_t)H * D, 1.0 / sqrt(D), &rng);
+            std::vector<bf16> wdT = random_bf16((size_t)H * D, 1.0 / sqrt(H), &rng);
+            std::vector<bf16> g((size_t)B * H);
+            std::vector<int> active(B, 0);
+            for (int b = 0; b < B; b++) {
+                for (int n = 0; n < H; n++) {
+                    bool on = rng_uniform(&rng) < p;
+                    double mag = 0.1 + rng_uniform(&rng);
+                    g[(size_t)b * H + n] = __float2bfloat16((float)(on ? mag : -mag));
+                    active[b] += on;
+                }
+            }
+            bf16 *f_d = upload(f), *wu_d = upload(wu), *wdT_d = upload(wdT), *g_d = upload(g);
+            bf16* y_d = (bf16*)cuda_malloc((size_t)B * D * sizeof(bf16));
+            int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
+            int* count_d = (int*)cuda_malloc(B * sizeof(int));
+            float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
+            cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
+            cudaCheck(cudaMemset(count_d, 0xFF, B * sizeof(int)));
+            sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int)>>>(a_d, list_d, count_d, g_d,
+                                                                                             f_d, wu_d, D, H);
+            cudaCheck(cudaGetLastError());
+            sparse_down_kernel<<<dim3(ceil_div(D, SPARSE_DOWN_COLS), B), SPARSE_THREADS>>>(y_d, a_d, list_d, count_d,
+                                                                                          wdT_d, D, H);
+            cudaCheck(cudaGetLastError());
+            std::vector<float> y = to_float(download(y_d, (size_t)B * D));
+            std::vector<int> count = download(count_d, B);
+            std::vector<float> ff = to_float(f), wuf = to_float(wu), wdf = to_float(wdT), gf = to_float(g);
+            std::vector<double> ref((size_t)B * D, 0.0);
+            int count_ok = 1;
+            for (int b = 0; b < B; b++) {
+                count_ok &= count[b] == active[b];
+                for (int n = 0; n < H; n++) {
+                    double gv = gf[(size_t)b * H + n];
+                    if (!(gv > 0)) { continue; }
+                    double u = 0;
+                    for (int d = 0; d < D; d++) { u += (double)ff[(size_t)b * D + d] * wuf[(size_t)n * D + d]; }
+                    for (int d = 0; d < D; d++) { ref[(size_t)b * D + d] += gv * u * wdf[(size_t)n * D + d]; }
+                }
+            }
+            double e;
+            if (p == 0.0) { // nothing fires: y must be exactly 0
+                e = 0;
+                for (float v : y) { if (v != 0.0f) { e = INFINITY; } }
+            } else {
+                e = max_rel_err(y.data(), ref.data(), ref.size());
+            }
+            CHECK(count_ok, "sparse decode B %d p %g: active counts differ from the pattern's", B, p);
+            CHECK(e < 1e-2, "sparse decode FFN B %d p %g: rel err %g", B, p, e);
+            printf("  sparse decode FFN B %2d, %4.0f%% active: rel err %.2e\n", B, 100 * p, e);
+            cuda_free(f_d); cuda_free(wu_d); cuda_free(wdT_d); cuda_free(g_d); cuda_free(y_d);
+            cuda_free(list_d); cuda_free(count_d); cuda_free(a_d);
+        }
+    }
+}
+
+// the CPU reference's logits of a script: prefill of the prompts, then steps
+// of one token per sequence; [call][sequence][Vp]
+struct Script {
+    std::vector<int> tokens, lens;           // prompts, concatenated
+    std::vector<std::vector<int>> next;      // [step][sequence] token fed
+    std::vector<std::vector<double>> logits; // [call] [nseq * Vp]
+};
+
+static Script cpu_script(const GPTConfig* c, const std::vector<float>& params, int steps, uint64_t* rng) {
+    Script s;
+    s.lens = {5, 17, 1};
+    int nseq = (int)s.lens.size(), Vp = c->padded_vocab_size;
+    for (int l : s.lens) { for (int t = 0; t < l; t++) { s.tokens.push_back((int)rng_below(rng, c->vocab_size)); } }
+    GPT<float, float> model;
+    gpt_build(&model, c, DEVICE_CPU);
+    memcpy(model.params, params.data(), params.size() * sizeof(float));
+    std::vector<InferState<float>> states(nseq);
+    s.logits.push_back(std::vector<double>((size_t)nseq * Vp));
+    for (int i = 0, off = 0; i < nseq; off += s.lens[i], i++) {
+        infer_state_alloc(&states[i], c, s.lens[i]);
+        gpt_forward_cached(&model, &states[i], s.tokens.data() + off, s.lens[i], 0);
+        for (int v = 0; v < Vp; v++) { s.logits[0][(size_t)i * Vp + v] = states[i].logits[v]; }
+    }
+    for (int step = 0; step < steps; step++) {
+        std::vector<int> next(nseq);
+        s.logits.push_back(std::vector<double>((size_t)nseq * Vp));
+        for (int i = 0; i < nseq; i++) {
+            next[i] = (int)rng_below(rng, c->vocab_size);
+            gpt_forward_cached(&model, &states[i], &next[i], 1, s.lens[i] + step);
+            for (int v = 0; v < Vp; v++) { s.logits.back()[(size_t)i * Vp + v] = states[i].logits[v]; }
+        }
+        s.next.push_back(next);
+    }
+    for (auto& st : states) { infer_state_free(&st); }
+    gpt_free(&model);
+    return s;
+}
+
+// runs the script on the GPU; returns the worst relative error of any call's
+// logits (NaN: infinite) and leaves every call's logits in out
+static double gpu_script(GpuModel* m, const Script& s, std::vector<std::vector<float>>* out) {
+    int nseq = (int)s.lens.size(), Vp = m->config.padded_vocab_size;
+    double worst = 0;
+    out->clear();
+    for (size_t call = 0; call < s.logits.size(); call++) {
+        std::vector<float> logits((size_t)nseq * Vp, NAN);
+        cudaCheck(cudaMemsetAsync(m->logits, 0xFF, (size_t)nseq * Vp * sizeof(bf16), main_stream));
+        if (call == 0) {
+            gpu_model_prefill(m, s.tokens.data(), s.lens.data(), nseq, logits.data());
+        } else {
+            std::vector<int> pos(nseq);
+            for (int i = 0; i < nseq; i++) { pos[i] = s.lens[i] + (int)call - 1; }
+            gpu_model_decode(m, s.next[call - 1].data(), pos.data(), nseq, logits.data());
+        }
+        // only the real vocabulary: the padded rows of wte are 0 on both sides
+        for (int i = 0; i < nseq; i++) {
+            double e = max_rel_err(logits.data() + (size_t)i * Vp, s.logits[call].data() + (size_t)i * Vp,
+                                   m->config.vocab_size);
+            worst = fmax(worst, e);
+        }
+        out->push_back(logits);
+    }
+    return worst;
+}
+
+static void test_model(const char* name, bool synthetic) {
+    GPTConfig c = {300, 384, 2, 128, 4, 2, 512, 64, 10000.0f, 1e-5f};
+    const int steps = 4;
+    uint64_t rng = synthetic ? 404 : 303;
+    GpuModel m;
+    gpu_model_create(&m, &c, 3, 64, c.max_seq_len);
+    std::vector<float> params(num_parameters(&c));
+    if (synthetic) { // the GPU's synthetic-sparse init, calibrated by one prefill, then read back
+        gpu_model_init_synthetic(&m, 7, 8.0);
+        std::vector<int> tokens(40), lens = {40};
+        for (int& t : tokens) { t = (int)rng_below(&rng, c.vocab_size); }
+        m.ffn = INFER_FFN_DENSE;
+        gpu_model_prefill(&m, tokens.data(), lens.data(), 1, NULL);
+        params = to_float(download(m.params, params.size()));
+    } else {
+        init_params_random(params.data(), &c, 42);
+        for (float& p : params) { p = __bfloat162float(__float2bfloat16(p)); }
+        gpu_model_upload(&m, params.data());
+    }
+    Script s = cpu_script(&c, params, steps, &rng);
+    std::vector<std::vector<float>> dense, sparse, direct;
+
+    m.ffn = INFER_FFN_DENSE;
+    double e = gpu_script(&m, s, &dense);
+    CHECK(e < 3e-2, "%s: dense GPU logits vs CPU rel err %g", name, e);
+    printf("  %s, dense:  prefill + %d decode steps, logits rel err %.2e\n", name, steps, e);
+
+    m.ffn = INFER_FFN_TWELL;
+    m.twell_choice = TWELL_FORCE_SPARSE;
+    e = gpu_script(&m, s, &sparse);
+    CHECK(e < 3e-2, "%s: TwELL GPU logits vs CPU rel err %g", name, e);
+    CHECK(m.twell.path == TWELL_SPARSE, "%s: the TwELL prefill took the dense path", name);
+    double active = 0;
+    for (int l = 0; l < c.num_layers; l++) { active += m.layer_active[l] / c.num_layers; }
+    printf("  %s, TwELL:  prefill + %d decode steps, logits rel err %.2e (%.1f of %d units active per row)\n", name,
+           steps, e, active, c.hidden);
+    // the calibration aims at the mean ratio of a layer's rows; spread over rows raises the activity (dev/NOTES.md)
+    if (synthetic) { CHECK(active > 2 && active < 0.1 * c.hidden, "%s: %.1f active units per row, aimed at 8", name, active); }
+    else { CHECK(active > 128, "%s: %.1f active units per row: the tiles were meant to overflow", name, active); }
+
+    m.use_graph = 0; // the same steps launched directly: the same bits
+    gpu_script(&m, s, &direct);
+    CHECK(direct == sparse, "%s: decode as a graph and launched directly differ", name);
+    m.use_graph = 1;
+
+    // buffers of one record and one chunk: the status grows them, the layers rerun, the logits are exact
+    twell_ffn_free(&m.twell);
+    m.twell = twell_ffn_create(m.twell_rows, c.channels, c.hidden, TWELL_TILE / 8 - 1, 1, 1);
+    m.twell.choice = TWELL_FORCE_SPARSE;
+    long long before = m.regrows;
+    e = gpu_script(&m, s, &direct);
+    CHECK(m.regrows > before && e < 3e-2, "%s: TwELL from tiny buffers: %lld growths, rel err %g", name,
+          m.regrows - before, e);
+    printf("  %s, TwELL from 1 record / 1 chunk: %lld growths, rel err %.2e\n", name, m.regrows - before, e);
+
+    m.twell.choice = TWELL_AUTO; // auto: either path, the same logits within tolerance
+    for (int i = 0; i < 2; i++) { e = gpu_script(&m, s, &direct); }
+    CHECK(e < 3e-2, "%s: TwELL auto (%s path) rel err %g", name, m.twell.path == TWELL_DENSE ? "dense" : "sparse", e);
+    gpu_model_free(&m);
+}
+
+int main(void) {
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("test_infer on %s\n", prop.name);
+    test_decode_attention();
+    test_decode_linear();
+    test_sparse_decode_ffn();
+    test_model("random weights", false);
+    test_model("synthetic-sparse", true);
+    return test_summary("test_infer");
+}

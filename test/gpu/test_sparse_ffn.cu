@@ -1,0 +1,245 @@
+/*
+ The sparse FFN of training on the GPU (llmc/cuda_sparse_ffn.cuh), on fresh
+ synthetic-sparse inputs (SPARSE.md) at k = 8, 30, 100, 300 uniform and k = 30
+ realistic, with ELL width 64 (so the k = 100 and 300 rows and the realistic
+ hot rows overflow into the tail):
+ - the pattern (counts, tail slots, units, g) and the transposed pattern equal
+   the CPU reference's (llmc/sparse_ffn.h) on the same g, bit for bit;
+ - y, l1, df and the three weight gradients equal the dense GPU path's
+   (cuBLASLt + llmc/cuda_gate.cuh) on the same weights and batch within bf16
+   tolerance; outputs are poisoned (NaN) before each run, NaN fails;
+ - forced overflow: a tail smaller than needed counts every row that asked,
+   exactly the rows past it come out NaN, and after growing the tail to the
+   count the run matches the dense path: nothing is dropped;
+ - two runs give the same bits.
+*/
+#include <vector>
+#include "llmc/cuda_gate.cuh"
+#include "llmc/cuda_matmul.cuh"
+#include "llmc/cuda_sparse_ffn.cuh"
+#include "test/gpu/gpu_util.cuh"
+#include "test/test.h"
+
+static std::vector<bf16> to_bf16(const std::vector<float>& x) {
+    std::vector<bf16> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) { y[i] = __float2bfloat16(x[i]); }
+    return y;
+}
+
+static std::vector<float> to_float(const std::vector<bf16>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) { y[i] = __bfloat162float(x[i]); }
+    return y;
+}
+
+// ||a - b|| / ||b||, infinite if a holds a NaN
+static double norm_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        if (isnan(a[i])) { return INFINITY; }
+        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        ref += (double)b[i] * b[i];
+    }
+    return sqrt(diff / fmax(ref, 1e-30));
+}
+
+static void poison(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0xff, bytes)); } // bf16 and fp32 NaN
+
+struct Case {
+    int M, D, H, W;
+    std::vector<bf16> f, wg, wu, wdT, dy;
+    bf16 *d_f, *d_wg, *d_wu, *d_wdT, *d_dy, *d_g, *d_u, *d_h, *d_dh, *d_du, *d_y, *d_df;
+    float *d_l1, *d_dwu, *d_dwg, *d_dwdT;
+    int* d_active;
+    uint8_t* d_fired;
+    std::vector<float> grad0; // the value the weight gradients start from
+};
+
+static const float l1_scale = 1e-3f;
+
+// the dense GPU FFN, as llmc/gpt.h runs it; results in y, l1, df, dWu, dWg, dWdT
+static void dense_ffn(Case* c) {
+    int M = c->M, D = c->D, H = c->H;
+    gemm(c->d_g, c->d_f, c->d_wg, M, H, D, 0, 1, 0);
+    gemm(c->d_u, c->d_f, c->d_wu, M, H, D, 0, 1, 0);
+    relu_gate_forward(c->d_h, c->d_l1, c->d_active, c->d_fired, c->d_g, c->d_u, M, H);
+    gemm(c->d_y, c->d_h, c->d_wdT, M, D, H, 0, 0, 0);
+    gemm(c->d_dh, c->d_dy, c->d_wdT, M, H, D, 0, 1, 0);
+    gemm(c->d_dwdT, c->d_h, c->d_dy, H, D, M, 1, 0, 1);
+    relu_gate_backward(c->d_dh, c->d_du, c->d_dh, c->d_g, c->d_u, c->d_h, l1_scale, M, H);
+    gemm(c->d_df, c->d_du, c->d_wu, M, D, H, 0, 0, 0);
+    gemm(c->d_df, c->d_dh, c->d_wg, M, D, H, 0, 0, 1);
+    gemm(c->d_dwu, c->d_du, c->d_f, H, D, M, 1, 0, 1);
+    gemm(c->d_dwg, c->d_dh, c->d_f, H, D, M, 1, 0, 1);
+}
+
+struct Outputs { std::vector<float> y, l1, df, dwu, dwg, dwdT; };
+
+static Outputs download_outputs(const Case* c) {
+    size_t MD = (size_t)c->M * c->D, HD = (size_t)c->H * c->D;
+    return {to_float(download(c->d_y, MD)), download(c->d_l1, c->M), to_float(download(c->d_df, MD)),
+            download(c->d_dwu, HD), download(c->d_dwg, HD), download(c->d_dwdT, HD)};
+}
+
+static void reset_grads(Case* c) {
+    size_t HD = (size_t)c->H * c->D;
+    for (float* p : {c->d_dwu, c->d_dwg, c->d_dwdT}) {
+        cudaCheck(cudaMemcpy(p, c->grad0.data(), HD * sizeof(float), cudaMemcpyHostToDevice));
+    }
+}
+
+// the sparse FFN: pack from the dense g (computed here), then the sparse products
+static void sparse_ffn(Case* c, SparsePattern<bf16>* p, SparseTransposed* t, SparseScratch* s, bf16* du, bf16* dg) {
+    int M = c->M, D = c->D, H = c->H;
+    gemm(c->d_g, c->d_f, c->d_wg, M, H, D, 0, 1, 0);
+    sparse_pack(p, c->d_active, c->d_fired, c->d_g, s);
+    sparse_up(p, c->d_l1, c->d_f, c->d_wu, D);
+    sparse_down(c->d_y, p, c->d_wdT, D);
+    sparse_dh(du, dg, p, c->d_dy, c->d_wdT, l1_scale, D);
+    sparse_df(c->d_df, p, du, dg, c->d_wu, c->d_wg, D);
+    sparse_transpose(t, p, s);
+    sparse_weight_grads(c->d_dwu, c->d_dwg, c->d_dwdT, p, t, du, dg, c->d_f, c->d_dy, D);
+}
+
+static void check_close(const Outputs& got, const Outputs& ref, const char* what) {
+    const double tol = 2e-2; // bf16 rounding of u, h, dh, du, dg on either side
+    double e[6] = {norm_rel_err(got.y, ref.y), norm_rel_err(got.l1, ref.l1), norm_rel_err(got.df, ref.df),
+                   norm_rel_err(got.dwu, ref.dwu), norm_rel_err(got.dwg, ref.dwg), norm_rel_err(got.dwdT, ref.dwdT)};
+    const char* names[6] = {"y", "l1", "df", "dWu", "dWg", "dWdT"};
+    for (int i = 0; i < 6; i++) { CHECK(e[i] < tol, "%s: %s rel err %.3g", what, names[i], e[i]); }
+    printf("  %s: rel err y %.2e l1 %.2e df %.2e dWu %.2e dWg %.2e dWdT %.2e\n", what, e[0], e[1], e[2], e[3], e[4], e[5]);
+}
+
+static void run_case(int M, int D, int H, int W, double k, int realistic) {
+    Case c;
+    c.M = M, c.D = D, c.H = H, c.W = W;
+    size_t MD = (size_t)M * D, HD = (size_t)H * D, MH = (size_t)M * H;
+    std::vector<float> f(MD), wg(HD), wu(HD), wdT(HD), dy(MD);
+    sparse_synthetic_ffn(f.data(), wg.data(), wu.data(), wdT.data(), M, D, H, k, realistic, 1000 + (uint64_t)k);
+    uint64_t rng = 99 + (uint64_t)k;
+    for (float& x : dy) { x = (float)rng_normal(&rng); }
+    c.grad0.resize(HD);
+    for (float& x : c.grad0) { x = (float)(0.01 * rng_normal(&rng)); }
+    c.d_f = upload(to_bf16(f)), c.d_wg = upload(to_bf16(wg)), c.d_wu = upload(to_bf16(wu));
+    c.d_wdT = upload(to_bf16(wdT)), c.d_dy = upload(to_bf16(dy));
+    for (bf16** p : {&c.d_g, &c.d_u, &c.d_h, &c.d_dh, &c.d_du}) { *p = (bf16*)cuda_malloc(MH * sizeof(bf16)); }
+    c.d_y = (bf16*)cuda_malloc(MD * sizeof(bf16)), c.d_df = (bf16*)cuda_malloc(MD * sizeof(bf16));
+    c.d_l1 = (float*)cuda_malloc(M * sizeof(float));
+    for (float** p : {&c.d_dwu, &c.d_dwg, &c.d_dwdT}) { *p = (float*)cuda_malloc(HD * sizeof(float)); }
+    c.d_active = (int*)cuda_malloc(M * sizeof(int));
+    c.d_fired = (uint8_t*)cuda_malloc(H);
+    char what[96];
+    snprintf(what, sizeof(what), "M %d D %d H %d W %d k %g %s", M, D, H, W, k, realistic ? "realistic" : "uniform");
+    printf("%s\n", what);
+
+    // dense reference
+    reset_grads(&c);
+    poison(c.d_y, MD * 2), poison(c.d_df, MD * 2), poison(c.d_l1, M * 4);
+    cudaCheck(cudaMemset(c.d_fired, 0, H));
+    dense_ffn(&c);
+    Outputs ref = download_outputs(&c);
+    std::vector<int> ref_active = download(c.d_active, M);
+    std::vector<uint8_t> ref_fired = download(c.d_fired, H);
+    std::vector<float> g = to_float(download(c.d_g, MH));
+    int needed = 0;
+    for (int m = 0; m < M; m++) { needed += ref_active[m] > W; }
+    printf("  mean active %.1f, rows past W %d\n", [&] { double s = 0; for (int a : ref_active) { s += a; } return s / M; }(), needed);
+
+    // the CPU reference pattern of the same g
+    SparsePattern<float> cp;
+    int cap = needed;
+    int cpu_tail_used = 0;
+    int* tail_used = (int*)cuda_malloc(sizeof(int));
+    sparse_pattern_alloc(&cp, M, H, W, cap, &cpu_tail_used, DEVICE_CPU);
+    std::vector<int> cpu_active(M);
+    sparse_pack(&cp, cpu_active.data(), (uint8_t*)NULL, g.data(), (SparseScratch*)NULL);
+    SparseTransposed ct;
+    size_t entries = sparse_entries(M, H, W, cap);
+    sparse_transposed_alloc(&ct, H, entries, DEVICE_CPU);
+    sparse_transpose(&ct, &cp, (SparseScratch*)NULL);
+
+    SparseScratch s;
+    sparse_scratch_alloc_cuda(&s, M, H);
+    // first with a tail too small by half (forced overflow), then with the tail grown to the count
+    for (int pass = 0; pass < 2; pass++) {
+        int tail = pass == 0 ? needed / 2 : needed;
+        if (pass == 0 && needed == 0) { continue; }
+        SparsePattern<bf16> p;
+        sparse_pattern_alloc(&p, M, H, W, tail, tail_used, DEVICE_CUDA);
+        size_t n = sparse_entries(M, H, W, tail);
+        SparseTransposed t;
+        sparse_transposed_alloc(&t, H, n, DEVICE_CUDA);
+        bf16* du = (bf16*)cuda_malloc(n * sizeof(bf16) + 16);
+        bf16* dg = (bf16*)cuda_malloc(n * sizeof(bf16) + 16);
+        reset_grads(&c);
+        poison(c.d_y, MD * 2), poison(c.d_df, MD * 2), poison(c.d_l1, M * 4), poison(c.d_active, M * 4);
+        cudaCheck(cudaMemset(c.d_fired, 0, H));
+        sparse_ffn(&c, &p, &t, &s, du, dg);
+        Outputs got = download_outputs(&c);
+        int used = download(p.tail_used, 1)[0];
+        std::vector<int> slot = download(p.tail_slot, M), count = download(p.count, M);
+        std::vector<int> active = download(c.d_active, M);
+        CHECK(used == needed, "%s: tail_used %d, rows past W %d", what, used, needed);
+        if (pass == 0) {
+            int ok = 1, lost = 0;
+            for (int m = 0; m < M; m++) {
+                int is_lost = slot[m] == SPARSE_ROW_LOST;
+                lost += is_lost;
+                ok &= isnan(got.y[(size_t)m * D]) == is_lost && isnan(got.l1[m]) == is_lost && isnan(got.df[(size_t)m * D]) == is_lost;
+            }
+            CHECK(lost == needed - tail, "%s: %d rows lost, expected %d", what, lost, needed - tail);
+            CHECK(ok, "%s: exactly the lost rows are NaN", what);
+            printf("  forced overflow: tail %d of %d needed, %d rows NaN and counted\n", tail, needed, lost);
+        } else {
+            // the pattern and its transpose equal the CPU reference's
+            int same = active == ref_active && active == cpu_active && count == cpu_active;
+            for (int m = 0; m < M; m++) { same &= slot[m] == cp.tail_slot[m]; }
+            std::vector<uint16_t> unit = download(p.unit, n);
+            std::vector<float> pg = to_float(download(p.g, n));
+            int entries_same = 1;
+            for (int m = 0; m < M; m++) {
+                size_t e = sparse_row_base(M, H, W, m, slot[m]);
+                for (int j = 0; j < count[m]; j++) { entries_same &= unit[e + j] == cp.unit[e + j] && pg[e + j] == cp.g[e + j]; }
+            }
+            CHECK(same, "%s: counts and tail slots equal the CPU reference's", what);
+            CHECK(entries_same, "%s: entries equal the CPU reference's", what);
+            CHECK(download(c.d_fired, H) == ref_fired, "%s: fired marks", what);
+            std::vector<int> us = download(t.unit_start, H + 1);
+            int tr_same = memcmp(us.data(), ct.unit_start, (H + 1) * sizeof(int)) == 0;
+            if (tr_same) {
+                std::vector<int> tok = download(t.token, us[H]), ent = download(t.entry, us[H]);
+                tr_same = memcmp(tok.data(), ct.token, us[H] * sizeof(int)) == 0 && memcmp(ent.data(), ct.entry, us[H] * sizeof(int)) == 0;
+            }
+            CHECK(tr_same, "%s: transposed pattern equals the CPU reference's", what);
+            check_close(got, ref, what);
+            // determinism
+            reset_grads(&c);
+            sparse_ffn(&c, &p, &t, &s, du, dg);
+            Outputs again = download_outputs(&c);
+            CHECK(again.y == got.y && again.df == got.df && again.dwu == got.dwu && again.dwg == got.dwg &&
+                  again.dwdT == got.dwdT, "%s: two runs are bit-identical", what);
+        }
+        sparse_pattern_free(&p, DEVICE_CUDA);
+        sparse_transposed_free(&t, DEVICE_CUDA);
+        cuda_free(du);
+        cuda_free(dg);
+    }
+    sparse_scratch_free_cuda(&s);
+    cuda_free(tail_used);
+    sparse_pattern_free(&cp, DEVICE_CPU);
+    sparse_transposed_free(&ct, DEVICE_CPU);
+    for (void* p : {(void*)c.d_f, (void*)c.d_wg, (void*)c.d_wu, (void*)c.d_wdT, (void*)c.d_dy, (void*)c.d_g,
+                    (void*)c.d_u, (void*)c.d_h, (void*)c.d_dh, (void*)c.d_du, (void*)c.d_y, (void*)c.d_df,
+                    (void*)c.d_l1, (void*)c.d_dwu, (void*)c.d_dwg, (void*)c.d_dwdT, (void*)c.d_active, (void*)c.d_fired}) {
+        cuda_free(p);
+    }
+}
+
+int main(void) {
+    const int M = 2048, D = 512, H = 1408, W = 64;
+    for (double k : {8.0, 30.0, 100.0, 300.0}) { run_case(M, D, H, W, k, 0); }
+    run_case(M, D, H, W, 30, 1);
+    run_case(1000, 200, 96, 16, 6, 1); // shapes not multiples of the tiles (D/8 = 25 threads)
+    cublaslt_free();
+    return test_summary("test_sparse_ffn (GPU)");
+}
