@@ -365,6 +365,7 @@ static void generate_gpu(GpuModel* m, Sequence* seqs, int nseq, const GenerateOp
     float* logits = (float*)mallocCheck((size_t)nseq * Vp * sizeof(float));
     int* next = (int*)mallocCheck(nseq * sizeof(int));
     int* pos = (int*)mallocCheck(nseq * sizeof(int));
+    int* step_pos = (int*)mallocCheck(nseq * sizeof(int));
     double t0 = now_seconds();
     gpu_model_prefill(m, tokens, lens, nseq, logits);
     *prefill_s = now_seconds() - t0;
@@ -378,13 +379,12 @@ static void generate_gpu(GpuModel* m, Sequence* seqs, int nseq, const GenerateOp
         }
         if (running == 0) { break; }
         // a finished sequence rides along at position 0 of its own cache slot, which nothing reads again
-        int* step_pos = (int*)mallocCheck(nseq * sizeof(int));
         for (int i = 0; i < nseq; i++) {
             if (seqs[i].done) { next[i] = 0; step_pos[i] = 0; } else { step_pos[i] = pos[i]++; }
         }
         gpu_model_decode(m, next, step_pos, nseq, logits);
-        free(step_pos);
     }
+    free(step_pos);
     free(pos);
     free(next);
     free(logits);

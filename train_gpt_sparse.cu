@@ -80,6 +80,7 @@ typedef struct {
     int resume, seed, recompute;
     float lambda;
     int ffn_mode;              // FfnMode (llmc/gpt.h)
+    int dead_reinit;           // 1: MODEL.md's dead-neuron re-initialisation after each step
     ProcessInfo proc;          // this process of the data-parallel run
     const char* init_method;   // how the processes meet (llmc/zero.cuh)
     const char* init_address;
@@ -377,6 +378,7 @@ void train(const Options* o, Device device) {
         float step_lr = lr_at_step(&o->optim, step);
         optimizer_step(&opt, &model, &o->optim, step_lr, step + 1);
         read_stats(&model, zero, (double)o->total_batch); // waits for the step
+        if (o->dead_reinit) { gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step); }
         double ms = (now_seconds() - t0) * 1000;
         watchdog_disarm(&watchdog);
 
@@ -433,6 +435,7 @@ int main(int argc, char** argv) {
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
     const char* device_name = "auto";
     const char* ffn_name = "auto";
+    int dead_reinit = 0;
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
     const char* init_method = "auto";
@@ -479,6 +482,7 @@ int main(int argc, char** argv) {
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
         {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
         {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer sparse or dense from its activity), dense or sparse", 0},
+        {0, "dead-reinit", ARG_INT, &dead_reinit, 0, 1, "1 = move gate rows that fired for no token of a step a tenth toward new noise", 0},
         {0, "init", ARG_STRING, &init_method, 0, 0, "how data-parallel processes meet: auto, mpi, tcp or file", 0},
         {0, "init-address", ARG_STRING, &init_address, 0, 0, "host:port of rank 0, for --init tcp", 0},
         {0, "init-file", ARG_STRING, &init_file, 0, 0, "a path all processes see, for --init file", 0},
@@ -539,6 +543,8 @@ int main(int argc, char** argv) {
     }
     // without the L1 term nothing makes the gates sparse: auto is dense
     o.ffn_mode = strcmp(ffn_name, "sparse") == 0 ? FFN_SPARSE : strcmp(ffn_name, "dense") == 0 || lambda == 0 ? FFN_DENSE : FFN_AUTO;
+    o.dead_reinit = dead_reinit;
+    if (dead_reinit && P > 1) { fatal("--dead-reinit 1 needs one process (the master weights are sharded over %d)", P); }
 
     if (strcmp(device_name, "auto") != 0 && strcmp(device_name, "cpu") != 0 && strcmp(device_name, "cuda") != 0) {
         fatal("--device must be auto, cpu or cuda, not '%s'", device_name);

@@ -19,6 +19,7 @@
 #include "llmc/cuda_gate.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_sparse_ffn.cuh"
+#include "llmc/gpt.h"
 #include "llmc/optimizer.h"
 #include "test/gpu/gpu_util.cuh"
 
@@ -43,7 +44,7 @@ static int bench_model(int argc, char** argv) {
     GPTConfig c = {50257, 50304, shape->layers, shape->dim, shape->heads, shape->heads, shape->hidden, T, 10000.0f, 1e-5f};
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("model %s B%d T%d on %s, synthetic-sparse init (benchmark-only) with k = %g of %d: %d timed steps after 3\n",
+    printf("model %s B%d T%d on %s, synthetic-sparse init (benchmark-only) with k = %g of %d, lr 0: %d timed steps after 3\n",
            argv[2], B, T, prop.name, k, c.hidden, steps);
     size_t n = num_parameters(&c);
     float* host = (float*)mallocCheck(n * sizeof(float));
@@ -55,7 +56,9 @@ static int bench_model(int argc, char** argv) {
     int* d_tg = (int*)cuda_malloc(M * sizeof(int));
     cudaCheck(cudaMemcpy(d_in, tokens, M * sizeof(int), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_tg, tokens + 1, M * sizeof(int), cudaMemcpyHostToDevice));
-    OptimConfig oc = {1e-5f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0, 1000, 0.1f};
+    // lr 0: the step costs the same, and the weights keep their synthetic sparsity
+    // (Adam would move the 1e-3-scaled W_o and W_d by their own size in a step)
+    OptimConfig oc = {0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 0, 1000, 0.1f};
     double tps[2], mem[2];
     for (int mode = 0; mode < 2; mode++) {
         cudaCheck(cudaDeviceSynchronize());
@@ -73,7 +76,7 @@ static int bench_model(int argc, char** argv) {
             gpt_stats_reset(&model);
             gpt_forward(&model, d_in, d_tg, B, T, 1.0f / M);
             gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
-            optimizer_step(&opt, &model, &oc, 1e-5f, i + 1);
+            optimizer_step(&opt, &model, &oc, 0.0f, i + 1);
             gpt_stats_read(&model, M);
             if (i >= 3) { t += seconds() - t0; }
         }
@@ -138,9 +141,9 @@ int main(int argc, char** argv) {
     sparse_scratch_alloc_cuda(&scratch, M, H);
     int* tail_used = (int*)cuda_malloc(sizeof(int));
 
-    printf("%-10s %5s %5s %5s | %8s %8s %6s | %8s %8s %6s | %9s %9s %6s | %8s %8s %8s | stages fwd: gate pack up down, bwd: dh df transpose wgrad\n",
-           "pattern", "k", "W", "tail", "dense f", "sparse f", "ratio", "dense fb", "sparse fb", "ratio", "dense MB",
-           "sparse MB", "ratio", "err y", "err df", "err dW");
+    printf("%-10s %5s %5s %5s | %8s %8s %6s | %8s %8s %6s | %6s %6s | %9s %9s %6s | %8s %8s %8s | stages fwd: gate pack up down, bwd: dh df transpose wgrad\n",
+           "pattern", "k", "W", "tail", "dense f", "sparse f", "ratio", "dense fb", "sparse fb", "ratio", "auto", "ratio",
+           "dense MB", "sparse MB", "ratio", "err y", "err df", "err dW");
     struct { double k; int realistic; } cases[] = {{8, 0}, {30, 0}, {100, 0}, {300, 0}, {30, 1}};
     std::vector<float> hf(MD), hwg(HD), hwu(HD), hwdT(HD), hdy(MD);
     uint64_t rng = 5;
@@ -216,18 +219,22 @@ int main(int argc, char** argv) {
             median_ms([&] { sparse_weight_grads(grads[1][0], grads[1][1], grads[1][2], &p, &t, du, dg, f, dy, D); }),
         };
         double dense_mb = 3.0 * MH * 2 / 1e6, sparse_mb = sparse_pattern_bytes(M, H, W, tail, 2) / 1e6;
-        printf("%-10s %5.1f %5d %5d | %8.3f %8.3f %5.2fx | %8.3f %9.3f %5.2fx | %9.1f %9.1f %5.1fx | %8.1e %8.1e %8.1e |"
+        // what --ffn auto would run for a layer with this activity (llmc/gpt.h): sparse up to the limit, else dense
+        int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
+        float t_auto = auto_sparse ? t_sfb : t_dfb;
+        printf("%-10s %5.1f %5d %5d | %8.3f %8.3f %5.2fx | %8.3f %9.3f %5.2fx | %6s %5.2fx | %9.1f %9.1f %5.1fx | %8.1e %8.1e %8.1e |"
                " %.3f %.3f %.3f %.3f | %.3f %.3f %.3f %.3f\n",
                cs.realistic ? "realistic" : "uniform", mean, W, tail, t_df, t_sf, t_df / t_sf, t_dfb, t_sfb, t_dfb / t_sfb,
-               dense_mb, sparse_mb, dense_mb / sparse_mb, err_y, err_df, err_dw, st[0], st[1], st[2], st[3], st[4], st[5],
+               auto_sparse ? "sparse" : "dense", t_dfb / t_auto, dense_mb, sparse_mb, dense_mb / sparse_mb, err_y, err_df, err_dw, st[0], st[1], st[2], st[3], st[4], st[5],
                st[6], st[7]);
         sparse_pattern_free(&p, DEVICE_CUDA);
         sparse_transposed_free(&t, DEVICE_CUDA);
         cuda_free(du);
         cuda_free(dg);
     }
-    printf("ratio = dense time / sparse time (> 1: sparse faster); MB = FFN state kept for the backward (dense: g, u, h;"
-           " sparse: the pattern with g and u at it, as allocated); err = ||sparse - dense|| / ||dense||\n");
+    printf("ratio = dense time / sparse time (> 1: sparse faster); auto = the path --ffn auto picks at this k (fwd+bwd);"
+           " MB = FFN state kept for the backward (dense: g, u, h; sparse: the pattern with g and u at it, as allocated);"
+           " err = ||sparse - dense|| / ||dense||\n");
     sparse_scratch_free_cuda(&scratch);
     cuda_free(tail_used);
     cublaslt_free();

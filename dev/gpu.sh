@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine is for, in one call: build, GPU tests, the check
 # against Hugging Face, benchmarks. Logs go to $OUT (the device tool brings them
-# back). usage: bash dev/gpu.sh [test] [hf] [bench] [pytorch]   (default: all)
+# back). usage: bash dev/gpu.sh [test] [hf] [bench] [pytorch] [ddp]   (default: all
+# but ddp, which needs 2 GPUs: data-parallel scaling at the 1.5B shape)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -27,6 +28,12 @@ if has bench; then
         build/dev/bench_model 124m 16 1024 10
         build/dev/bench_model 1.5b 4 2048 5
     } 2>&1 | tee "$OUT/bench.log"
+fi
+if has ddp; then
+    for ffn in dense sparse; do
+        echo "FFN $ffn:"
+        bash dev/bench_ddp.sh "1 2" -e 1.5b -b 4 -t 2048 --ffn $ffn
+    done 2>&1 | tee "$OUT/bench_ddp.log"
 fi
 if has pytorch; then
     {

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "llmc/rng.h"
 #include "llmc/utils.h"
 
 // ----------------------------------------------------------------------------
@@ -401,6 +402,25 @@ void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const
         T active = g[i] > 0;
         du[i] = d * g[i] * active;
         dg[i] = d * u[i] * active;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// dead-neuron re-initialisation (MODEL.md): each of the `rows` rows j of a gate
+// matrix whose unit did not fire (fired[j] == 0) becomes
+// (1 - 0.1) W[j] + 0.1 N(0, 0.02^2), the noise a function of (seed, element).
+// master is NULL here (the parameters are the master weights).
+
+template <typename T>
+void gate_dead_reinit(T* wg, float* master, const uint8_t* fired, int rows, int D, uint64_t seed) {
+    #pragma omp parallel for
+    for (int j = 0; j < rows; j++) {
+        if (fired[j]) { continue; }
+        for (int i = 0; i < D; i++) {
+            size_t idx = (size_t)j * D + i;
+            uint64_t state = rng_mix64(seed ^ rng_mix64(idx));
+            wg[idx] = (T)(0.9 * wg[idx] + 0.1 * 0.02 * rng_normal(&state));
+        }
     }
 }
 

@@ -4,10 +4,13 @@
                 row_active[m] = #{n : g[m, n] > 0};  per unit n:  fired[n] = 1 if g[m, n] > 0 for any m
                 (only ever set, never cleared; fired may be NULL)
      backward:  d = dh + l1_scale * sign(h),  du = d * relu(g),  dg = d * u * [g > 0]   (dg may alias dh)
+     dead-neuron re-initialisation (MODEL.md): the fp32 master row j of W_g whose unit did not fire becomes
+                0.9 W_g[j] + 0.1 N(0, 0.02^2) (Philox noise of (seed, element)), and its bf16 copy follows
 */
 #ifndef LLMC_CUDA_GATE_CUH
 #define LLMC_CUDA_GATE_CUH
 
+#include <curand_kernel.h>
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
 
@@ -106,6 +109,26 @@ void relu_gate_backward(bf16* dg, bf16* du, const bf16* dh, const bf16* g, const
     const size_t n = (size_t)M * H;
     relu_gate_backward_kernel<<<(unsigned)((n / 8 + threads - 1) / threads), threads, 0, main_stream>>>(
         dg, du, dh, g, u, h, l1_scale, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// a block per row; rows whose unit fired return at once
+__global__ void gate_dead_reinit_kernel(bf16* wg, float* master, const uint8_t* fired, int D, uint64_t seed) {
+    const int j = blockIdx.x;
+    if (fired[j]) { return; }
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        size_t idx = (size_t)j * D + i;
+        curandStatePhilox4_32_10_t state;
+        curand_init(seed, idx, 0, &state);
+        float w = 0.9f * master[idx] + 0.1f * 0.02f * curand_normal(&state);
+        master[idx] = w;
+        wg[idx] = __float2bfloat16_rn(w);
+    }
+}
+
+void gate_dead_reinit(bf16* wg, float* master, const uint8_t* fired, int rows, int D, uint64_t seed) {
+    if (master == NULL) { fatal("gate_dead_reinit: the GPU path needs the fp32 master weights"); }
+    gate_dead_reinit_kernel<<<rows, 256, 0, main_stream>>>(wg, master, fired, D, seed);
     cudaCheck(cudaGetLastError());
 }
 

@@ -47,7 +47,7 @@
  l's gate runs (so it sees the already-sparse layers below it).
 
  Requirements: head size 16, 32, 64 or 128, D and H multiples of 8;
- the TwELL prefill also wants D % 64 == 0 (else prefill runs dense, said once).
+ the TwELL prefill also wants D % 64 == 0 (else prefill runs dense; --bench says so).
 */
 #ifndef LLMC_CUDA_INFER_CUH
 #define LLMC_CUDA_INFER_CUH
@@ -203,6 +203,24 @@ static void decode_attention(bf16* out, float* part_o, float* part_ml, const bf1
 }
 
 // ----------------------------------------------------------------------------
+// acc[b] += x_b . row over K (x [B, K] in shared memory), lanes over 8 columns per step
+template <int B>
+__device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, const bf16* row, int K, int lane) {
+    #pragma unroll 4
+    for (int k = lane * 8; k < K; k += 256) {
+        Bf16x8 wv = load_bf16x8(row + k);
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            Bf16x8 xv = *reinterpret_cast<const Bf16x8*>(xs + b * K + k);
+            #pragma unroll
+            for (int e = 0; e < 8; e++) { acc[b] += __bfloat162float(xv.v[e]) * __bfloat162float(wv.v[e]); }
+        }
+    }
+    #pragma unroll
+    for (int b = 0; b < B; b++) { acc[b] = warp_reduce<Sum>(acc[b]); }
+}
+
+// ----------------------------------------------------------------------------
 // the linear layers of a decode step for B <= 8 rows: y[B, N] = x[B, K] W[N, K]^T
 // as a GEMV: x in shared memory, a warp per output column n reading W[n] once
 // (16 bytes per lane and step, 4 steps in flight), fp32 sums, bf16 y
@@ -216,22 +234,11 @@ gemv_kernel(bf16* y, const bf16* x, const bf16* w, int N, int K) {
     __syncthreads();
     const int n = blockIdx.x * (GEMV_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) { return; }
-    const bf16* row = w + (size_t)n * K;
     float acc[B] = {};
-    #pragma unroll 4
-    for (int k = lane * 8; k < K; k += 256) {
-        Bf16x8 wv = load_bf16x8(row + k);
-        #pragma unroll
-        for (int b = 0; b < B; b++) {
-            Bf16x8 xv = *reinterpret_cast<const Bf16x8*>(xs + b * K + k);
-            #pragma unroll
-            for (int e = 0; e < 8; e++) { acc[b] += __bfloat162float(xv.v[e]) * __bfloat162float(wv.v[e]); }
-        }
-    }
+    warp_dot_rows<B>(acc, xs, w + (size_t)n * K, K, lane);
     #pragma unroll
     for (int b = 0; b < B; b++) {
-        float sum = warp_reduce<Sum>(acc[b]);
-        if (lane == b) { y[(size_t)b * N + n] = __float2bfloat16_rn(sum); }
+        if (lane == b) { y[(size_t)b * N + n] = __float2bfloat16_rn(acc[b]); }
     }
 }
 
@@ -260,15 +267,21 @@ static void decode_linear(bf16* y, const bf16* x, const bf16* w, int B, int N, i
 }
 
 // ----------------------------------------------------------------------------
-// sparse decode FFN, after g = f Wg^T [B, H]
+// sparse decode FFN. Up to 8 sequences: one kernel computes the gate (a warp
+// per unit, as the GEMV) and, for a unit that fired in any sequence, its up
+// product at once, leaving a = bf16(g bf16(u)) and one bit per (sequence,
+// unit); the down kernel lists the set bits. More sequences: g by cuBLASLt,
+// then an up kernel that lists g > 0 itself, then down.
 
 constexpr int SPARSE_THREADS = 256, SPARSE_WARPS = SPARSE_THREADS / 32;
 constexpr int SPARSE_UP_BLOCKS = 16; // blocks per sequence in up: enough warps for ~100 active units
 
-// the active units of g_row (g > 0) into list in increasing order; returns
-// their number (every thread). Thread t tests 8 units per pass; a block-wide
-// prefix of the counts gives each active unit its place.
-__device__ int list_active_units(int* list, const bf16* g_row, int H) {
+// the units n < H whose bit is set into list in increasing order; returns their
+// number (every thread). bits_of(n) gives the 8 bits of units n..n+7 (H % 8 ==
+// 0); thread t takes 8 units per pass, a block-wide prefix of the counts gives
+// each unit its place.
+template <typename Bits>
+__device__ int list_units(int* list, int H, Bits bits_of) {
     __shared__ int warp_total[SPARSE_WARPS];
     __shared__ int base;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -276,12 +289,7 @@ __device__ int list_active_units(int* list, const bf16* g_row, int H) {
     __syncthreads();
     for (int n0 = 0; n0 < H; n0 += 8 * SPARSE_THREADS) {
         const int n = n0 + 8 * tid;
-        unsigned int mask = 0;
-        if (n < H) { // H % 8 == 0
-            Bf16x8 g = load_bf16x8(g_row + n);
-            #pragma unroll
-            for (int e = 0; e < 8; e++) { mask |= (unsigned int)(__bfloat162float(g.v[e]) > 0.0f) << e; }
-        }
+        const unsigned int mask = n < H ? bits_of(n) : 0u;
         int count = __popc(mask), inclusive = count;
         #pragma unroll
         for (int offset = 1; offset < 32; offset *= 2) {
@@ -304,6 +312,49 @@ __device__ int list_active_units(int* list, const bf16* g_row, int H) {
     return base;
 }
 
+// B <= 8 sequences: block x owns units 8x..8x+7, a warp each. g_b = bf16(f_b . Wg[n])
+// (the GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
+// a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0; bits[b, x] gets the block's 8 bits
+template <int B>
+__global__ void __launch_bounds__(SPARSE_THREADS)
+sparse_gate_up_kernel(float* a, uint8_t* bits, const bf16* f, const bf16* wg, const bf16* wu, int D, int H) {
+    extern __shared__ __align__(16) bf16 xs[];
+    __shared__ unsigned int fired[B];
+    for (int i = threadIdx.x * 8; i < B * D; i += SPARSE_THREADS * 8) { store_bf16x8(xs + i, load_bf16x8(f + i)); }
+    if (threadIdx.x < B) { fired[threadIdx.x] = 0; }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = blockIdx.x * SPARSE_WARPS + warp;
+    float g[B] = {};
+    warp_dot_rows<B>(g, xs, wg + (size_t)n * D, D, lane);
+    bool any = false;
+    #pragma unroll
+    for (int b = 0; b < B; b++) { g[b] = __bfloat162float(__float2bfloat16_rn(g[b])); any |= g[b] > 0.0f; }
+    if (any) { // the same for every lane of the warp
+        float u[B] = {};
+        warp_dot_rows<B>(u, xs, wu + (size_t)n * D, D, lane);
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            if (g[b] > 0.0f && lane == b) {
+                a[(size_t)b * H + n] = __bfloat162float(__float2bfloat16_rn(g[b] * __bfloat162float(__float2bfloat16_rn(u[b]))));
+                atomicOr(&fired[b], 1u << warp);
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < B) { bits[(size_t)threadIdx.x * (H / 8) + blockIdx.x] = (uint8_t)fired[threadIdx.x]; }
+}
+
+// the active units of g_row (g > 0) into list in increasing order
+__device__ int list_active_units(int* list, const bf16* g_row, int H) {
+    return list_units(list, H, [&](int n) {
+        Bf16x8 g = load_bf16x8(g_row + n);
+        unsigned int mask = 0;
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { mask |= (unsigned int)(__bfloat162float(g.v[e]) > 0.0f) << e; }
+        return mask;
+    });
+}
+
 // a_bi = bf16(g_{b, n_i} bf16(f_b . Wu[n_i])) for the active units n_i of sequence b =
 // blockIdx.y; a warp per unit. Every block lists the units itself (a few us of
 // L2 reads, no extra launch); block 0 also stores the list for the down kernel.
@@ -319,34 +370,27 @@ sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const b
     const bf16* fb = f + (size_t)b * D;
     for (int i = blockIdx.x * SPARSE_WARPS + threadIdx.x / 32; i < count; i += SPARSE_UP_BLOCKS * SPARSE_WARPS) {
         const int n = list[i];
-        const bf16* w = wu + (size_t)n * D;
-        float dot = 0.0f;
-        for (int d = lane * 8; d < D; d += 256) {
-            Bf16x8 x = load_bf16x8(fb + d), y = load_bf16x8(w + d);
-            #pragma unroll
-            for (int e = 0; e < 8; e++) { dot += __bfloat162float(x.v[e]) * __bfloat162float(y.v[e]); }
-        }
-        dot = warp_reduce<Sum>(dot);
+        float dot[1] = {};
+        warp_dot_rows<1>(dot, fb, wu + (size_t)n * D, D, lane);
         if (lane == 0) { // h = bf16(g bf16(u)), rounded as the dense path rounds u and h
-            float u = __bfloat162float(__float2bfloat16_rn(dot));
+            float u = __bfloat162float(__float2bfloat16_rn(dot[0]));
             a[(size_t)b * H + i] = __bfloat162float(__float2bfloat16_rn(__bfloat162float(g[(size_t)b * H + n]) * u));
         }
     }
 }
 
-// y_b = sum_i a_bi WdT[n_i] over 256 columns per block: a warp takes every
-// 8th unit of the list, a lane 8 columns; the warps' sums are added in order
+// y_b[256 columns of block x] = sum_i a_i WdT[unit_i]: a warp takes every 8th
+// unit, a lane 8 columns; the warps' sums are added in order
 constexpr int SPARSE_DOWN_COLS = 256;
-__global__ void __launch_bounds__(SPARSE_THREADS)
-sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, const bf16* wdT, int D, int H) {
+template <typename Unit, typename Value>
+__device__ void sparse_down_columns(bf16* y_row, int count, Unit unit_of, Value a_of, const bf16* wdT, int D) {
     __shared__ float part[SPARSE_WARPS][SPARSE_DOWN_COLS];
-    const int b = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_active = count[b];
-    const int col = blockIdx.x * SPARSE_DOWN_COLS + lane * 8;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = blockIdx.x * SPARSE_DOWN_COLS + lane * 8;
     float acc[8] = {};
     if (col < D) {
-        for (int i = warp; i < n_active; i += SPARSE_WARPS) {
-            float ai = a[(size_t)b * H + i];
-            Bf16x8 w = load_bf16x8(wdT + (size_t)list[(size_t)b * H + i] * D + col);
+        for (int i = warp; i < count; i += SPARSE_WARPS) {
+            float ai = a_of(i);
+            Bf16x8 w = load_bf16x8(wdT + (size_t)unit_of(i) * D + col);
             #pragma unroll
             for (int e = 0; e < 8; e++) { acc[e] += ai * __bfloat162float(w.v[e]); }
         }
@@ -358,8 +402,29 @@ sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, c
     if (c < D) {
         float sum = 0.0f;
         for (int w = 0; w < SPARSE_WARPS; w++) { sum += part[w][threadIdx.x]; }
-        y[(size_t)b * D + c] = __float2bfloat16_rn(sum);
+        y_row[c] = __float2bfloat16_rn(sum);
     }
+}
+
+// down after sparse_up_kernel: the list and count it stored, a in list order
+__global__ void __launch_bounds__(SPARSE_THREADS)
+sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, const bf16* wdT, int D, int H) {
+    const int b = blockIdx.y;
+    const int* lb = list + (size_t)b * H;
+    const float* ab = a + (size_t)b * H;
+    sparse_down_columns(y + (size_t)b * D, count[b], [&](int i) { return lb[i]; }, [&](int i) { return ab[i]; }, wdT, D);
+}
+
+// down after sparse_gate_up_kernel: the units of the set bits, a by unit
+__global__ void __launch_bounds__(SPARSE_THREADS)
+sparse_down_bits_kernel(bf16* y, const float* a, const uint8_t* bits, const bf16* wdT, int D, int H) {
+    extern __shared__ int list[];
+    const int b = blockIdx.y;
+    const uint8_t* bb = bits + (size_t)b * (H / 8);
+    const int count = list_units(list, H, [&](int n) { return (unsigned int)bb[n / 8]; });
+    const float* ab = a + (size_t)b * H;
+    sparse_down_columns(y + (size_t)b * D, count, [&](int i) { return list[i]; }, [&](int i) { return ab[list[i]]; },
+                        wdT, D);
 }
 
 // ----------------------------------------------------------------------------
@@ -446,7 +511,8 @@ typedef struct {
     float *part_o, *part_ml; // decode attention's splits: [max_seqs, NH, splits] x hd, x 2
     int *tokens, *row_slot, *row_pos, *last_row; // device: per row; per sequence
     int *active_list, *active_count;             // [max_seqs, H], [max_seqs]: decode's active units
-    float* active_a;                             // [max_seqs, H]
+    float* active_a;                             // [max_seqs, H]: h of the active units (by list place, or by unit)
+    uint8_t* active_bits;                        // [max_seqs, H / 8]
     uint16_t* logits_host;                       // [max_seqs, Vp] bf16 bits, pinned
     // TwELL prefill: one set of buffers for the current M, per-layer activity
     TwellFFN twell;
@@ -507,6 +573,7 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
     m->active_list = (int*)cuda_malloc((size_t)max_seqs * H * sizeof(int));
     m->active_count = (int*)cuda_malloc((size_t)max_seqs * sizeof(int));
     m->active_a = (float*)cuda_malloc((size_t)max_seqs * H * sizeof(float));
+    m->active_bits = (uint8_t*)cuda_malloc((size_t)max_seqs * H / 8);
     m->rho = (float*)cuda_malloc(L * sizeof(float));
     cudaCheck(cudaMallocHost(&m->logits_host, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
     m->layer_active = (double*)mallocCheck(L * sizeof(double));
@@ -518,13 +585,15 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
     if ((size_t)H * sizeof(int) > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(infer_detail::sparse_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)(H * sizeof(int))));
+        cudaCheck(cudaFuncSetAttribute(infer_detail::sparse_down_bits_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(H * sizeof(int))));
     }
 }
 
 static inline void gpu_model_free(GpuModel* m) {
     void* bufs[] = {m->params, m->k_cache, m->v_cache, m->x, m->x_mid, m->normed, m->qkv, m->att, m->proj, m->gu,
                     m->last, m->logits, m->lse, m->tokens, m->row_slot, m->row_pos, m->last_row, m->active_list,
-                    m->active_count, m->active_a, m->rho, m->part_o, m->part_ml};
+                    m->active_count, m->active_a, m->active_bits, m->rho, m->part_o, m->part_ml};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cuda_free(bufs[i]); }
     cudaCheck(cudaFreeHost(m->logits_host));
     if (m->twell_rows) { twell_ffn_free(&m->twell); }
@@ -704,18 +773,46 @@ static inline void gpu_ffn_dense_decode(GpuModel* m, int l, int B) {
     gemm(m->proj, g, m->param[P_WDT] + LH, B, D, H, 0, 0, 0);
 }
 
-// the sparse decode FFN of layer l over B rows (one per sequence)
+template <int B>
+static void sparse_gate_up_launch(GpuModel* m, const bf16* wg, const bf16* wu) {
+    const GPTConfig* c = &m->config;
+    infer_detail::sparse_gate_up_kernel<B><<<c->hidden / 8, infer_detail::SPARSE_THREADS,
+                                            (size_t)B * c->channels * sizeof(bf16), main_stream>>>(
+        m->active_a, m->active_bits, m->normed, wg, wu, c->channels, c->hidden);
+    cudaCheck(cudaGetLastError());
+}
+
+// the sparse decode FFN of layer l over B rows (one per sequence): y = sum over
+// each row's active units only (see the top of the file)
 static inline void gpu_ffn_sparse_decode(GpuModel* m, int l, int B) {
     using namespace infer_detail;
     const GPTConfig* c = &m->config;
     int D = c->channels, H = c->hidden;
     size_t LH = (size_t)l * H * D;
-    decode_linear(m->gu, m->normed, m->param[P_WG] + LH, B, H, D);
+    const bf16 *wg = m->param[P_WG] + LH, *wu = m->param[P_WU] + LH, *wdT = m->param[P_WDT] + LH;
+    dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
+    if (B <= GEMV_MAX_ROWS && (size_t)B * D * sizeof(bf16) <= 48 * 1024) {
+        switch (B) {
+        case 1: sparse_gate_up_launch<1>(m, wg, wu); break;
+        case 2: sparse_gate_up_launch<2>(m, wg, wu); break;
+        case 3: sparse_gate_up_launch<3>(m, wg, wu); break;
+        case 4: sparse_gate_up_launch<4>(m, wg, wu); break;
+        case 5: sparse_gate_up_launch<5>(m, wg, wu); break;
+        case 6: sparse_gate_up_launch<6>(m, wg, wu); break;
+        case 7: sparse_gate_up_launch<7>(m, wg, wu); break;
+        default: sparse_gate_up_launch<8>(m, wg, wu); break;
+        }
+        sparse_down_bits_kernel<<<down_grid, SPARSE_THREADS, H * sizeof(int), main_stream>>>(m->proj, m->active_a,
+                                                                                            m->active_bits, wdT, D, H);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+    gemm(m->gu, m->normed, wg, B, H, D, 0, 1, 0);
     sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
-        m->active_a, m->active_list, m->active_count, m->gu, m->normed, m->param[P_WU] + LH, D, H);
+        m->active_a, m->active_list, m->active_count, m->gu, m->normed, wu, D, H);
     cudaCheck(cudaGetLastError());
-    sparse_down_kernel<<<dim3(ceil_div(D, SPARSE_DOWN_COLS), B), SPARSE_THREADS, 0, main_stream>>>(
-        m->proj, m->active_a, m->active_list, m->active_count, m->param[P_WDT] + LH, D, H);
+    sparse_down_kernel<<<down_grid, SPARSE_THREADS, 0, main_stream>>>(m->proj, m->active_a, m->active_list,
+                                                                      m->active_count, wdT, D, H);
     cudaCheck(cudaGetLastError());
 }
 

@@ -317,12 +317,12 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseS
 // ----------------------------------------------------------------------------
 // weight gradients: a CTA per (unit n, slice of 256 columns), slices outermost,
 // so that the CTAs at work gather from one slice of f and dy (16 MB at M 16384):
-// L2 holds it, where whole rows (128 MB) would come from memory. The CTA's 4
-// warps take every 4th of the unit's entries (tokens in order), lane l columns
+// L2 holds it, where whole rows (128 MB) would come from memory. The CTA's 8
+// warps take every 8th of the unit's entries (many for a unit that fires often) (tokens in order), lane l columns
 // 8l..8l+7 of the slice; the warps' sums are added in warp order, then once to
 // the gradient.
 
-constexpr int WGRAD_WARPS = 4;
+constexpr int WGRAD_WARPS = 8;
 constexpr int WGRAD_SLICE = 256;
 
 __global__ void __launch_bounds__(WGRAD_WARPS * 32)

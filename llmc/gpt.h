@@ -396,6 +396,23 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
     free(fired);
 }
 
+// The dead-neuron re-initialisation of MODEL.md, after an optimizer step and
+// its gpt_stats_read (the fired marks then cover that step's tokens): every
+// W_g row whose unit fired for no token is pulled a tenth of the way to fresh
+// N(0, 0.02^2) noise. master: the fp32 master weights in the model's flat order
+// (the GPU path with one process), NULL on the CPU path. Returns the rows
+// re-initialised.
+template <typename T, typename G>
+int gpt_dead_reinit(GPT<T, G>* model, float* master, uint64_t seed) {
+    const GPTConfig* c = &model->config;
+    int L = c->num_layers, H = c->hidden, dead = 0;
+    for (int l = 0; l < L; l++) { dead += (int)lround(model->stats[l].dead * H); }
+    if (dead == 0) { return 0; }
+    size_t offset = model->param[P_WG] - model->params;
+    gate_dead_reinit(model->param[P_WG], master ? master + offset : (float*)NULL, model->fired, L * H, c->channels, seed);
+    return dead;
+}
+
 // out[M,N] = inp[M,K] W[N,K]^T: a linear layer in the PyTorch weight layout
 template <typename T>
 void linear_forward(T* out, const T* inp, const T* w, int M, int K, int N) {

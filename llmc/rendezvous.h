@@ -73,7 +73,8 @@ static inline ProcessInfo process_info(int flag_rank, int flag_size) {
     };
     ProcessInfo p = {0, 1, -1, "single process"};
     if (flag_size >= 1) {
-        if (flag_rank < 0 || flag_rank >= flag_size) { fatal("--process-rank %d is not in 0..%d", flag_rank, flag_size - 1); }
+        if (flag_rank < 0) { fatal("--num-processes %d needs --process-rank", flag_size); }
+        if (flag_rank >= flag_size) { fatal("--process-rank %d is not in 0..%d", flag_rank, flag_size - 1); }
         p.rank = flag_rank;
         p.size = flag_size;
         p.launcher = "flags";

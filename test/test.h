@@ -87,6 +87,15 @@ static inline int run_child(void (*fn)(const void*), const void* arg, char* out,
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// runs fn(arg) in a child and checks that it exits 1 with one line "error: ..." holding want
+static inline void expect_child_error(void (*fn)(const void*), const void* arg, const char* want) {
+    char err[1024];
+    int rc = run_child(fn, arg, err, sizeof(err));
+    CHECK(rc == 1, "expected exit 1, got %d (%s)", rc, err);
+    CHECK(strncmp(err, "error: ", 7) == 0 && strstr(err, want) != NULL, "message '%s' lacks '%s'", err, want);
+    CHECK(strchr(err, '\n') == strrchr(err, '\n'), "message is not one line: %s", err);
+}
+
 static inline void remove_tmp_dir(void) {
     DIR* dir = opendir(tmp_dir);
     if (dir == NULL) { return; }

@@ -37,14 +37,6 @@ static void load_state_other_config(const void* dir) {
     checkpoint_load_state((const char*)dir, 17, &other, 1, 0, &s, loader, sizeof(loader), m, v);
 }
 
-static void expect_child_error(void (*fn)(const void*), const char* path, const char* want) {
-    char err[1024];
-    int rc = run_child(fn, path, err, sizeof(err));
-    CHECK(rc == 1, "expected exit 1, got %d (%s)", rc, err);
-    CHECK(strncmp(err, "error: ", 7) == 0 && strstr(err, want) != NULL, "message '%s' lacks '%s'", err, want);
-    CHECK(strchr(err, '\n') == strrchr(err, '\n'), "message is not one line: %s", err);
-}
-
 // overwrites 4 bytes at offset
 static void poke(const char* path, long offset, int32_t value) {
     FILE* fp = fopenCheck(path, "r+b");

@@ -61,14 +61,7 @@ static void rank_garbage(const void*) {
 }
 
 static void flag_rank_out_of_range(const void*) { process_info(2, 2); }
-
-static void expect_child_error(void (*fn)(const void*), const void* arg, const char* want) {
-    char err[1024];
-    int rc = run_child(fn, arg, err, sizeof(err));
-    CHECK(rc == 1, "expected exit 1, got %d (%s)", rc, err);
-    CHECK(strncmp(err, "error: ", 7) == 0 && strstr(err, want) != NULL, "message '%s' lacks '%s'", err, want);
-    CHECK(strchr(err, '\n') == strrchr(err, '\n'), "message is not one line: %s", err);
-}
+static void flag_rank_missing(const void*) { process_info(-1, 2); }
 
 // ----------------------------------------------------------------------------
 // P processes meet; each non-zero rank exits 0 if it received rank 0's blob
@@ -208,6 +201,7 @@ int main(void) {
     expect_child_error(rank_too_big, NULL, "PMI_RANK=4 is not below PMI_SIZE=4");
     expect_child_error(rank_garbage, NULL, "RANK='x1' is not a count");
     expect_child_error(flag_rank_out_of_range, NULL, "--process-rank 2 is not in 0..1");
+    expect_child_error(flag_rank_missing, NULL, "--num-processes 2 needs --process-rank");
     test_meetings();
     test_watchdog();
     remove_tmp_dir();

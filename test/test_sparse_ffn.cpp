@@ -12,7 +12,9 @@
  - the whole model (llmc/gpt.h) with --ffn sparse against --ffn dense on the
    same weights and batch: the loss, the statistics and every gradient, with
    the first forward's tail too small (so it is grown and the forward redone);
-   and --ffn auto re-choosing a layer from its measured activity.
+   and --ffn auto re-choosing a layer from its measured activity;
+ - dead-neuron re-initialisation: only the rows of units that did not fire
+   move, by 0.9 W + 0.1 N(0, 0.02^2), the same for the same seed.
 */
 #include <vector>
 #include "llmc/cpu_ops.h"
@@ -231,11 +233,72 @@ static void test_model(void) {
     gpt_free(&sparse);
 }
 
+// the noise that re-initialisation added to the rows that moved: its sd, and whether others stayed
+static void check_reinit(const std::vector<float>& before, const std::vector<float>& after, const uint8_t* fired,
+                         int rows, int D, const char* what) {
+    int fired_same = 1;
+    double sum = 0, sq = 0;
+    long n = 0;
+    for (int j = 0; j < rows; j++) {
+        for (int i = 0; i < D; i++) {
+            size_t idx = (size_t)j * D + i;
+            if (fired[j]) { fired_same &= after[idx] == before[idx]; continue; }
+            double noise = after[idx] - 0.9 * before[idx];
+            sum += noise, sq += noise * noise, n++;
+        }
+    }
+    double mean = sum / n, sd = sqrt(sq / n - mean * mean);
+    CHECK(fired_same, "%s: rows that fired are unchanged", what);
+    CHECK(fabs(mean) < 2e-4 && fabs(sd - 0.002) < 2e-4, "%s: noise mean %g sd %g (0.1 * 0.02 = 0.002)", what, mean, sd);
+}
+
+static void test_dead_reinit(void) {
+    const int rows = 64, D = 256;
+    std::vector<uint8_t> fired(rows);
+    for (int j = 0; j < rows; j++) { fired[j] = j % 3 == 0; }
+    std::vector<float> w(rows * D);
+    for (float& x : w) { x = (float)(0.02 * rng_normal(&rng)); }
+    std::vector<float> a = w, b = w;
+    gate_dead_reinit(a.data(), (float*)NULL, fired.data(), rows, D, 5);
+    gate_dead_reinit(b.data(), (float*)NULL, fired.data(), rows, D, 5);
+    CHECK(a == b, "same seed, same result");
+    check_reinit(w, a, fired.data(), rows, D, "gate_dead_reinit");
+
+    // through the model: the fired marks of the step say which rows
+    GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f};
+    GPT<float, float> model;
+    gpt_build(&model, &c, DEVICE_CPU);
+    std::vector<float> params(model.num_parameters);
+    init_params_random(params.data(), &c, 3);
+    memcpy(model.params, params.data(), params.size() * sizeof(float));
+    // a zero gate row never fires (g = 0): every 4th unit is dead
+    for (int n = 0; n < 2 * 64; n += 4) { memset(model.param[P_WG] + n * 16, 0, 16 * sizeof(float)); }
+    std::vector<int> tokens(8);
+    for (int& t : tokens) { t = (int)rng_below(&rng, 37); }
+    gpt_stats_reset(&model);
+    gpt_forward(&model, tokens.data(), tokens.data(), 1, 8, 0.0f);
+    gpt_stats_read(&model, 8);
+    int dead = 0;
+    for (int n = 0; n < 2 * 64; n++) { dead += !model.fired[n]; }
+    std::vector<float> wg(model.param[P_WG], model.param[P_WG] + 2 * 64 * 16);
+    CHECK(gpt_dead_reinit(&model, (float*)NULL, 9) == dead && dead > 0, "%d dead units", dead);
+    std::vector<float> wg_after(model.param[P_WG], model.param[P_WG] + 2 * 64 * 16);
+    int moved = 0, kept = 1;
+    for (int n = 0; n < 2 * 64; n++) {
+        int same = memcmp(&wg[n * 16], &wg_after[n * 16], 16 * sizeof(float)) == 0;
+        moved += !same;
+        kept &= model.fired[n] ? same : 1;
+    }
+    CHECK(moved == dead && kept, "exactly the dead units' rows moved (%d of %d)", moved, dead);
+    gpt_free(&model);
+}
+
 int main(void) {
     test_ffn(64, 96, 40, 8, 64);  // every row fits (the tail holds all overflow)
     test_ffn(50, 64, 24, 16, 8);  // the tail exactly or more than needed, uneven shapes
     test_ffn(64, 96, 40, 8, 3);   // tail overflow: rows lost, NaN, counted
     test_ffn(16, 32, 8, 32, 0);   // W = H: no tail needed
     test_model();
+    test_dead_reinit();
     return test_summary("test_sparse_ffn");
 }

@@ -77,11 +77,11 @@ check "a resume with another global batch is refused" grep -q "1024 tokens per s
 
 # 4. a rank dies: the other stops within the timeout with one clear line, and
 # the last checkpoint resumes
-long=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -s 0 -v 0 -m 1 -n 5 -x 1000000 --timeout 15 --ffn "$ffn")
+long=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -s 0 -v 0 -m 1 -n 5 --timeout 15 --ffn "$ffn")
 port=$((31000 + RANDOM % 1000))
-RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_gpt_sparse "${long[@]}" -o "$work/dies" --init-address 127.0.0.1:$port > "$work/dies0.txt" 2>&1 &
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_gpt_sparse "${long[@]}" -x 1000000 -o "$work/dies" --init-address 127.0.0.1:$port > "$work/dies0.txt" 2>&1 &
 pid0=$!
-RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_gpt_sparse "${long[@]}" -o "$work/dies" --init-address 127.0.0.1:$port > "$work/dies1.txt" 2>&1 &
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_gpt_sparse "${long[@]}" -x 1000000 -o "$work/dies" --init-address 127.0.0.1:$port > "$work/dies1.txt" 2>&1 &
 pid1=$!
 for _ in $(seq 120); do [ -f "$work/dies/state_00000010_00001.bin" ] && break; sleep 0.5; done
 kill -9 $pid1

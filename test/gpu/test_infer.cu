@@ -6,9 +6,12 @@
    (positions 0, 17, 128, 299: one key, one split, just past a split, the
    whole cache of 300), head sizes 16, 32, 64, 128;
  - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
- - the sparse decode FFN (after the gate) against an fp64 FFN over the units
-   with g > 0, batches 1, 5, 64, activity none, ~1%, ~50% and all units, D
-   not a multiple of the kernel's 256 columns; the active counts exact;
+ - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
+   rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
+   units (SPARSE.md's carrier construction), D not a multiple of the kernel's
+   256 columns: g given, then up (which lists g > 0) and down, batches 1, 3,
+   8, 9, 64, the active counts exact; and for 1, 3, 8 the fused gate + up
+   kernel, then down from its bits;
  - the whole model: a batch of prompts of different lengths (1, 5, 17 tokens)
    prefilled at once, then decode steps, logits of every step against the CPU
    path, FFN dense and TwELL (sparse forced, and auto), on random weights
@@ -130,61 +133,80 @@ static void test_sparse_decode_ffn(void) {
     using namespace infer_detail;
     uint64_t rng = 202;
     const int D = 320, H = 1024;
-    for (int B : {1, 5, 64}) {
-        for (double p : {0.0, 0.01, 0.5, 1.0}) {
-            std::vector<bf16> f = random_bf16((size_t)B * D, 1.0, &rng);
+    const double offsets[4][2] = {{0.0, 10.0}, {0.01, 2.326}, {0.5, 0.0}, {1.0, -10.0}}; // p, t = Phi^-1(1 - p)
+    for (int B : {1, 3, 8, 9, 64}) {
+        for (const auto& pt : offsets) {
+            // f_b rows N(0, 1) with a carrier 1 in the last feature, Wg rows N(0, 1/(D-1)) with -t there
+            std::vector<bf16> f = random_bf16((size_t)B * D, 1.0, &rng), wg = random_bf16((size_t)H * D, 1.0 / sqrt(D - 1), &rng);
+            for (int b = 0; b < B; b++) { f[(size_t)b * D + D - 1] = __float2bfloat16(1.0f); }
+            for (int n = 0; n < H; n++) { wg[(size_t)n * D + D - 1] = __float2bfloat16((float)-pt[1]); }
             std::vector<bf16> wu = random_bf16((size_t)H * D, 1.0 / sqrt(D), &rng);
             std::vector<bf16> wdT = random_bf16((size_t)H * D, 1.0 / sqrt(H), &rng);
+            std::vector<float> ff = to_float(f), wgf = to_float(wg), wuf = to_float(wu), wdf = to_float(wdT);
+            // the reference: g = bf16(f . Wg) as both GPU paths round it, then fp64
             std::vector<bf16> g((size_t)B * H);
+            std::vector<double> ref((size_t)B * D, 0.0);
             std::vector<int> active(B, 0);
             for (int b = 0; b < B; b++) {
                 for (int n = 0; n < H; n++) {
-                    bool on = rng_uniform(&rng) < p;
-                    double mag = 0.1 + rng_uniform(&rng);
-                    g[(size_t)b * H + n] = __float2bfloat16((float)(on ? mag : -mag));
-                    active[b] += on;
-                }
-            }
-            bf16 *f_d = upload(f), *wu_d = upload(wu), *wdT_d = upload(wdT), *g_d = upload(g);
-            bf16* y_d = (bf16*)cuda_malloc((size_t)B * D * sizeof(bf16));
-            int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
-            int* count_d = (int*)cuda_malloc(B * sizeof(int));
-            float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
-            cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
-            cudaCheck(cudaMemset(count_d, 0xFF, B * sizeof(int)));
-            sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int)>>>(a_d, list_d, count_d, g_d,
-                                                                                             f_d, wu_d, D, H);
-            cudaCheck(cudaGetLastError());
-            sparse_down_kernel<<<dim3(ceil_div(D, SPARSE_DOWN_COLS), B), SPARSE_THREADS>>>(y_d, a_d, list_d, count_d,
-                                                                                          wdT_d, D, H);
-            cudaCheck(cudaGetLastError());
-            std::vector<float> y = to_float(download(y_d, (size_t)B * D));
-            std::vector<int> count = download(count_d, B);
-            std::vector<float> ff = to_float(f), wuf = to_float(wu), wdf = to_float(wdT), gf = to_float(g);
-            std::vector<double> ref((size_t)B * D, 0.0);
-            int count_ok = 1;
-            for (int b = 0; b < B; b++) {
-                count_ok &= count[b] == active[b];
-                for (int n = 0; n < H; n++) {
-                    double gv = gf[(size_t)b * H + n];
+                    double gd = 0, u = 0;
+                    for (int d = 0; d < D; d++) { gd += (double)ff[(size_t)b * D + d] * wgf[(size_t)n * D + d]; }
+                    g[(size_t)b * H + n] = __float2bfloat16((float)gd);
+                    double gv = __bfloat162float(g[(size_t)b * H + n]);
                     if (!(gv > 0)) { continue; }
-                    double u = 0;
+                    active[b]++;
                     for (int d = 0; d < D; d++) { u += (double)ff[(size_t)b * D + d] * wuf[(size_t)n * D + d]; }
                     for (int d = 0; d < D; d++) { ref[(size_t)b * D + d] += gv * u * wdf[(size_t)n * D + d]; }
                 }
             }
-            double e;
-            if (p == 0.0) { // nothing fires: y must be exactly 0
-                e = 0;
-                for (float v : y) { if (v != 0.0f) { e = INFINITY; } }
-            } else {
-                e = max_rel_err(y.data(), ref.data(), ref.size());
+            bf16 *f_d = upload(f), *wg_d = upload(wg), *wu_d = upload(wu), *wdT_d = upload(wdT), *g_d = upload(g);
+            bf16* y_d = (bf16*)cuda_malloc((size_t)B * D * sizeof(bf16));
+            int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
+            int* count_d = (int*)cuda_malloc(B * sizeof(int));
+            float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
+            uint8_t* bits_d = (uint8_t*)cuda_malloc((size_t)B * H / 8);
+            dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
+            double mean_active = 0;
+            for (int b = 0; b < B; b++) { mean_active += (double)active[b] / B; }
+            auto error = [&](const char* path) {
+                std::vector<float> y = to_float(download(y_d, (size_t)B * D));
+                double e = 0;
+                if (pt[0] == 0.0) { // nothing fires: y must be exactly 0
+                    for (float v : y) { if (v != 0.0f) { e = INFINITY; } }
+                } else {
+                    e = max_rel_err(y.data(), ref.data(), ref.size());
+                }
+                CHECK(e < 1e-2, "sparse decode FFN (%s) B %d p %g: rel err %g", path, B, pt[0], e);
+                printf("  sparse decode FFN %-12s B %2d, %5.1f of %d units active: rel err %.2e\n", path, B, mean_active,
+                       H, e);
+            };
+            // g given (cuBLASLt's in the model), up lists g > 0, down
+            cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
+            cudaCheck(cudaMemset(count_d, 0xFF, B * sizeof(int)));
+            cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
+            sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int)>>>(a_d, list_d, count_d, g_d,
+                                                                                             f_d, wu_d, D, H);
+            cudaCheck(cudaGetLastError());
+            sparse_down_kernel<<<down_grid, SPARSE_THREADS>>>(y_d, a_d, list_d, count_d, wdT_d, D, H);
+            cudaCheck(cudaGetLastError());
+            CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
+            error("(list)");
+            if (B <= GEMV_MAX_ROWS) { // the fused gate + up, then down from the bits
+                cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
+                cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
+                cudaCheck(cudaMemset(bits_d, 0xFF, (size_t)B * H / 8));
+                switch (B) {
+                case 1: sparse_gate_up_kernel<1><<<H / 8, SPARSE_THREADS, 1 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
+                case 3: sparse_gate_up_kernel<3><<<H / 8, SPARSE_THREADS, 3 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
+                default: sparse_gate_up_kernel<8><<<H / 8, SPARSE_THREADS, 8 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
+                }
+                cudaCheck(cudaGetLastError());
+                sparse_down_bits_kernel<<<down_grid, SPARSE_THREADS, H * sizeof(int)>>>(y_d, a_d, bits_d, wdT_d, D, H);
+                cudaCheck(cudaGetLastError());
+                error("(fused gate)");
             }
-            CHECK(count_ok, "sparse decode B %d p %g: active counts differ from the pattern's", B, p);
-            CHECK(e < 1e-2, "sparse decode FFN B %d p %g: rel err %g", B, p, e);
-            printf("  sparse decode FFN B %2d, %4.0f%% active: rel err %.2e\n", B, 100 * p, e);
-            cuda_free(f_d); cuda_free(wu_d); cuda_free(wdT_d); cuda_free(g_d); cuda_free(y_d);
-            cuda_free(list_d); cuda_free(count_d); cuda_free(a_d);
+            cuda_free(f_d); cuda_free(wg_d); cuda_free(wu_d); cuda_free(wdT_d); cuda_free(g_d); cuda_free(y_d);
+            cuda_free(list_d); cuda_free(count_d); cuda_free(a_d); cuda_free(bits_d);
         }
     }
 }

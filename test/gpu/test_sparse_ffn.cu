@@ -2,7 +2,8 @@
  The sparse FFN of training on the GPU (llmc/cuda_sparse_ffn.cuh), on fresh
  synthetic-sparse inputs (SPARSE.md) at k = 8, 30, 100, 300 uniform and k = 30
  realistic, with ELL width 64 (so the k = 100 and 300 rows and the realistic
- hot rows overflow into the tail):
+ hot rows overflow into the tail), plus odd shapes and M = 70000 (token
+ indices past 16 bits):
  - the pattern (counts, tail slots, units, g) and the transposed pattern equal
    the CPU reference's (llmc/sparse_ffn.h) on the same g, bit for bit;
  - y, l1, df and the three weight gradients equal the dense GPU path's
@@ -11,7 +12,11 @@
  - forced overflow: a tail smaller than needed counts every row that asked,
    exactly the rows past it come out NaN, and after growing the tail to the
    count the run matches the dense path: nothing is dropped;
- - two runs give the same bits.
+ - two runs give the same bits;
+ - dead-neuron re-initialisation (llmc/cuda_gate.cuh): only the master rows of
+   units that did not fire move, by 0.9 W + 0.1 N(0, 0.02^2), and the bf16
+   weights follow them (the noise is Philox here, so it is checked by its mean
+   and sd, not against the CPU's bits).
 */
 #include <vector>
 #include "llmc/cuda_gate.cuh"
@@ -235,11 +240,47 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
     }
 }
 
+static void test_dead_reinit(void) {
+    const int rows = 512, D = 512;
+    uint64_t rng = 77;
+    std::vector<float> w((size_t)rows * D);
+    for (float& x : w) { x = (float)(0.02 * rng_normal(&rng)); }
+    std::vector<uint8_t> fired(rows);
+    for (int j = 0; j < rows; j++) { fired[j] = j % 3 != 0; }
+    float* master = upload(w);
+    bf16* wb = upload(to_bf16(w));
+    uint8_t* d_fired = upload(fired);
+    gate_dead_reinit(wb, master, d_fired, rows, D, 123);
+    std::vector<float> after = download(master, w.size()), after_bf16 = to_float(download(wb, w.size()));
+    int kept = 1, follows = 1;
+    double sum = 0, sq = 0;
+    long n = 0;
+    for (int j = 0; j < rows; j++) {
+        for (int i = 0; i < D; i++) {
+            size_t idx = (size_t)j * D + i;
+            follows &= after_bf16[idx] == __bfloat162float(__float2bfloat16(after[idx]));
+            if (fired[j]) { kept &= after[idx] == w[idx]; continue; }
+            double noise = after[idx] - 0.9 * w[idx];
+            sum += noise, sq += noise * noise, n++;
+        }
+    }
+    double mean = sum / n, sd = sqrt(sq / n - mean * mean);
+    CHECK(kept, "dead reinit: rows that fired are unchanged");
+    CHECK(follows, "dead reinit: the bf16 weights are the rounded master weights");
+    CHECK(fabs(mean) < 1e-4 && fabs(sd - 0.002) < 1e-4, "dead reinit: noise mean %g sd %g (expected 0, 0.002)", mean, sd);
+    printf("dead reinit: noise mean %.2e sd %.5f on %ld elements\n", mean, sd, n);
+    cuda_free(master);
+    cuda_free(wb);
+    cuda_free(d_fired);
+}
+
 int main(void) {
     const int M = 2048, D = 512, H = 1408, W = 64;
     for (double k : {8.0, 30.0, 100.0, 300.0}) { run_case(M, D, H, W, k, 0); }
     run_case(M, D, H, W, 30, 1);
     run_case(1000, 200, 96, 16, 6, 1); // shapes not multiples of the tiles (D/8 = 25 threads)
+    run_case(70000, 64, 64, 8, 4, 1);  // token indices past 16 bits
+    test_dead_reinit();
     cublaslt_free();
     return test_summary("test_sparse_ffn (GPU)");
 }

@@ -4,10 +4,11 @@
 # - --ffn sparse from the first step (half the units fire at init, so the rows
 #   overflow the ELL width and the first forward's tail: the tail is grown and
 #   the forward redone, which the log says): the loss curve matches --ffn dense
-#   within bf16 noise;
+#   within bf16 noise (see compare);
 # - a strong L1 term (-a 0.02) with --ffn auto: layers turn sparse as their
 #   activity falls (the log says which and when), and the loss curve matches
-#   the same run with --ffn dense.
+#   the same run with --ffn dense;
+# - --dead-reinit 1 trains (its kernel is checked in test_sparse_ffn).
 set -u
 cd "$(dirname "$0")/../.."
 passed=0; failed=0
@@ -19,11 +20,15 @@ work=$(mktemp -d /tmp/test_sparse_train_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 1024 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 -v 0 -n 0)
 losses() { grep '"type":"train"' "$1" | sed -E 's/.*"loss":([-0-9.e+]+).*/\1/'; }
-# prints the largest |a - b| of the two loss curves and fails when it exceeds $3 or a curve is short
+# Two runs that differ only in bf16 rounding drift apart step by step (chaos), so
+# the curves are compared as means over windows of 10 steps (tolerance $3), and
+# no single step may differ by more than 3 times that. Fails on a short curve.
 compare() {
     paste <(losses "$1") <(losses "$2") | awk -v tol="$3" -v steps="$4" '
-        { d = $1 - $2; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
-        END { printf "%d steps, largest loss difference %.4f (tolerance %g)\n", n, worst, tol; exit !(n == steps && worst < tol) }'
+        { d = $1 - $2; s += d; n++; a = d < 0 ? -d : d; if (a > step) step = a
+          if (n % 10 == 0) { w = s / 10; if (w < 0) w = -w; if (w > win) win = w; s = 0 } }
+        END { printf "%d steps, largest 10-step mean loss difference %.4f (tolerance %g), largest step %.4f\n", n, win, tol, step
+              exit !(n == steps && win < tol && step < 3 * tol) }'
 }
 
 ./train_gpt_sparse "${small[@]}" -x 40 -o "$work/dense" --ffn dense > "$work/dense.txt" 2>&1
@@ -43,6 +48,10 @@ check "auto L1 run exits 0" test $? -eq 0
 grep "^ffn" "$work/l1_auto.txt" | head -n 6
 check "auto turns layers sparse" grep -q -- "-> sparse" "$work/l1_auto.txt"
 check "auto loss curve matches dense" compare "$work/l1_auto/log.jsonl" "$work/l1_dense/log.jsonl" 0.05 80
+
+./train_gpt_sparse "${small[@]}" -x 10 -a 0.02 -o "$work/reinit" --dead-reinit 1 > "$work/reinit.txt" 2>&1
+check "a run with --dead-reinit 1 exits 0" test $? -eq 0
+check "its loss is finite" awk -v l="$(losses "$work/reinit/log.jsonl" | tail -n 1)" 'BEGIN {exit !(l > 0 && l < 20)}'
 
 echo "sparse_train: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
