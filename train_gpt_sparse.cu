@@ -81,6 +81,7 @@ typedef struct {
     float lambda;
     int ffn_mode;              // FfnMode (llmc/gpt.h)
     int dead_reinit;           // 1: MODEL.md's dead-neuron re-initialisation after each step
+    float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
     ProcessInfo proc;          // this process of the data-parallel run
     const char* init_method;   // how the processes meet (llmc/zero.cuh)
     const char* init_address;
@@ -198,15 +199,17 @@ double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, 
 }
 
 // rank 0 writes the model; every process its optimizer state (`owned` moments)
+// and the layers' FFN choices (3 ints per layer)
 static void save_checkpoint(const Options* o, int step, const float* params, const TrainState* state,
-                            const DataLoaderState* loader_state, const float* m, const float* v, size_t owned) {
+                            const DataLoaderState* loader_state, const float* m, const float* v, size_t owned,
+                            const int32_t* ffn) {
     char path[4096];
     if (o->proc.rank == 0) {
         snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, step);
         checkpoint_save_model(path, &o->config, params, step);
     }
     state_path(path, sizeof(path), o->out_dir, step, o->proc.rank);
-    checkpoint_save_state(path, &o->config, state, loader_state, sizeof(*loader_state), m, v, owned);
+    checkpoint_save_state(path, &o->config, state, loader_state, sizeof(*loader_state), m, v, owned, ffn);
     if (o->proc.rank == 0) { printf("checkpoint: %s/model_%08d.bin\n", o->out_dir, step); }
 }
 
@@ -249,6 +252,7 @@ void train(const Options* o, Device device) {
     float* host_params = (float*)mallocCheck(n_params * sizeof(float));
     float* host_m = device == DEVICE_CPU ? opt.m : (float*)mallocCheck(owned * sizeof(float));
     float* host_v = device == DEVICE_CPU ? opt.v : (float*)mallocCheck(owned * sizeof(float));
+    int32_t* ffn_state = (int32_t*)mallocCheck(3 * (size_t)L * sizeof(int32_t));
     BatchUploader uploader;
     uploader_init(&uploader, M, device);
     TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull};
@@ -267,8 +271,10 @@ void train(const Options* o, Device device) {
         set_params_from_fp32(&model, &opt, params);
         free(params);
         DataLoaderState loader_state;
-        checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state, sizeof(loader_state),
-                              host_m, host_v);
+        if (checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state, sizeof(loader_state),
+                                  host_m, host_v, ffn_state)) {
+            gpt_ffn_state_set(&model, ffn_state); // the same sparse/dense choices as the run that wrote it
+        }
         long saved_batch = (long)state.B * state.T * state.grad_accum * state.num_processes;
         if (state.T != T_ || saved_batch != o->total_batch) {
             fatal("checkpoint step %d was trained with seq-len %d and %ld tokens per step (%d x %d x %d accumulation x "
@@ -290,7 +296,12 @@ void train(const Options* o, Device device) {
             printf("resumed from %s/model_%08d.bin at step %d\n", o->out_dir, start_step, start_step);
         }
     } else {
-        init_params_random(host_params, config, (uint64_t)o->seed);
+        if (o->synthetic_k > 0) {
+            init_params_synthetic_sparse(host_params, config, o->synthetic_k, (uint64_t)o->seed);
+            if (master) { printf("init: synthetic-sparse gates, about %g units per token (benchmark only)\n", o->synthetic_k); }
+        } else {
+            init_params_random(host_params, config, (uint64_t)o->seed);
+        }
         set_params_from_fp32(&model, &opt, host_params);
         if (master) { log_truncate_after_step(log_path, -1); }
     }
@@ -357,7 +368,8 @@ void train(const Options* o, Device device) {
             DataLoaderState loader_state = dataloader_get_state(&train_loader);
             device_copy(host_m, opt.m, owned * sizeof(float), device);
             device_copy(host_v, opt.v, owned * sizeof(float), device);
-            save_checkpoint(o, step, host_params, &state, &loader_state, host_m, host_v, owned);
+            gpt_ffn_state_get(&model, ffn_state);
+            save_checkpoint(o, step, host_params, &state, &loader_state, host_m, host_v, owned, ffn_state);
         }
         watchdog_disarm(&watchdog);
         if (last) { break; }
@@ -416,6 +428,7 @@ void train(const Options* o, Device device) {
         free(host_v);
     }
     uploader_free(&uploader);
+    free(ffn_state);
     free(host_params);
     optimizer_free(&opt);
     gpt_free(&model);
@@ -436,6 +449,7 @@ int main(int argc, char** argv) {
     const char* device_name = "auto";
     const char* ffn_name = "auto";
     int dead_reinit = 0;
+    float synthetic_k = 0;
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
     const char* init_method = "auto";
@@ -483,6 +497,7 @@ int main(int argc, char** argv) {
         {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
         {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer sparse or dense from its activity), dense or sparse", 0},
         {0, "dead-reinit", ARG_INT, &dead_reinit, 0, 1, "1 = move gate rows that fired for no token of a step a tenth toward new noise", 0},
+        {0, "synthetic-sparse", ARG_FLOAT, &synthetic_k, 0, 1e6, "benchmarks: init with about this many units firing per token (needs -n -1)", 0},
         {0, "init", ARG_STRING, &init_method, 0, 0, "how data-parallel processes meet: auto, mpi, tcp or file", 0},
         {0, "init-address", ARG_STRING, &init_address, 0, 0, "host:port of rank 0, for --init tcp", 0},
         {0, "init-file", ARG_STRING, &init_file, 0, 0, "a path all processes see, for --init file", 0},
@@ -544,6 +559,11 @@ int main(int argc, char** argv) {
     // without the L1 term nothing makes the gates sparse: auto is dense
     o.ffn_mode = strcmp(ffn_name, "sparse") == 0 ? FFN_SPARSE : strcmp(ffn_name, "dense") == 0 || lambda == 0 ? FFN_DENSE : FFN_AUTO;
     o.dead_reinit = dead_reinit;
+    o.synthetic_k = synthetic_k;
+    if (synthetic_k >= c->hidden) { fatal("--synthetic-sparse %g must be below the FFN width %d", synthetic_k, c->hidden); }
+    if (synthetic_k > 0 && (ckpt_every != -1 || resume)) {
+        fatal("--synthetic-sparse makes a benchmark-only model: give -n -1 (no checkpoints) and no --resume");
+    }
     if (dead_reinit && P > 1) { fatal("--dead-reinit 1 needs one process (the master weights are sharded over %d)", P); }
 
     if (strcmp(device_name, "auto") != 0 && strcmp(device_name, "cpu") != 0 && strcmp(device_name, "cuda") != 0) {

@@ -9,10 +9,16 @@
  state file (the optimizer and data position of one process, for --resume):
    [0] magic 20261123, [1] version 1, [2..11] config, [12] step,
    [13..14] number of parameters, [15] micro-batch B, [16] sequence length T,
-   [17] gradient accumulation steps, [18] number of processes, [19] rank,
-   [20..21] sampling RNG, [22] bytes of the data loader state;
-   then the loader state, then AdamW m and v (fp32).
- Files are written to "<path>.tmp" and renamed into place.
+   [17] gradient accumulation steps, [18] number of processes P, [19] rank,
+   [20..21] sampling RNG, [22] bytes of the data loader state, [23] number of
+   int32 of FFN state (3 per layer: sparse or dense, ELL width, tail rows; 0
+   when none was saved);
+   then the loader state, then AdamW m and v (fp32) of the parameters the rank
+   owns, in the packed order of llmc/zero.h (with P = 1: all of them, flat),
+   then the FFN state.
+ A checkpoint of step s in a directory is model_s.bin and state_s_r.bin for
+ r < P; it is complete when all P + 1 files exist. Files are written to
+ "<path>.tmp" and renamed into place, so a file that exists is whole.
 */
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
@@ -121,10 +127,11 @@ static inline float* checkpoint_load_model(const char* path, GPTConfig* config, 
     return params;
 }
 
-// m and v: the `owned` moments of rank s->rank of s->num_processes (llmc/zero.h)
+// m and v: the `owned` moments of rank s->rank of s->num_processes (llmc/zero.h);
+// ffn: 3 ints per layer (gpt_ffn_state_get), or NULL
 static inline void checkpoint_save_state(const char* path, const GPTConfig* c, const TrainState* s,
                                          const void* loader_state, size_t loader_bytes, const float* m, const float* v,
-                                         size_t owned) {
+                                         size_t owned, const int32_t* ffn) {
     int32_t h[256] = {0};
     size_t n = num_parameters(c);
     h[0] = CKPT_STATE_MAGIC; h[1] = CKPT_VERSION;
@@ -134,12 +141,14 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     h[15] = s->B; h[16] = s->T; h[17] = s->grad_accum; h[18] = s->num_processes; h[19] = s->rank;
     h[20] = (int32_t)(uint32_t)(s->sample_rng & 0xffffffffu); h[21] = (int32_t)(uint32_t)(s->sample_rng >> 32);
     h[22] = (int32_t)loader_bytes;
+    h[23] = ffn ? 3 * c->num_layers : 0;
     char tmp[4096];
     FILE* fp = atomic_open(path, tmp, sizeof(tmp));
     fwriteCheck(h, sizeof(int32_t), 256, fp);
     fwriteCheck(loader_state, 1, loader_bytes, fp);
     fwriteCheck(m, sizeof(float), owned, fp);
     fwriteCheck(v, sizeof(float), owned, fp);
+    if (ffn) { fwriteCheck(ffn, sizeof(int32_t), (size_t)h[23], fp); }
     atomic_commit(fp, tmp, path);
 }
 
@@ -148,9 +157,10 @@ static inline void state_path(char* out, size_t len, const char* dir, int step, 
 }
 
 // opens a state file written for the same config and reads its header into s
-// (else an error naming the field); returns the rank's count of moments
+// (else an error naming the field); returns the rank's count of moments and
+// of FFN state ints
 static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run, TrainState* s, size_t loader_bytes,
-                                          size_t* owned) {
+                                          size_t* owned, int* ffn_ints) {
     int32_t h[256];
     FILE* fp = checkpoint_open(path, CKPT_STATE_MAGIC, h);
     GPTConfig c = header_get_config(h);
@@ -165,7 +175,9 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
     zero_layout_init(&z, run, s->num_processes, s->rank);
     *owned = z.owned;
     zero_layout_free(&z);
-    long expected = 1024 + (long)loader_bytes + 2 * (long)(*owned * sizeof(float));
+    *ffn_ints = h[23];
+    if (h[23] != 0 && h[23] != 3 * run->num_layers) { fatal("%s: %d ints of FFN state is corrupt", path, h[23]); }
+    long expected = 1024 + (long)loader_bytes + 2 * (long)(*owned * sizeof(float)) + 4L * h[23];
     if ((size_t)h[22] != loader_bytes || file_size(fp) != expected) {
         fatal("%s: file is %ld bytes, expected %ld (truncated or from another build)", path, file_size(fp), expected);
     }
@@ -175,20 +187,27 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
 // the optimizer state of step `step` in dir for rank `rank` of P processes,
 // from the files of whatever number of processes wrote it (re-sharded when
 // that differs); m and v get layout(P, rank).owned values. s: the state as
-// rank 0 wrote it (its num_processes is the writers' count).
-static inline void checkpoint_load_state(const char* dir, int step, const GPTConfig* run, int P, int rank, TrainState* s,
-                                         void* loader_state, size_t loader_bytes, float* m, float* v) {
+// rank 0 wrote it (its num_processes is the writers' count). ffn (3 ints per
+// layer) gets the FFN state; returns 0 when the checkpoint has none.
+static inline int checkpoint_load_state(const char* dir, int step, const GPTConfig* run, int P, int rank, TrainState* s,
+                                        void* loader_state, size_t loader_bytes, float* m, float* v, int32_t* ffn) {
     char path[4096];
     size_t owned;
+    int ffn_ints;
     state_path(path, sizeof(path), dir, step, 0);
-    FILE* fp = checkpoint_open_state(path, run, s, loader_bytes, &owned);
+    FILE* fp = checkpoint_open_state(path, run, s, loader_bytes, &owned, &ffn_ints);
     freadCheck(loader_state, 1, loader_bytes, fp);
+    if (ffn_ints) { // every rank saves the same choices: take rank 0's
+        fseekCheck(fp, 2 * (long)(owned * sizeof(float)), SEEK_CUR);
+        freadCheck(ffn, sizeof(int32_t), (size_t)ffn_ints, fp);
+    }
     int writers = s->num_processes;
     if (writers == P) { // the file of this rank holds exactly its moments
         fcloseCheck(fp);
         state_path(path, sizeof(path), dir, step, rank);
         TrainState mine;
-        fp = checkpoint_open_state(path, run, &mine, loader_bytes, &owned);
+        int ignored;
+        fp = checkpoint_open_state(path, run, &mine, loader_bytes, &owned, &ignored);
         if (mine.step != s->step || mine.num_processes != writers || mine.rank != rank) {
             fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, mine.step, mine.rank,
                   mine.num_processes, s->step, writers);
@@ -197,7 +216,7 @@ static inline void checkpoint_load_state(const char* dir, int step, const GPTCon
         freadCheck(m, sizeof(float), owned, fp);
         freadCheck(v, sizeof(float), owned, fp);
         fcloseCheck(fp);
-        return;
+        return ffn_ints > 0;
     }
     // re-shard: every writer's moments into full arrays, then this rank's share
     fcloseCheck(fp);
@@ -207,7 +226,8 @@ static inline void checkpoint_load_state(const char* dir, int step, const GPTCon
     for (int r = 0; r < writers; r++) {
         state_path(path, sizeof(path), dir, step, r);
         TrainState theirs;
-        fp = checkpoint_open_state(path, run, &theirs, loader_bytes, &owned);
+        int ignored;
+        fp = checkpoint_open_state(path, run, &theirs, loader_bytes, &owned, &ignored);
         if (theirs.step != s->step || theirs.num_processes != writers || theirs.rank != r) {
             fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, theirs.step,
                   theirs.rank, theirs.num_processes, s->step, writers);
@@ -231,6 +251,7 @@ static inline void checkpoint_load_state(const char* dir, int step, const GPTCon
     zero_layout_free(&mine);
     free(full_m);
     free(full_v);
+    return ffn_ints > 0;
 }
 
 // 1 if dir holds the model file of `step` and the state files of every process that wrote it

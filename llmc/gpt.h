@@ -250,8 +250,10 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
 #endif
         }
         // sparse from the start, or dense until the first statistics say otherwise
+        // (unless gpt_ffn_state_set restored a checkpoint's choices)
         for (size_t l = 0; l < L; l++) {
             SparseFfnLayer<T>* f = &model->ffn[l];
+            if (f->W > 0) { continue; }
             f->on = model->ffn_mode == FFN_SPARSE;
             f->W = (int)(H < 256 ? H : 256);
             f->tail_capacity = sparse_choose_tail((int)M / 64, (int)M);
@@ -369,6 +371,34 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k) {
     }
     int W = sparse_choose_width(k, H);
     if (f->on && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
+}
+
+// the layers' FFN choices as 3 ints per layer (sparse or dense, ELL width, tail
+// rows; 0 before the first forward), so that a resumed run makes the same ones
+template <typename T, typename G>
+void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
+    for (int l = 0; l < model->config.num_layers; l++) {
+        const SparseFfnLayer<T>* f = &model->ffn[l];
+        state[3 * l] = f->on;
+        state[3 * l + 1] = f->W;
+        state[3 * l + 2] = f->tail_capacity;
+    }
+}
+
+// before the first forward
+template <typename T, typename G>
+void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state) {
+    int H = model->config.hidden;
+    for (int l = 0; l < model->config.num_layers; l++) {
+        SparseFfnLayer<T>* f = &model->ffn[l];
+        if (state[3 * l] < 0 || state[3 * l] > 1 || state[3 * l + 1] < 0 || state[3 * l + 1] > H || state[3 * l + 2] < 0) {
+            fatal("checkpoint: FFN state of layer %d (%d, %d, %d) is corrupt", l, state[3 * l], state[3 * l + 1],
+                  state[3 * l + 2]);
+        }
+        f->on = model->ffn_mode == FFN_DENSE ? 0 : model->ffn_mode == FFN_SPARSE ? 1 : state[3 * l];
+        f->W = state[3 * l + 1];
+        f->tail_capacity = state[3 * l + 2];
+    }
 }
 
 // brings the sums of the forwards since gpt_stats_reset to the host (the one

@@ -34,7 +34,8 @@ static void load_state_other_config(const void* dir) {
     size_t n = num_parameters(&other);
     float* m = (float*)mallocCheck(n * sizeof(float));
     float* v = (float*)mallocCheck(n * sizeof(float));
-    checkpoint_load_state((const char*)dir, 17, &other, 1, 0, &s, loader, sizeof(loader), m, v);
+    int32_t ffn[3 * 2];
+    checkpoint_load_state((const char*)dir, 17, &other, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
 }
 
 // overwrites 4 bytes at offset
@@ -76,13 +77,16 @@ static void test_round_trip(void) {
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
-    checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n);
+    const int32_t ffn[3 * 2] = {1, 64, 32, 0, 256, 16}; // the FFN choices of c's 2 layers
+    checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n, ffn);
     CHECK(checkpoint_complete(tmp_dir, 17), "model and state make a complete checkpoint");
     TrainState s2;
     char loader2[24];
     float* m2 = (float*)mallocCheck(n * sizeof(float));
     float* v2 = (float*)mallocCheck(n * sizeof(float));
-    checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2);
+    int32_t ffn2[3 * 2] = {0};
+    int has_ffn = checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
+    CHECK(has_ffn && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
     CHECK(memcmp(&s, &s2, sizeof(s)) == 0, "train state differs after the round trip");
     CHECK(memcmp(loader, loader2, sizeof(loader)) == 0, "loader state differs");
     CHECK(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0, "moments differ");
@@ -140,7 +144,7 @@ static void test_resharding(void) {
             TrainState s = {40, 2, 32, 1, writers, r, 99};
             state_path(path, sizeof(path), dir.s, 40, r);
             CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
-            checkpoint_save_state(path, &c, &s, loader, sizeof(loader), pm, pv, z.owned);
+            checkpoint_save_state(path, &c, &s, loader, sizeof(loader), pm, pv, z.owned, NULL);
             free(pm);
             free(pv);
             zero_layout_free(&z);
@@ -160,7 +164,9 @@ static void test_resharding(void) {
                 zero_pack(want_v, v, &z);
                 TrainState s;
                 char loader2[24];
-                checkpoint_load_state(dir.s, 40, &c, readers, r, &s, loader2, sizeof(loader2), got_m, got_v);
+                int32_t ffn[3 * 2];
+                CHECK(!checkpoint_load_state(dir.s, 40, &c, readers, r, &s, loader2, sizeof(loader2), got_m, got_v, ffn),
+                      "a state saved without FFN choices has some");
                 CHECK(memcmp(got_m, want_m, z.owned * sizeof(float)) == 0 &&
                       memcmp(got_v, want_v, z.owned * sizeof(float)) == 0 && s.num_processes == writers &&
                       memcmp(loader, loader2, sizeof(loader)) == 0,

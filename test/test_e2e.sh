@@ -43,6 +43,17 @@ check "resumed run says so" grep -q "resumed from .*model_00000020.bin at step 2
 check "resumed log is identical to the uninterrupted one" cmp -s <(strip_timing "$work/a/log.jsonl") <(strip_timing "$work/b/log.jsonl")
 check "resumed checkpoint is identical" cmp -s "$work/a/model_00000040.bin" "$work/b/model_00000040.bin"
 
+# 2a. with --ffn auto, layers that turned sparse before the checkpoint are sparse
+# in the resumed run too (the choices are in the state file): still bit for bit
+auto=("${tiny[@]}" --hidden 512 -x 40 -v 0 -n 20 -b 4 -a 0.05 --ffn auto)
+./train_gpt_sparse "${auto[@]}" -o "$work/auto" > "$work/auto.txt" 2>&1
+check "auto FFN run exits 0" test $? -eq 0
+check "auto turns a layer sparse before the checkpoint" awk '/^step +[0-9]+\// {n = $2 + 0} /-> sparse/ && n < 20 {e = 1} END {exit !e}' "$work/auto.txt"
+mkdir -p "$work/auto_b"
+cp "$work/auto/model_00000020.bin" "$work/auto/state_00000020_00000.bin" "$work/auto/log.jsonl" "$work/auto_b/"
+./train_gpt_sparse "${auto[@]}" -o "$work/auto_b" -y 1 > "$work/auto_b.txt" 2>&1
+check "auto FFN resumed log is identical" cmp -s <(strip_timing "$work/auto/log.jsonl") <(strip_timing "$work/auto_b/log.jsonl")
+
 # 2b. gradient accumulation: 2 micro-batches of 2 sequences make the same steps as 1 of 4
 train -o "$work/acc1" -x 6 -v 0 -n 0 -b 4 > /dev/null 2>&1
 train -o "$work/acc2" -x 6 -v 0 -n 0 -b 2 -d 256 > "$work/acc2.txt" 2>&1
