@@ -172,16 +172,14 @@ static void uploader_free(BatchUploader* u) {
     }
 }
 
-// brings the statistics of the forwards since gpt_stats_reset to the host,
-// summed over all processes (`tokens`: theirs together)
+// the statistics of the forwards since gpt_stats_reset, summed over all processes
 template <typename T>
-void read_stats(GPT<T, float>* model, Zero* zero, double tokens) {
+void reduce_stats(GPT<T, float>* model, Zero* zero) {
     if (zero) {
         // stats_acc: the loss, then per layer the L1 sum, firing pairs and most firing units (a maximum)
         zero_reduce_stats(zero, model->stats_acc, 1 + 3 * model->config.num_layers, 3, 3, model->fired,
                           (size_t)model->config.num_layers * model->config.hidden);
     }
-    gpt_stats_read(model, tokens);
 }
 
 // mean CE over the first `batches` global batches of the validation set
@@ -194,7 +192,8 @@ double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, 
         uploader_put(uploader, val->inputs, val->targets);
         gpt_forward(model, uploader->inputs, uploader->targets, val->B, val->T, 0.0f);
     }
-    read_stats(model, zero, (double)batches * val->B * val->T * val->num_processes);
+    reduce_stats(model, zero);
+    gpt_stats_read(model, (double)batches * val->B * val->T * val->num_processes);
     return model->ce;
 }
 
@@ -386,10 +385,12 @@ void train(const Options* o, Device device) {
             if (zero) { zero->reduce_in_backward = micro == o->grad_accum - 1; } // the sums overlap the last backward
             gpt_backward(&model, uploader.inputs, l1_scale);
         }
-        if (zero) { zero_reduce_finish(zero); }
+        if (zero) { zero_join(zero); }
+        // summed before the optimizer's collectives, whose all-gather then overlaps the next forward
+        reduce_stats(&model, zero);
         float step_lr = lr_at_step(&o->optim, step);
         optimizer_step(&opt, &model, &o->optim, step_lr, step + 1);
-        read_stats(&model, zero, (double)o->total_batch); // waits for the step
+        gpt_stats_read(&model, (double)o->total_batch); // waits for the step (but not its all-gather)
         if (o->dead_reinit) { gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step); }
         double ms = (now_seconds() - t0) * 1000;
         watchdog_disarm(&watchdog);
@@ -417,6 +418,7 @@ void train(const Options* o, Device device) {
         if (master) { log_step(log_path, &entry, o->optim.total_steps); }
     }
 
+    if (zero) { cudaCheck(cudaStreamSynchronize(zero->stream)); } // the last all-gather, before anything is freed
     if (sampling) {
         infer_state_free(&sampler.state);
         free(sampler.scratch);

@@ -137,6 +137,10 @@ struct GPT {
     // the backward goes on; NULL when there is nothing to do
     void (*grads_ready)(void* ctx, int layer);
     void* grads_ready_ctx;
+    // called by the forward before it reads layer l's weights (l = -1: the
+    // embedding and final norm), which data parallelism may still be gathering
+    void (*params_needed)(void* ctx, int layer);
+    void* params_needed_ctx;
 };
 
 template <typename P>
@@ -478,9 +482,15 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
     Activations<T, G>* a = &model->acts;
     size_t MD = (size_t)M * D, MH = (size_t)M * H;
 
+    if (model->params_needed) {
+        model->params_needed(model->params_needed_ctx, -1);
+        model->params_needed(model->params_needed_ctx, 0);
+    }
     encoder_forward(a->x_res, inputs, model->param[P_WTE], M, D);
     rmsnorm_forward(a->attn_in, a->attn_rstd, a->x_res, model->param[P_ATTN_NORM], M, D, c->norm_eps);
     for (int l = 0; l < L; l++) {
+        // layer l ends with the next layer's norm
+        if (model->params_needed && l + 1 < L) { model->params_needed(model->params_needed_ctx, l + 1); }
         T* qkv = a->qkv + (size_t)l * M * QKV;
         T* att = a->att + l * MD;
         T* ffn_in = a->ffn_in + l * MD;

@@ -62,6 +62,8 @@ void optimizer_init(Optimizer* opt, GPT<T, G>* model, Zero* zero) {
             zero->owned_grads = opt->grads;
             model->grads_ready = zero_grads_ready;
             model->grads_ready_ctx = zero;
+            model->params_needed = zero_params_needed;
+            model->params_needed_ctx = zero;
         } else {
             opt->grads = model->grads;
             opt->params = model->params;
@@ -136,7 +138,8 @@ static inline void optimizer_step(Optimizer* opt, GPT<float, float>* model, cons
 }
 
 #ifdef __CUDACC__
-// with P processes the gradients must have been reduced (zero_reduce_finish)
+// with P processes the gradients must have been reduced (zero_join after the
+// backward); the new weights are then gathered while the next forward runs
 static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const OptimConfig* cfg, float lr, int t) {
     // the clip factor is computed on the device from the norm, so the step never waits for it
     global_norm_squared_cuda(opt->norm_sq, opt->grads, opt->owned, opt->scratch);
@@ -152,7 +155,7 @@ static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const
                           z->segments[i].decay ? cfg->weight_decay : 0.0f, t, opt->norm_sq, cfg->grad_clip);
         i = j;
     }
-    if (opt->zero) { zero_all_gather(opt->zero, model->params, (const bf16*)opt->params); }
+    if (opt->zero) { zero_all_gather_params(opt->zero, model->params, (const bf16*)opt->params); }
 }
 #endif
 

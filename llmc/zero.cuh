@@ -9,7 +9,10 @@
    optimizer: the gradient norm of the owned parameters, summed over the
        processes; AdamW on the owned parameters (fp32 master weights and
        moments, packed); then every bucket's new bf16 weights are all-gathered
-       so every process has the whole model again.
+       on the second stream, layer by layer in the order the next forward
+       reads them, so the forward of layer l waits only for layer l's weights.
+ Every collective of a step is ordered after the one before it through the
+ two streams' events, so no two ever run at once on the communicator.
  The loss and sparsity statistics are summed (maxima: maximised) over the
  processes before they are read. Ranks meet through MPI (when built with it
  and started by mpirun), a TCP address or a shared file (llmc/rendezvous.h).
@@ -34,8 +37,9 @@ typedef struct Zero {
     ProcessInfo proc;
     ZeroLayout layout;
     ncclComm_t comm;
-    cudaStream_t stream;       // the reduce-scatters that overlap the backward
+    cudaStream_t stream;       // the reduce-scatters and all-gathers that overlap the backward and forward
     cudaEvent_t event;
+    cudaEvent_t* gathered;     // [L + 1] layer l - 1's weights are all-gathered (0: wte and the final norm)
     int reduce_in_backward;    // 1 during the backward of a step's last micro-batch
     const float* grads;        // the model's gradients, flat
     float* owned_grads;        // the summed gradients of the owned parameters, packed
@@ -92,15 +96,25 @@ static inline void zero_init(Zero* z, const ProcessInfo* proc, const GPTConfig* 
         fatal("--init must be auto, mpi, tcp or file, not '%s'", method);
     }
     ncclCheck(ncclCommInitRank(&z->comm, proc->size, id, proc->rank));
-    cudaCheck(cudaStreamCreateWithFlags(&z->stream, cudaStreamNonBlocking));
+    // the highest priority: the collectives' blocks take SMs as the compute kernels free them
+    int least_priority, greatest_priority;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+    cudaCheck(cudaStreamCreateWithPriority(&z->stream, cudaStreamNonBlocking, greatest_priority));
     cudaCheck(cudaEventCreateWithFlags(&z->event, cudaEventDisableTiming));
+    z->gathered = (cudaEvent_t*)mallocCheck((config->num_layers + 1) * sizeof(cudaEvent_t));
+    for (int l = 0; l <= config->num_layers; l++) {
+        cudaCheck(cudaEventCreateWithFlags(&z->gathered[l], cudaEventDisableTiming));
+    }
     zero_layout_init(&z->layout, config, proc->size, proc->rank);
 }
 
 static inline void zero_free(Zero* z) {
+    cudaCheck(cudaStreamSynchronize(z->stream));
     ncclCheck(ncclCommDestroy(z->comm));
     cudaCheck(cudaStreamDestroy(z->stream));
     cudaCheck(cudaEventDestroy(z->event));
+    for (int l = 0; l <= z->layout.num_layers; l++) { cudaCheck(cudaEventDestroy(z->gathered[l])); }
+    free(z->gathered);
     cuda_free(z->stats_sum);
     zero_layout_free(&z->layout);
 #ifdef USE_MPI
@@ -133,8 +147,8 @@ static void zero_grads_ready(void* ctx, int layer) {
     ncclCheck(ncclGroupEnd());
 }
 
-// the main stream waits for the reductions of the backward
-static inline void zero_reduce_finish(Zero* z) {
+// the main stream waits for what the second stream has queued
+static inline void zero_join(Zero* z) {
     cudaCheck(cudaEventRecord(z->event, z->stream));
     cudaCheck(cudaStreamWaitEvent(main_stream, z->event, 0));
 }
@@ -143,22 +157,48 @@ static inline void zero_all_reduce_sum(Zero* z, float* x, size_t n) {
     ncclCheck(ncclAllReduce(x, x, n, ncclFloat, ncclSum, z->comm, main_stream));
 }
 
-// full[flat] <- every rank's packed values of what it owns (on the main stream)
+// full[flat] <- every rank's packed values of what it owns, for the buckets of `layer`
 template <typename T>
-void zero_all_gather(Zero* z, T* full, const T* packed) {
+static void zero_all_gather_layer(Zero* z, T* full, const T* packed, int layer, cudaStream_t stream) {
     ncclDataType_t type = sizeof(T) == 4 ? ncclFloat : ncclBfloat16;
     int P = z->proc.size, last = z->proc.rank == P - 1;
     ncclCheck(ncclGroupStart());
     for (int b = 0; b < z->layout.num_buckets; b++) {
         const ZeroBucket* k = &z->layout.buckets[b];
+        if (k->layer != layer) { continue; }
         size_t q = k->count / P, rest = k->count - q * P;
         const T* mine = packed + z->layout.bucket_packed[b];
-        if (q) { ncclCheck(ncclAllGather(mine, full + k->offset, q, type, z->comm, main_stream)); }
+        if (q) { ncclCheck(ncclAllGather(mine, full + k->offset, q, type, z->comm, stream)); }
         if (rest) {
-            ncclCheck(ncclBroadcast(last ? mine + q : packed, full + k->offset + q * P, rest, type, P - 1, z->comm, main_stream));
+            ncclCheck(ncclBroadcast(last ? mine + q : packed, full + k->offset + q * P, rest, type, P - 1, z->comm, stream));
         }
     }
     ncclCheck(ncclGroupEnd());
+}
+
+// all of full[flat], on the main stream (checkpoints)
+template <typename T>
+void zero_all_gather(Zero* z, T* full, const T* packed) {
+    zero_join(z);
+    for (int layer = -1; layer < z->layout.num_layers; layer++) { zero_all_gather_layer(z, full, packed, layer, main_stream); }
+}
+
+// the new bf16 weights after the optimizer (queued on the main stream), on
+// the second stream, the embedding first and then layer by layer
+static inline void zero_all_gather_params(Zero* z, bf16* params, const bf16* packed) {
+    cudaCheck(cudaEventRecord(z->event, main_stream));
+    cudaCheck(cudaStreamWaitEvent(z->stream, z->event, 0));
+    for (int layer = -1; layer < z->layout.num_layers; layer++) {
+        zero_all_gather_layer(z, params, packed, layer, z->stream);
+        cudaCheck(cudaEventRecord(z->gathered[layer + 1], z->stream));
+    }
+}
+
+// the forward's params_needed hook: the main stream waits for layer's weights
+// (a wait on an event not yet recorded, before the first step, is none)
+static void zero_params_needed(void* ctx, int layer) {
+    Zero* z = (Zero*)ctx;
+    cudaCheck(cudaStreamWaitEvent(main_stream, z->gathered[layer + 1], 0));
 }
 
 // acc[i] = max over processes where is_max(i), else the sum (from sums)

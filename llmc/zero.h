@@ -38,6 +38,7 @@ typedef struct {
 
 typedef struct {
     int num_processes, rank;
+    int num_layers;
     int num_buckets;
     ZeroBucket* buckets;    // in flat order
     size_t* bucket_packed;  // [num_buckets] where this rank's share of each bucket starts in its packed arrays
@@ -58,6 +59,7 @@ static inline void zero_layout_init(ZeroLayout* z, const GPTConfig* c, int P, in
     memset(z, 0, sizeof(*z));
     z->num_processes = P;
     z->rank = rank;
+    z->num_layers = c->num_layers;
     size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
     param_sizes(sizes, c);
     param_offsets(offsets, c);
