@@ -217,9 +217,10 @@ void train(const Options* o, Device device) {
     const GPTConfig* config = &o->config;
     int B = o->B, T_ = o->T, M = B * T_, L = config->num_layers;
     int P = o->proc.size, rank = o->proc.rank, master = rank == 0;
-    // a phase (step, validation, checkpoint) that waits longer than this on the other processes ends the run
+    // with several processes, a phase (step, validation, checkpoint) that waits longer than this on the
+    // others ends the run
     Watchdog watchdog;
-    watchdog_start(&watchdog);
+    watchdog_start(&watchdog, P > 1);
     Zero zero_group, *zero = NULL;
     if (P > 1) {
         watchdog_arm(&watchdog, o->timeout, "rank %d: meeting the other %d processes", rank, P - 1);

@@ -3,7 +3,8 @@
  collective waits for every process, so a process that died or hangs would
  leave the others waiting forever inside NCCL or a device synchronisation,
  where no error ever comes back. Instead the training loop arms the watchdog
- before each phase (a step, a validation, a checkpoint) and disarms it after;
+ before each phase (a step, a validation, a checkpoint) and disarms it after
+ (with several processes; a single process has no one to wait for);
  if a phase outlives its deadline, a background thread prints what was being
  waited for and ends the process (exit status 1). Checkpoints are written to
  a temporary name and renamed, so the last complete one stays usable.
@@ -51,8 +52,10 @@ static inline void* watchdog_main(void* arg) {
     return NULL;
 }
 
-static inline void watchdog_start(Watchdog* w) {
+// with enabled = 0 the watchdog stays off and arming it does nothing
+static inline void watchdog_start(Watchdog* w, int enabled) {
     memset(w, 0, sizeof(*w));
+    if (!enabled) { return; }
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->changed, NULL);
     w->running = 1;
@@ -65,6 +68,7 @@ static inline void watchdog_start(Watchdog* w) {
 // from now on, `what` must finish within `seconds` (printf-style description)
 static inline void watchdog_arm(Watchdog* w, double seconds, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 static inline void watchdog_arm(Watchdog* w, double seconds, const char* fmt, ...) {
+    if (!w->running) { return; }
     pthread_mutex_lock(&w->lock);
     va_list ap;
     va_start(ap, fmt);
@@ -84,6 +88,7 @@ static inline void watchdog_arm(Watchdog* w, double seconds, const char* fmt, ..
 }
 
 static inline void watchdog_disarm(Watchdog* w) {
+    if (!w->running) { return; }
     pthread_mutex_lock(&w->lock);
     w->armed = 0;
     pthread_cond_signal(&w->changed);
@@ -91,6 +96,7 @@ static inline void watchdog_disarm(Watchdog* w) {
 }
 
 static inline void watchdog_stop(Watchdog* w) {
+    if (!w->running) { return; }
     pthread_mutex_lock(&w->lock);
     w->running = 0;
     w->armed = 0;

@@ -166,7 +166,7 @@ static void test_meetings(void) {
 
 static void watchdog_fires(const void*) {
     Watchdog w;
-    watchdog_start(&w);
+    watchdog_start(&w, 1);
     watchdog_arm(&w, 0.3, "rank %d: step %d", 1, 42);
     sleep(5); // stands for a collective whose peer died
     exit(0);
@@ -174,13 +174,24 @@ static void watchdog_fires(const void*) {
 
 static void watchdog_quiet(const void*) {
     Watchdog w;
-    watchdog_start(&w);
+    watchdog_start(&w, 1);
     for (int i = 0; i < 5; i++) {
         watchdog_arm(&w, 0.3, "step %d", i);
         usleep(100000);
         watchdog_disarm(&w);
     }
     usleep(500000); // disarmed: nothing fires
+    watchdog_stop(&w);
+    exit(0);
+}
+
+// a watchdog that is off never fires
+static void watchdog_off(const void*) {
+    Watchdog w;
+    watchdog_start(&w, 0);
+    watchdog_arm(&w, 0.1, "step %d", 1);
+    usleep(400000);
+    watchdog_disarm(&w);
     watchdog_stop(&w);
     exit(0);
 }
@@ -193,6 +204,8 @@ static void test_watchdog(void) {
           "armed watchdog: exit %d after %.1f s: %s", rc, rdv_now() - t0, err);
     rc = run_child(watchdog_quiet, NULL, err, sizeof(err));
     CHECK(rc == 0 && err[0] == '\0', "disarmed watchdog fired: exit %d: %s", rc, err);
+    rc = run_child(watchdog_off, NULL, err, sizeof(err));
+    CHECK(rc == 0 && err[0] == '\0', "a watchdog that is off fired: exit %d: %s", rc, err);
 }
 
 int main(void) {
