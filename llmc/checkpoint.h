@@ -188,7 +188,8 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
 // from the files of whatever number of processes wrote it (re-sharded when
 // that differs); m and v get layout(P, rank).owned values. s: the state as
 // rank 0 wrote it (its num_processes is the writers' count). ffn (3 ints per
-// layer) gets the FFN state; returns 0 when the checkpoint has none.
+// layer) gets the FFN state: this rank's own with the same number of
+// processes, else rank 0's; returns 0 when the checkpoint has none.
 static inline int checkpoint_load_state(const char* dir, int step, const GPTConfig* run, int P, int rank, TrainState* s,
                                         void* loader_state, size_t loader_bytes, float* m, float* v, int32_t* ffn) {
     char path[4096];
@@ -197,7 +198,7 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
     state_path(path, sizeof(path), dir, step, 0);
     FILE* fp = checkpoint_open_state(path, run, s, loader_bytes, &owned, &ffn_ints);
     freadCheck(loader_state, 1, loader_bytes, fp);
-    if (ffn_ints) { // every rank saves the same choices: take rank 0's
+    if (ffn_ints) { // rank 0's, unless this rank's own file is read below
         fseekCheck(fp, 2 * (long)(owned * sizeof(float)), SEEK_CUR);
         freadCheck(ffn, sizeof(int32_t), (size_t)ffn_ints, fp);
     }
@@ -206,15 +207,17 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
         fcloseCheck(fp);
         state_path(path, sizeof(path), dir, step, rank);
         TrainState mine;
-        int ignored;
-        fp = checkpoint_open_state(path, run, &mine, loader_bytes, &owned, &ignored);
-        if (mine.step != s->step || mine.num_processes != writers || mine.rank != rank) {
+        int my_ffn_ints;
+        fp = checkpoint_open_state(path, run, &mine, loader_bytes, &owned, &my_ffn_ints);
+        if (mine.step != s->step || mine.num_processes != writers || mine.rank != rank || my_ffn_ints != ffn_ints) {
             fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, mine.step, mine.rank,
                   mine.num_processes, s->step, writers);
         }
         fseekCheck(fp, (long)loader_bytes, SEEK_CUR);
         freadCheck(m, sizeof(float), owned, fp);
         freadCheck(v, sizeof(float), owned, fp);
+        // the ranks choose each layer's path alike, but each sized its tail for its own tokens
+        if (ffn_ints) { freadCheck(ffn, sizeof(int32_t), (size_t)ffn_ints, fp); }
         fcloseCheck(fp);
         return ffn_ints > 0;
     }
