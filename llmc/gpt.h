@@ -19,8 +19,9 @@
  values, no [M, H] tensor). model->ffn_mode says which: FFN_DENSE everywhere,
  FFN_SPARSE everywhere, or FFN_AUTO, where each layer is re-chosen at every
  gpt_stats_read from its measured activity (dense until the first statistics).
- In the sparse and auto modes dense layers keep no g, u, h either: they
- recompute them in the backward, as with model->recompute.
+ In the auto mode a dense layer keeps its g, u, h for the backward as in
+ FFN_DENSE (a dense phase trains at the dense path's speed); FFN_SPARSE keeps
+ no [M, H] tensor at all.
 
  The device is waited for at two places: gpt_stats_read, once per optimizer
  step (the loss and sparsity statistics are sums on the device until then),
@@ -69,7 +70,7 @@ struct Activations {
     G* lse;        // [L, B, NH, T] attention log-sum-exp per query
     T* ffn_in;     // [L, M, D] RMSNorm output f
     G* ffn_rstd;   // [L, M]
-    T* g;          // [L, M, H] gate pre-activation ([1, M, H] when recomputed or not --ffn dense)
+    T* g;          // [L, M, H] gate pre-activation ([1, M, H] when recomputed or --ffn sparse)
     T* u;          // [L, M, H] up projection (same; none with --ffn sparse)
     T* h;          // [L, M, H] relu(g) * u (same)
     G* row_l1;     // [L, M] sum_n |h|
@@ -170,7 +171,7 @@ void gpt_build(GPT<T, G>* model, const GPTConfig* config, Device device) {
 // whether every layer keeps its dense g, u, h from the forward for the backward
 template <typename T, typename G>
 static inline int gpt_keeps_ffn(const GPT<T, G>* model) {
-    return !model->recompute && model->ffn_mode == FFN_DENSE;
+    return !model->recompute && model->ffn_mode != FFN_SPARSE;
 }
 
 // every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0; made on
