@@ -49,13 +49,8 @@ static int bench_model(int argc, char** argv) {
     size_t n = num_parameters(&c);
     float* host = (float*)mallocCheck(n * sizeof(float));
     init_params_synthetic_sparse(host, &c, k, 1);
-    int* tokens = (int*)mallocCheck((M + 1) * sizeof(int));
-    uint64_t rng = 3;
-    for (int i = 0; i <= M; i++) { tokens[i] = (int)rng_below(&rng, c.vocab_size); }
-    int* d_in = (int*)cuda_malloc(M * sizeof(int));
-    int* d_tg = (int*)cuda_malloc(M * sizeof(int));
-    cudaCheck(cudaMemcpy(d_in, tokens, M * sizeof(int), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d_tg, tokens + 1, M * sizeof(int), cudaMemcpyHostToDevice));
+    TokenBatch batch = upload_random_batch(M, c.vocab_size, 3);
+    const int *d_in = batch.inputs, *d_tg = batch.targets;
     // lr 0: the step costs the same, and the weights keep their synthetic sparsity
     // (Adam would move the 1e-3-scaled W_o and W_d by their own size in a step)
     OptimConfig oc = {0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 0, 1000, 0.1f};
@@ -91,9 +86,8 @@ static int bench_model(int argc, char** argv) {
     }
     printf("sparse / dense: %.2fx tok/s, %.2fx device memory\n", tps[1] / tps[0], mem[1] / mem[0]);
     free(host);
-    free(tokens);
-    cuda_free(d_in);
-    cuda_free(d_tg);
+    cuda_free(batch.inputs);
+    cuda_free(batch.targets);
     cublaslt_free();
     return 0;
 }

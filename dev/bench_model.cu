@@ -7,6 +7,7 @@
 */
 #include <time.h>
 #include "llmc/optimizer.h"
+#include "test/gpu/gpu_util.cuh"
 
 static double seconds(void) {
     struct timespec ts;
@@ -30,13 +31,8 @@ int main(int argc, char** argv) {
     init_params_random(host, &c, 1);
     set_params_from_fp32(&model, &opt, host);
     free(host);
-    int* tokens = (int*)mallocCheck((M + 1) * sizeof(int));
-    uint64_t rng = 3;
-    for (int i = 0; i <= M; i++) { tokens[i] = (int)rng_below(&rng, c.vocab_size); }
-    int* d_in = (int*)cuda_malloc(M * sizeof(int));
-    int* d_tg = (int*)cuda_malloc(M * sizeof(int));
-    cudaCheck(cudaMemcpy(d_in, tokens, M * sizeof(int), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d_tg, tokens + 1, M * sizeof(int), cudaMemcpyHostToDevice));
+    TokenBatch batch = upload_random_batch(M, c.vocab_size, 3);
+    const int *d_in = batch.inputs, *d_tg = batch.targets;
     OptimConfig oc = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0, 1000, 0.1f};
 
     // prefill: the forward with its logits, no loss, no backward

@@ -1,6 +1,6 @@
 /*
- Helpers shared by the GPU tests and the kernel benchmarks: copying
- std::vectors to and from the device, and timing with CUDA events.
+ Helpers shared by the GPU tests and the benchmarks: copying std::vectors to
+ and from the device, a random batch of tokens, and timing with CUDA events.
 */
 #ifndef TEST_GPU_GPU_UTIL_CUH
 #define TEST_GPU_GPU_UTIL_CUH
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 #include "llmc/cuda_common.cuh"
+#include "llmc/rng.h"
 
 template <typename T>
 static T* upload(const std::vector<T>& host) {
@@ -23,6 +24,17 @@ static std::vector<T> download(const T* dev, size_t n) {
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaMemcpy(host.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
+}
+
+// M random token ids below vocab (seeded) on the device: inputs[i] = t[i], targets[i] = t[i + 1]
+struct TokenBatch { int* inputs; int* targets; };
+
+static TokenBatch upload_random_batch(int M, int vocab, uint64_t seed) {
+    std::vector<int> tokens(M + 1);
+    for (int& t : tokens) { t = (int)rng_below(&seed, vocab); }
+    TokenBatch b = {upload(std::vector<int>(tokens.begin(), tokens.end() - 1)),
+                    upload(std::vector<int>(tokens.begin() + 1, tokens.end()))};
+    return b;
 }
 
 // the median time of `reps` runs of fn on main_stream, in ms, after `warmup` runs
