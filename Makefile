@@ -66,7 +66,13 @@ build/dev/%: dev/%.cu $(HEADERS) $(CUDA_HEADERS)
 	@mkdir -p build/dev
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 
-gpu: $(BINARIES) $(GPU_TESTS) $(DEV_TOOLS)
+# the CUPTI kernel tracer (dev/kernel_trace.cpp), loaded through CUDA_INJECTION64_PATH
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
+build/dev/libkernel_trace.so: dev/kernel_trace.cpp
+	@mkdir -p build/dev
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -shared -fPIC -I$(CUDA_HOME)/include $< -o $@ -L$(CUDA_HOME)/lib64 -lcupti
+
+gpu: $(BINARIES) $(GPU_TESTS) $(DEV_TOOLS) build/dev/libkernel_trace.so
 
 test-gpu: $(BINARIES) $(GPU_TESTS)
 	@bash test/run_tests.sh $(GPU_TESTS) $(wildcard test/gpu/test_*.sh)

@@ -42,6 +42,52 @@ static inline void cuda_free(void* ptr) {
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // ----------------------------------------------------------------------------
+// programmatic dependent launch (compute capability 9.0): a kernel launched by
+// launch_early may start while the kernel before it in the stream still runs,
+// so it can fetch weights (which nothing in the stream writes) meanwhile. It
+// must call grid_dependency_wait() before it reads anything an earlier kernel
+// wrote or writes anything an earlier kernel reads; grid_dependents_launch()
+// lets the next such kernel start. On older GPUs both are no-ops and
+// launch_early is an ordinary launch.
+
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+static inline bool early_launch_supported(void) {
+    static int major = -1;
+    if (major < 0) {
+        int device;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    }
+    return major >= 9;
+}
+
+template <typename... Params, typename... Args>
+static void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = main_stream;
+    config.attrs = &attr;
+    config.numAttrs = early_launch_supported() ? 1 : 0;
+    cudaCheck(cudaLaunchKernelEx(&config, kernel, ((Params)args)...));
+}
+
+// ----------------------------------------------------------------------------
 // device helpers shared by the kernels
 
 // eight bf16 moved as one 16-byte access: the unit of the memory-bound kernels

@@ -67,32 +67,32 @@ namespace infer_detail {
 
 // ----------------------------------------------------------------------------
 // RoPE at each row's own position (the rope_kernel's angle and rounding, bit
-// for bit), then the row's k and v into the cache. One thread per (row, pair i).
+// for bit), then the row's k and v into the cache. One thread per (row, q or k
+// head, pair i): a decode step has one row, so the heads must be spread over
+// threads (a thread walking all heads was a 27 us chain of dependent loads).
 __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const int* row_slot, const int* row_pos,
                                   int M, int NH, int NKV, int hd, int cache_len, float theta) {
-    const int half = hd / 2;
+    grid_dependents_launch();
+    grid_dependency_wait();
+    const int half = hd / 2, heads = NH + NKV;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)M * half) { return; }
-    const int m = (int)(idx / half), i = (int)(idx % half);
+    if (idx >= (size_t)M * heads * half) { return; }
+    const int i = (int)(idx % half), h = (int)(idx / half % heads), m = (int)(idx / half / heads);
     const int slot = row_slot ? row_slot[m] : m, pos = row_pos[m], KVD = NKV * hd;
     const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
     float sin_a, cos_a;
     sincosf((float)pos * inv_freq, &sin_a, &cos_a);
-    bf16* x = qkv + (size_t)m * (NH + 2 * NKV) * hd + i;
-    bf16* kc = k_cache + ((size_t)slot * cache_len + pos) * KVD + i;
-    bf16* vc = v_cache + ((size_t)slot * cache_len + pos) * KVD + i;
-    for (int h = 0; h < NH + NKV; h++) {
-        float x1 = __bfloat162float(x[h * hd]), x2 = __bfloat162float(x[h * hd + half]);
-        bf16 r1 = __float2bfloat16_rn(x1 * cos_a - x2 * sin_a), r2 = __float2bfloat16_rn(x2 * cos_a + x1 * sin_a);
-        x[h * hd] = r1;
-        x[h * hd + half] = r2;
-        if (h >= NH) {
-            int j = (h - NH) * hd;
-            kc[j] = r1;
-            kc[j + half] = r2;
-            vc[j] = x[(h + NKV) * hd];
-            vc[j + half] = x[(h + NKV) * hd + half];
-        }
+    bf16* x = qkv + (size_t)m * (NH + 2 * NKV) * hd + h * hd + i;
+    float x1 = __bfloat162float(x[0]), x2 = __bfloat162float(x[half]);
+    bf16 r1 = __float2bfloat16_rn(x1 * cos_a - x2 * sin_a), r2 = __float2bfloat16_rn(x2 * cos_a + x1 * sin_a);
+    x[0] = r1;
+    x[half] = r2;
+    if (h >= NH) {
+        size_t c = ((size_t)slot * cache_len + pos) * KVD + (h - NH) * hd + i;
+        k_cache[c] = r1;
+        k_cache[c + half] = r2;
+        v_cache[c] = x[NKV * hd];
+        v_cache[c + half] = x[NKV * hd + half];
     }
 }
 
@@ -115,39 +115,51 @@ decode_attention_split_kernel(float* part_o, float* part_ml, const bf16* qkv, co
     __shared__ float p[DECODE_SPLIT];
     __shared__ float part[GROUPS][HD];
     const int h = blockIdx.x, b = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
+    // pos comes from the host before the step; the cache before the newest position
+    // n - 1 from earlier steps: both are read before waiting for the kernels before
+    // this one (which write q and the newest key and value)
     const int n = pos[b] + 1, t0 = j * DECODE_SPLIT, KVD = NKV * HD, kvh = h / (NH / NKV);
     if (t0 >= n) { return; } // the whole block: past this sequence's end
+    const bf16* kb = k_cache + (size_t)b * cache_len * KVD + kvh * HD;
+    const bf16* vb = v_cache + (size_t)b * cache_len * KVD + kvh * HD;
+    const int v = tid % VECS, grp = tid / VECS;
+    Bf16x8 k[VECS], vals[VECS]; // vals[i]: position t0 + grp + i GROUPS
+    #pragma unroll
+    for (int e = 0; e < VECS; e++) {
+        if (t0 + tid < n - 1) { k[e] = load_bf16x8(kb + (size_t)(t0 + tid) * KVD + e * 8); }
+        if (t0 + grp + e * GROUPS < n - 1) { vals[e] = load_bf16x8(vb + (size_t)(t0 + grp + e * GROUPS) * KVD + v * 8); }
+    }
+    grid_dependents_launch();
+    grid_dependency_wait();
+    #pragma unroll
+    for (int e = 0; e < VECS; e++) {
+        if (t0 + tid == n - 1) { k[e] = load_bf16x8(kb + (size_t)(t0 + tid) * KVD + e * 8); }
+        if (t0 + grp + e * GROUPS == n - 1) { vals[e] = load_bf16x8(vb + (size_t)(n - 1) * KVD + v * 8); }
+    }
     for (int d = tid; d < HD; d += DECODE_SPLIT) {
         q[d] = __bfloat162float(qkv[(size_t)b * (NH + 2 * NKV) * HD + h * HD + d]) * scale;
     }
     __syncthreads();
-    const bf16* kb = k_cache + (size_t)b * cache_len * KVD + kvh * HD;
-    const bf16* vb = v_cache + (size_t)b * cache_len * KVD + kvh * HD;
     float s = -INFINITY;
     if (t0 + tid < n) {
-        Bf16x8 k[VECS];
-        #pragma unroll
-        for (int v = 0; v < VECS; v++) { k[v] = load_bf16x8(kb + (size_t)(t0 + tid) * KVD + v * 8); }
         s = 0.0f;
         #pragma unroll
-        for (int v = 0; v < VECS; v++) {
+        for (int c = 0; c < VECS; c++) {
             #pragma unroll
-            for (int e = 0; e < 8; e++) { s += q[v * 8 + e] * __bfloat162float(k[v].v[e]); }
+            for (int e = 0; e < 8; e++) { s += q[c * 8 + e] * __bfloat162float(k[c].v[e]); }
         }
     }
     const float mx = block_reduce<Max>(s);
     const float pe = t0 + tid < n ? expf(s - mx) : 0.0f;
     p[tid] = pe;
     const float l = block_reduce<Sum>(pe); // its barriers also publish p
-    const int v = tid % VECS, grp = tid / VECS;
     float acc[8] = {};
-    #pragma unroll 4
-    for (int i = 0; i < DECODE_SPLIT / GROUPS; i++) {
+    #pragma unroll
+    for (int i = 0; i < VECS; i++) {
         int t = grp + i * GROUPS;
-        if (t0 + t < n) { // never read past the end: the cache there is not written
-            Bf16x8 x = load_bf16x8(vb + (size_t)(t0 + t) * KVD + v * 8);
+        if (t0 + t < n) { // never past the end: the cache there is not written
             #pragma unroll
-            for (int e = 0; e < 8; e++) { acc[e] += p[t] * __bfloat162float(x.v[e]); }
+            for (int e = 0; e < 8; e++) { acc[e] += p[t] * __bfloat162float(vals[i].v[e]); }
         }
     }
     #pragma unroll
@@ -165,6 +177,8 @@ decode_attention_split_kernel(float* part_o, float* part_ml, const bf16* qkv, co
 // one block per (head, sequence): the splits in order
 __global__ void decode_attention_combine_kernel(bf16* out, const float* part_o, const float* part_ml, const int* pos,
                                                 int NH, int hd, int splits) {
+    grid_dependents_launch();
+    grid_dependency_wait();
     const int h = blockIdx.x, b = blockIdx.y, used = pos[b] / DECODE_SPLIT + 1;
     const size_t first = ((size_t)b * NH + h) * splits;
     float m = -INFINITY;
@@ -191,23 +205,47 @@ static void decode_attention(bf16* out, float* part_o, float* part_ml, const bf1
     dim3 grid(NH, B, splits);
     float scale = 1.0f / sqrtf((float)hd);
     switch (hd) {
-    case 16: decode_attention_split_kernel<16><<<grid, DECODE_SPLIT, 0, main_stream>>>(part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 32: decode_attention_split_kernel<32><<<grid, DECODE_SPLIT, 0, main_stream>>>(part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 64: decode_attention_split_kernel<64><<<grid, DECODE_SPLIT, 0, main_stream>>>(part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 128: decode_attention_split_kernel<128><<<grid, DECODE_SPLIT, 0, main_stream>>>(part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 16: launch_early(decode_attention_split_kernel<16>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 32: launch_early(decode_attention_split_kernel<32>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 64: launch_early(decode_attention_split_kernel<64>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 128: launch_early(decode_attention_split_kernel<128>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
     default: fatal("decode attention: head size %d, built for 16, 32, 64, 128", hd);
     }
-    cudaCheck(cudaGetLastError());
-    decode_attention_combine_kernel<<<dim3(NH, B), 128, 0, main_stream>>>(out, part_o, part_ml, pos, NH, hd, splits);
-    cudaCheck(cudaGetLastError());
+    launch_early(decode_attention_combine_kernel, dim3(NH, B), 128, 0, out, part_o, part_ml, pos, NH, hd, splits);
 }
 
 // ----------------------------------------------------------------------------
-// acc[b] += x_b . row over K (x [B, K] in shared memory), lanes over 8 columns per step
+// The first ROW_PREFETCH 256-column steps of a weight row, loaded into a lane's
+// registers before the kernel waits for the ones before it (launch_early): the
+// weights stream in while those finish. K <= 2048 is the whole row.
+constexpr int ROW_PREFETCH = 8;
+struct RowPrefetch { Bf16x8 v[ROW_PREFETCH]; };
+
+__device__ __forceinline__ void prefetch_row(RowPrefetch& r, const bf16* row, int K, int lane) {
+    #pragma unroll
+    for (int s = 0; s < ROW_PREFETCH; s++) {
+        if ((s * 32 + lane) * 8 < K) { r.v[s] = load_bf16x8(row + (s * 32 + lane) * 8); }
+    }
+}
+
+// acc[b] += x_b . row over K (x [B, K] in shared memory, the row's first steps in
+// r), lanes over 8 columns per step
 template <int B>
-__device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, const bf16* row, int K, int lane) {
+__device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, const RowPrefetch& r, const bf16* row,
+                                              int K, int lane) {
+    #pragma unroll
+    for (int s = 0; s < ROW_PREFETCH; s++) {
+        const int k = (s * 32 + lane) * 8;
+        if (k >= K) { break; }
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            Bf16x8 xv = *reinterpret_cast<const Bf16x8*>(xs + b * K + k);
+            #pragma unroll
+            for (int e = 0; e < 8; e++) { acc[b] += __bfloat162float(xv.v[e]) * __bfloat162float(r.v[s].v[e]); }
+        }
+    }
     #pragma unroll 4
-    for (int k = lane * 8; k < K; k += 256) {
+    for (int k = (ROW_PREFETCH * 32 + lane) * 8; k < K; k += 256) {
         Bf16x8 wv = load_bf16x8(row + k);
         #pragma unroll
         for (int b = 0; b < B; b++) {
@@ -230,12 +268,16 @@ template <int B>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_kernel(bf16* y, const bf16* x, const bf16* w, int N, int K) {
     extern __shared__ __align__(16) bf16 xs[];
+    const int n = blockIdx.x * (GEMV_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    RowPrefetch r;
+    if (n < N) { prefetch_row(r, w + (size_t)n * K, K, lane); }
+    grid_dependents_launch();
+    grid_dependency_wait();
     for (int i = threadIdx.x * 8; i < B * K; i += GEMV_THREADS * 8) { store_bf16x8(xs + i, load_bf16x8(x + i)); }
     __syncthreads();
-    const int n = blockIdx.x * (GEMV_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) { return; }
     float acc[B] = {};
-    warp_dot_rows<B>(acc, xs, w + (size_t)n * K, K, lane);
+    warp_dot_rows<B>(acc, xs, r, w + (size_t)n * K, K, lane);
     #pragma unroll
     for (int b = 0; b < B; b++) {
         if (lane == b) { y[(size_t)b * N + n] = __float2bfloat16_rn(acc[b]); }
@@ -244,8 +286,7 @@ gemv_kernel(bf16* y, const bf16* x, const bf16* w, int N, int K) {
 
 template <int B>
 static void gemv_launch(bf16* y, const bf16* x, const bf16* w, int N, int K) {
-    gemv_kernel<B><<<ceil_div(N, GEMV_THREADS / 32), GEMV_THREADS, (size_t)B * K * sizeof(bf16), main_stream>>>(y, x, w, N, K);
-    cudaCheck(cudaGetLastError());
+    launch_early(gemv_kernel<B>, ceil_div(N, GEMV_THREADS / 32), GEMV_THREADS, (size_t)B * K * sizeof(bf16), y, x, w, N, K);
 }
 
 // y = x W^T for a decode step: the GEMV for up to 8 rows (K % 8 == 0, x in 48 KiB), else cuBLASLt
@@ -320,18 +361,23 @@ __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_gate_up_kernel(float* a, uint8_t* bits, const bf16* f, const bf16* wg, const bf16* wu, int D, int H) {
     extern __shared__ __align__(16) bf16 xs[];
     __shared__ unsigned int fired[B];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = blockIdx.x * SPARSE_WARPS + warp;
+    RowPrefetch r;
+    prefetch_row(r, wg + (size_t)n * D, D, lane);
+    grid_dependents_launch();
+    grid_dependency_wait();
     for (int i = threadIdx.x * 8; i < B * D; i += SPARSE_THREADS * 8) { store_bf16x8(xs + i, load_bf16x8(f + i)); }
     if (threadIdx.x < B) { fired[threadIdx.x] = 0; }
     __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = blockIdx.x * SPARSE_WARPS + warp;
     float g[B] = {};
-    warp_dot_rows<B>(g, xs, wg + (size_t)n * D, D, lane);
+    warp_dot_rows<B>(g, xs, r, wg + (size_t)n * D, D, lane);
     bool any = false;
     #pragma unroll
     for (int b = 0; b < B; b++) { g[b] = __bfloat162float(__float2bfloat16_rn(g[b])); any |= g[b] > 0.0f; }
     if (any) { // the same for every lane of the warp
         float u[B] = {};
-        warp_dot_rows<B>(u, xs, wu + (size_t)n * D, D, lane);
+        prefetch_row(r, wu + (size_t)n * D, D, lane);
+        warp_dot_rows<B>(u, xs, r, wu + (size_t)n * D, D, lane);
         #pragma unroll
         for (int b = 0; b < B; b++) {
             if (g[b] > 0.0f && lane == b) {
@@ -371,7 +417,9 @@ sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const b
     for (int i = blockIdx.x * SPARSE_WARPS + threadIdx.x / 32; i < count; i += SPARSE_UP_BLOCKS * SPARSE_WARPS) {
         const int n = list[i];
         float dot[1] = {};
-        warp_dot_rows<1>(dot, fb, wu + (size_t)n * D, D, lane);
+        RowPrefetch r;
+        prefetch_row(r, wu + (size_t)n * D, D, lane);
+        warp_dot_rows<1>(dot, fb, r, wu + (size_t)n * D, D, lane);
         if (lane == 0) { // h = bf16(g bf16(u)), rounded as the dense path rounds u and h
             float u = __bfloat162float(__float2bfloat16_rn(dot[0]));
             a[(size_t)b * H + i] = __bfloat162float(__float2bfloat16_rn(__bfloat162float(g[(size_t)b * H + n]) * u));
@@ -419,6 +467,8 @@ sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, c
 __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_down_bits_kernel(bf16* y, const float* a, const uint8_t* bits, const bf16* wdT, int D, int H) {
     extern __shared__ int list[];
+    grid_dependents_launch();
+    grid_dependency_wait();
     const int b = blockIdx.y;
     const uint8_t* bb = bits + (size_t)b * (H / 8);
     const int count = list_units(list, H, [&](int n) { return (unsigned int)bb[n / 8]; });
@@ -718,16 +768,15 @@ static void gpu_model_layers(GpuModel* m, int M, FFN ffn, const int* seq_rows, c
     int hd = head_size(c), KVD = kv_dim(c);
     size_t cache_layer = (size_t)m->max_seqs * m->cache_len * KVD;
     encoder_forward(m->x, m->tokens, m->param[P_WTE], M, D);
-    rmsnorm_forward(m->normed, NULL, m->x, m->param[P_ATTN_NORM], M, D, c->norm_eps);
+    rmsnorm_forward(m->normed, NULL, m->x, m->param[P_ATTN_NORM], M, D, c->norm_eps, decode);
     for (int l = 0; l < L; l++) {
         bf16* kc = m->k_cache + l * cache_layer;
         bf16* vc = m->v_cache + l * cache_layer;
         const bf16* wqkv = m->param[P_WQKV] + (size_t)l * QKV * D;
         if (decode) { infer_detail::decode_linear(m->qkv, m->normed, wqkv, M, QKV, D); }
         else { gemm(m->qkv, m->normed, wqkv, M, QKV, D, 0, 1, 0); }
-        infer_detail::rope_cache_kernel<<<ceil_div(M * (hd / 2), 256), 256, 0, main_stream>>>(
-            m->qkv, kc, vc, decode ? NULL : m->row_slot, m->row_pos, M, NH, NKV, hd, m->cache_len, c->rope_theta);
-        cudaCheck(cudaGetLastError());
+        launch_early(infer_detail::rope_cache_kernel, ceil_div(M * (NH + NKV) * (hd / 2), 256), 256, 0, m->qkv, kc, vc,
+                     decode ? NULL : m->row_slot, m->row_pos, M, NH, NKV, hd, m->cache_len, c->rope_theta);
         if (decode) {
             infer_detail::decode_attention(m->att, m->part_o, m->part_ml, m->qkv, kc, vc, m->row_pos, M, NH, NKV, hd,
                                            m->cache_len);
@@ -741,12 +790,12 @@ static void gpu_model_layers(GpuModel* m, int M, FFN ffn, const int* seq_rows, c
         if (decode) { infer_detail::decode_linear(m->proj, m->att, wo, M, D, D); }
         else { gemm(m->proj, m->att, wo, M, D, D, 0, 1, 0); }
         fused_residual_rmsnorm_forward(m->x_mid, m->normed, NULL, m->x, m->proj, m->param[P_FFN_NORM] + (size_t)l * D,
-                                       M, D, c->norm_eps);
+                                       M, D, c->norm_eps, decode);
         ffn(l);
         int last = l == L - 1;
         fused_residual_rmsnorm_forward(m->x, m->normed, NULL, m->x_mid, m->proj,
                                        last ? m->param[P_FINAL_NORM] : m->param[P_ATTN_NORM] + (size_t)(l + 1) * D, M,
-                                       D, c->norm_eps);
+                                       D, c->norm_eps, decode);
     }
 }
 
@@ -776,10 +825,9 @@ static inline void gpu_ffn_dense_decode(GpuModel* m, int l, int B) {
 template <int B>
 static void sparse_gate_up_launch(GpuModel* m, const bf16* wg, const bf16* wu) {
     const GPTConfig* c = &m->config;
-    infer_detail::sparse_gate_up_kernel<B><<<c->hidden / 8, infer_detail::SPARSE_THREADS,
-                                            (size_t)B * c->channels * sizeof(bf16), main_stream>>>(
-        m->active_a, m->active_bits, m->normed, wg, wu, c->channels, c->hidden);
-    cudaCheck(cudaGetLastError());
+    launch_early(infer_detail::sparse_gate_up_kernel<B>, c->hidden / 8, infer_detail::SPARSE_THREADS,
+                 (size_t)B * c->channels * sizeof(bf16), m->active_a, m->active_bits, m->normed, wg, wu, c->channels,
+                 c->hidden);
 }
 
 // the sparse decode FFN of layer l over B rows (one per sequence): y = sum over
@@ -802,9 +850,8 @@ static inline void gpu_ffn_sparse_decode(GpuModel* m, int l, int B) {
         case 7: sparse_gate_up_launch<7>(m, wg, wu); break;
         default: sparse_gate_up_launch<8>(m, wg, wu); break;
         }
-        sparse_down_bits_kernel<<<down_grid, SPARSE_THREADS, H * sizeof(int), main_stream>>>(m->proj, m->active_a,
-                                                                                            m->active_bits, wdT, D, H);
-        cudaCheck(cudaGetLastError());
+        launch_early(sparse_down_bits_kernel, down_grid, SPARSE_THREADS, H * sizeof(int), m->proj, m->active_a,
+                     m->active_bits, wdT, D, H);
         return;
     }
     gemm(m->gu, m->normed, wg, B, H, D, 0, 1, 0);

@@ -3,9 +3,9 @@
      forward:   rstd = 1 / sqrt(mean(x^2) + eps),  out = x * rstd * w
      fused:     x_out = bf16(x + y),  norm_out = RMSNorm(x_out as stored)
      backward:  n = x * rstd,  dinp += rstd * (dout*w - n * mean(dout*w*n)),  dw += sum_m dout * n
- One warp per row. The weight gradient is a sum over rows: each block of the backward writes the
- partial sum of its rows to scratch, and a second kernel adds the partials in block order, so the
- result is the same on every run.
+ Forward: a block per row (a warp per row when D > 8192). Backward: a warp per row; the weight
+ gradient is a sum over rows: each block writes the partial sum of its rows to scratch, and a second
+ kernel adds the partials in block order, so the result is the same on every run.
 */
 #ifndef LLMC_CUDA_RMSNORM_CUH
 #define LLMC_CUDA_RMSNORM_CUH
@@ -29,11 +29,45 @@ __device__ __forceinline__ Bf16x8 rmsnorm_row_input(const bf16* __restrict__ x, 
     return a;
 }
 
-// one warp per row
+// a block per row, a thread per 8 columns, the row kept in registers: one read
+// of x (and y), and a decode step's single row spread over a whole block. The
+// weights are read before the wait of an early launch (cuda_common.cuh).
+constexpr int RMSNORM_ROW_MAX_THREADS = 1024;
+
+__global__ void rmsnorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* __restrict__ x_out,
+                                       const bf16* __restrict__ x, const bf16* __restrict__ y,
+                                       const bf16* __restrict__ w, int D, float eps) {
+    const size_t row = (size_t)blockIdx.x * D;
+    const int col = threadIdx.x * 8;
+    Bf16x8 a, wv;
+    if (col < D) { wv = load_bf16x8(w + col); }
+    grid_dependents_launch();
+    grid_dependency_wait();
+    float sum_sq = 0.0f;
+    if (col < D) {
+        a = rmsnorm_row_input(x, y, row + col);
+        if (y) { store_bf16x8(x_out + row + col, a); }
+        for (int i = 0; i < 8; i++) { float v = __bfloat162float(a.v[i]); sum_sq += v * v; }
+    }
+    sum_sq = block_reduce<Sum>(sum_sq);
+    const float r = 1.0f / sqrtf(sum_sq / D + eps);
+    if (col < D) {
+        Bf16x8 o;
+        for (int i = 0; i < 8; i++) {
+            o.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) * r * __bfloat162float(wv.v[i]));
+        }
+        store_bf16x8(out + row + col, o);
+    }
+    if (rstd && threadIdx.x == 0) { rstd[blockIdx.x] = r; }
+}
+
+// rows wider than a block's 8 x 1024 columns: a warp per row, two passes over it
 __global__ void __launch_bounds__(RMSNORM_THREADS)
-rmsnorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* __restrict__ x_out,
-                       const bf16* __restrict__ x, const bf16* __restrict__ y, const bf16* __restrict__ w,
-                       int M, int D, float eps) {
+rmsnorm_forward_wide_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* __restrict__ x_out,
+                            const bf16* __restrict__ x, const bf16* __restrict__ y, const bf16* __restrict__ w,
+                            int M, int D, float eps) {
+    grid_dependents_launch();
+    grid_dependency_wait();
     const int lane = threadIdx.x % 32;
     const int m = blockIdx.x * (RMSNORM_THREADS / 32) + threadIdx.x / 32;
     if (m >= M) { return; }
@@ -59,22 +93,32 @@ rmsnorm_forward_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* _
 }
 
 static void rmsnorm_launch(bf16* out, float* rstd, bf16* x_out, const bf16* x, const bf16* y, const bf16* w,
-                           int M, int D, float eps) {
+                           int M, int D, float eps, bool early) {
     if (D % 8 != 0) { fatal("rmsnorm: D %d must be a multiple of 8 on the GPU", D); }
-    rmsnorm_forward_kernel<<<ceil_div(M, RMSNORM_THREADS / 32), RMSNORM_THREADS, 0, main_stream>>>(
-        out, rstd, x_out, x, y, w, M, D, eps);
+    const int threads = ceil_div(D / 8, 32) * 32;
+    if (threads <= RMSNORM_ROW_MAX_THREADS && early) {
+        launch_early(rmsnorm_forward_kernel, M, threads, 0, out, rstd, x_out, x, y, w, D, eps);
+    } else if (threads <= RMSNORM_ROW_MAX_THREADS) {
+        rmsnorm_forward_kernel<<<M, threads, 0, main_stream>>>(out, rstd, x_out, x, y, w, D, eps);
+    } else {
+        rmsnorm_forward_wide_kernel<<<ceil_div(M, RMSNORM_THREADS / 32), RMSNORM_THREADS, 0, main_stream>>>(
+            out, rstd, x_out, x, y, w, M, D, eps);
+    }
     cudaCheck(cudaGetLastError());
 }
 
-// rstd may be NULL; out must not overlap the inputs
-void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* w, int M, int D, float eps) {
-    rmsnorm_launch(out, rstd, NULL, inp, NULL, w, M, D, eps);
+// rstd may be NULL; out must not overlap the inputs. early: launch_early (for
+// inference's decode: no kernel there writes w; training's norms may follow
+// waits on other streams, which an early launch would not be ordered after)
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* w, int M, int D, float eps,
+                     bool early = false) {
+    rmsnorm_launch(out, rstd, NULL, inp, NULL, w, M, D, eps, early);
 }
 
 // x_out and norm_out must not overlap the inputs
 void fused_residual_rmsnorm_forward(bf16* x_out, bf16* norm_out, float* rstd, const bf16* x, const bf16* y,
-                                    const bf16* w, int M, int D, float eps) {
-    rmsnorm_launch(norm_out, rstd, x_out, x, y, w, M, D, eps);
+                                    const bf16* w, int M, int D, float eps, bool early = false) {
+    rmsnorm_launch(norm_out, rstd, x_out, x, y, w, M, D, eps, early);
 }
 
 // the backward's rows per block: at least 32, and at most 1024 blocks (the size of scratch)

@@ -29,7 +29,7 @@ static std::vector<T> download(const T* dev, size_t n) {
 // M random token ids below vocab (seeded) on the device: inputs[i] = t[i], targets[i] = t[i + 1]
 struct TokenBatch { int* inputs; int* targets; };
 
-static TokenBatch upload_random_batch(int M, int vocab, uint64_t seed) {
+static inline TokenBatch upload_random_batch(int M, int vocab, uint64_t seed) {
     std::vector<int> tokens(M + 1);
     for (int& t : tokens) { t = (int)rng_below(&seed, vocab); }
     TokenBatch b = {upload(std::vector<int>(tokens.begin(), tokens.end() - 1)),
