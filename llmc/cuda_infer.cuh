@@ -319,8 +319,8 @@ constexpr int SPARSE_UP_BLOCKS = 16; // blocks per sequence in up: enough warps 
 
 // the units n < H whose bit is set into list in increasing order; returns their
 // number (every thread). bits_of(n) gives the 8 bits of units n..n+7 (H % 8 ==
-// 0); thread t takes 8 units per pass, a block-wide prefix of the counts gives
-// each unit its place.
+// 0); thread t takes 32 units per pass (one pass up to H = 8192), a block-wide
+// prefix of the counts gives each unit its place.
 template <typename Bits>
 __device__ int list_units(int* list, int H, Bits bits_of) {
     __shared__ int warp_total[SPARSE_WARPS];
@@ -328,9 +328,13 @@ __device__ int list_units(int* list, int H, Bits bits_of) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     if (tid == 0) { base = 0; }
     __syncthreads();
-    for (int n0 = 0; n0 < H; n0 += 8 * SPARSE_THREADS) {
-        const int n = n0 + 8 * tid;
-        const unsigned int mask = n < H ? bits_of(n) : 0u;
+    for (int n0 = 0; n0 < H; n0 += 32 * SPARSE_THREADS) {
+        const int n = n0 + 32 * tid;
+        unsigned int mask = 0;
+        #pragma unroll
+        for (int q = 0; q < 4; q++) {
+            if (n + 8 * q < H) { mask |= bits_of(n + 8 * q) << (8 * q); }
+        }
         int count = __popc(mask), inclusive = count;
         #pragma unroll
         for (int offset = 1; offset < 32; offset *= 2) {
@@ -341,9 +345,7 @@ __device__ int list_units(int* list, int H, Bits bits_of) {
         __syncthreads();
         int slot = base + inclusive - count;
         for (int w = 0; w < warp; w++) { slot += warp_total[w]; }
-        for (int e = 0; e < 8; e++) {
-            if ((mask >> e) & 1) { list[slot++] = n + e; }
-        }
+        for (unsigned int rest = mask; rest; rest &= rest - 1) { list[slot++] = n + __ffs(rest) - 1; }
         __syncthreads();
         if (tid == 0) {
             for (int w = 0; w < SPARSE_WARPS; w++) { base += warp_total[w]; }
@@ -427,20 +429,21 @@ sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const b
     }
 }
 
-// y_b[256 columns of block x] = sum_i a_i WdT[unit_i]: a warp takes every 8th
-// unit, a lane 8 columns; the warps' sums are added in order
+// y_b[256 columns of block x] = sum_i a_i WdT[unit_i] over the units and values
+// staged in shared memory (so that a warp's weight loads do not wait on one
+// another's addresses): a warp takes every 8th unit, a lane 8 columns; the
+// warps' sums are added in order
 constexpr int SPARSE_DOWN_COLS = 256;
-template <typename Unit, typename Value>
-__device__ void sparse_down_columns(bf16* y_row, int count, Unit unit_of, Value a_of, const bf16* wdT, int D) {
+__device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s_a, int count, const bf16* wdT, int D) {
     __shared__ float part[SPARSE_WARPS][SPARSE_DOWN_COLS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = blockIdx.x * SPARSE_DOWN_COLS + lane * 8;
     float acc[8] = {};
     if (col < D) {
+        #pragma unroll 4
         for (int i = warp; i < count; i += SPARSE_WARPS) {
-            float ai = a_of(i);
-            Bf16x8 w = load_bf16x8(wdT + (size_t)unit_of(i) * D + col);
+            Bf16x8 w = load_bf16x8(wdT + (size_t)list[i] * D + col);
             #pragma unroll
-            for (int e = 0; e < 8; e++) { acc[e] += ai * __bfloat162float(w.v[e]); }
+            for (int e = 0; e < 8; e++) { acc[e] += s_a[i] * __bfloat162float(w.v[e]); }
         }
     }
     #pragma unroll
@@ -454,27 +457,44 @@ __device__ void sparse_down_columns(bf16* y_row, int count, Unit unit_of, Value 
     }
 }
 
+// shared memory of the down kernels: a list of up to H units and their values
+static inline size_t sparse_down_smem(int H) { return (size_t)H * (sizeof(int) + sizeof(float)); }
+
 // down after sparse_up_kernel: the list and count it stored, a in list order
 __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, const bf16* wdT, int D, int H) {
-    const int b = blockIdx.y;
-    const int* lb = list + (size_t)b * H;
-    const float* ab = a + (size_t)b * H;
-    sparse_down_columns(y + (size_t)b * D, count[b], [&](int i) { return lb[i]; }, [&](int i) { return ab[i]; }, wdT, D);
+    extern __shared__ int s_list[];
+    float* s_a = (float*)(s_list + H);
+    const int b = blockIdx.y, n = count[b];
+    for (int i = threadIdx.x; i < n; i += SPARSE_THREADS) {
+        s_list[i] = list[(size_t)b * H + i];
+        s_a[i] = a[(size_t)b * H + i];
+    }
+    __syncthreads();
+    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
 }
 
 // down after sparse_gate_up_kernel: the units of the set bits, a by unit
 __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_down_bits_kernel(bf16* y, const float* a, const uint8_t* bits, const bf16* wdT, int D, int H) {
-    extern __shared__ int list[];
+    extern __shared__ int s_list[];
+    float* s_a = (float*)(s_list + H);
     grid_dependents_launch();
     grid_dependency_wait();
     const int b = blockIdx.y;
     const uint8_t* bb = bits + (size_t)b * (H / 8);
-    const int count = list_units(list, H, [&](int n) { return (unsigned int)bb[n / 8]; });
-    const float* ab = a + (size_t)b * H;
-    sparse_down_columns(y + (size_t)b * D, count, [&](int i) { return list[i]; }, [&](int i) { return ab[list[i]]; },
-                        wdT, D);
+    const int n = list_units(s_list, H, [&](int u) { return (unsigned int)bb[u / 8]; });
+    for (int i = threadIdx.x; i < n; i += SPARSE_THREADS) { s_a[i] = a[(size_t)b * H + s_list[i]]; }
+    __syncthreads();
+    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
+}
+
+// with their static shared memory the down kernels pass 48 KiB from H ~ 5000
+static inline void sparse_down_allow_smem(int H) {
+    cudaCheck(cudaFuncSetAttribute(sparse_down_bits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)sparse_down_smem(H)));
+    cudaCheck(cudaFuncSetAttribute(sparse_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)sparse_down_smem(H)));
 }
 
 // ----------------------------------------------------------------------------
@@ -635,9 +655,8 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
     if ((size_t)H * sizeof(int) > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(infer_detail::sparse_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)(H * sizeof(int))));
-        cudaCheck(cudaFuncSetAttribute(infer_detail::sparse_down_bits_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(H * sizeof(int))));
     }
+    infer_detail::sparse_down_allow_smem(H);
 }
 
 static inline void gpu_model_free(GpuModel* m) {
@@ -850,7 +869,7 @@ static inline void gpu_ffn_sparse_decode(GpuModel* m, int l, int B) {
         case 7: sparse_gate_up_launch<7>(m, wg, wu); break;
         default: sparse_gate_up_launch<8>(m, wg, wu); break;
         }
-        launch_early(sparse_down_bits_kernel, down_grid, SPARSE_THREADS, H * sizeof(int), m->proj, m->active_a,
+        launch_early(sparse_down_bits_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), m->proj, m->active_a,
                      m->active_bits, wdT, D, H);
         return;
     }
@@ -858,7 +877,7 @@ static inline void gpu_ffn_sparse_decode(GpuModel* m, int l, int B) {
     sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
         m->active_a, m->active_list, m->active_count, m->gu, m->normed, wu, D, H);
     cudaCheck(cudaGetLastError());
-    sparse_down_kernel<<<down_grid, SPARSE_THREADS, 0, main_stream>>>(m->proj, m->active_a, m->active_list,
+    sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(m->proj, m->active_a, m->active_list,
                                                                       m->active_count, wdT, D, H);
     cudaCheck(cudaGetLastError());
 }

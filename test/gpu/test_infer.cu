@@ -132,81 +132,86 @@ static void test_decode_linear(void) {
 static void test_sparse_decode_ffn(void) {
     using namespace infer_detail;
     uint64_t rng = 202;
-    const int D = 320, H = 1024;
+    const int D = 320;
     const double offsets[4][2] = {{0.0, 10.0}, {0.01, 2.326}, {0.5, 0.0}, {1.0, -10.0}}; // p, t = Phi^-1(1 - p)
-    for (int B : {1, 3, 8, 9, 64}) {
-        for (const auto& pt : offsets) {
-            // f_b rows N(0, 1) with a carrier 1 in the last feature, Wg rows N(0, 1/(D-1)) with -t there
-            std::vector<bf16> f = random_bf16((size_t)B * D, 1.0, &rng), wg = random_bf16((size_t)H * D, 1.0 / sqrt(D - 1), &rng);
-            for (int b = 0; b < B; b++) { f[(size_t)b * D + D - 1] = __float2bfloat16(1.0f); }
-            for (int n = 0; n < H; n++) { wg[(size_t)n * D + D - 1] = __float2bfloat16((float)-pt[1]); }
-            std::vector<bf16> wu = random_bf16((size_t)H * D, 1.0 / sqrt(D), &rng);
-            std::vector<bf16> wdT = random_bf16((size_t)H * D, 1.0 / sqrt(H), &rng);
-            std::vector<float> ff = to_float(f), wgf = to_float(wg), wuf = to_float(wu), wdf = to_float(wdT);
-            // the reference: g = bf16(f . Wg) as both GPU paths round it, then fp64
-            std::vector<bf16> g((size_t)B * H);
-            std::vector<double> ref((size_t)B * D, 0.0);
-            std::vector<int> active(B, 0);
-            for (int b = 0; b < B; b++) {
-                for (int n = 0; n < H; n++) {
-                    double gd = 0, u = 0;
-                    for (int d = 0; d < D; d++) { gd += (double)ff[(size_t)b * D + d] * wgf[(size_t)n * D + d]; }
-                    g[(size_t)b * H + n] = __float2bfloat16((float)gd);
-                    double gv = __bfloat162float(g[(size_t)b * H + n]);
-                    if (!(gv > 0)) { continue; }
-                    active[b]++;
-                    for (int d = 0; d < D; d++) { u += (double)ff[(size_t)b * D + d] * wuf[(size_t)n * D + d]; }
-                    for (int d = 0; d < D; d++) { ref[(size_t)b * D + d] += gv * u * wdf[(size_t)n * D + d]; }
+    // H 6144: the down kernels' shared memory passes 48 KiB
+    for (int H : {1024, 6144}) {
+        sparse_down_allow_smem(H);
+        for (int B : {1, 3, 8, 9, 64}) {
+            if (H > 1024 && B > 9) { continue; }
+            for (const auto& pt : offsets) {
+                // f_b rows N(0, 1) with a carrier 1 in the last feature, Wg rows N(0, 1/(D-1)) with -t there
+                std::vector<bf16> f = random_bf16((size_t)B * D, 1.0, &rng), wg = random_bf16((size_t)H * D, 1.0 / sqrt(D - 1), &rng);
+                for (int b = 0; b < B; b++) { f[(size_t)b * D + D - 1] = __float2bfloat16(1.0f); }
+                for (int n = 0; n < H; n++) { wg[(size_t)n * D + D - 1] = __float2bfloat16((float)-pt[1]); }
+                std::vector<bf16> wu = random_bf16((size_t)H * D, 1.0 / sqrt(D), &rng);
+                std::vector<bf16> wdT = random_bf16((size_t)H * D, 1.0 / sqrt(H), &rng);
+                std::vector<float> ff = to_float(f), wgf = to_float(wg), wuf = to_float(wu), wdf = to_float(wdT);
+                // the reference: g = bf16(f . Wg) as both GPU paths round it, then fp64
+                std::vector<bf16> g((size_t)B * H);
+                std::vector<double> ref((size_t)B * D, 0.0);
+                std::vector<int> active(B, 0);
+                for (int b = 0; b < B; b++) {
+                    for (int n = 0; n < H; n++) {
+                        double gd = 0, u = 0;
+                        for (int d = 0; d < D; d++) { gd += (double)ff[(size_t)b * D + d] * wgf[(size_t)n * D + d]; }
+                        g[(size_t)b * H + n] = __float2bfloat16((float)gd);
+                        double gv = __bfloat162float(g[(size_t)b * H + n]);
+                        if (!(gv > 0)) { continue; }
+                        active[b]++;
+                        for (int d = 0; d < D; d++) { u += (double)ff[(size_t)b * D + d] * wuf[(size_t)n * D + d]; }
+                        for (int d = 0; d < D; d++) { ref[(size_t)b * D + d] += gv * u * wdf[(size_t)n * D + d]; }
+                    }
                 }
-            }
-            bf16 *f_d = upload(f), *wg_d = upload(wg), *wu_d = upload(wu), *wdT_d = upload(wdT), *g_d = upload(g);
-            bf16* y_d = (bf16*)cuda_malloc((size_t)B * D * sizeof(bf16));
-            int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
-            int* count_d = (int*)cuda_malloc(B * sizeof(int));
-            float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
-            uint8_t* bits_d = (uint8_t*)cuda_malloc((size_t)B * H / 8);
-            dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
-            double mean_active = 0;
-            for (int b = 0; b < B; b++) { mean_active += (double)active[b] / B; }
-            auto error = [&](const char* path) {
-                std::vector<float> y = to_float(download(y_d, (size_t)B * D));
-                double e = 0;
-                if (pt[0] == 0.0) { // nothing fires: y must be exactly 0
-                    for (float v : y) { if (v != 0.0f) { e = INFINITY; } }
-                } else {
-                    e = max_rel_err(y.data(), ref.data(), ref.size());
-                }
-                CHECK(e < 1e-2, "sparse decode FFN (%s) B %d p %g: rel err %g", path, B, pt[0], e);
-                printf("  sparse decode FFN %-12s B %2d, %5.1f of %d units active: rel err %.2e\n", path, B, mean_active,
-                       H, e);
-            };
-            // g given (cuBLASLt's in the model), up lists g > 0, down
-            cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
-            cudaCheck(cudaMemset(count_d, 0xFF, B * sizeof(int)));
-            cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
-            sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int)>>>(a_d, list_d, count_d, g_d,
-                                                                                             f_d, wu_d, D, H);
-            cudaCheck(cudaGetLastError());
-            sparse_down_kernel<<<down_grid, SPARSE_THREADS>>>(y_d, a_d, list_d, count_d, wdT_d, D, H);
-            cudaCheck(cudaGetLastError());
-            CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
-            error("(list)");
-            if (B <= GEMV_MAX_ROWS) { // the fused gate + up, then down from the bits
+                bf16 *f_d = upload(f), *wg_d = upload(wg), *wu_d = upload(wu), *wdT_d = upload(wdT), *g_d = upload(g);
+                bf16* y_d = (bf16*)cuda_malloc((size_t)B * D * sizeof(bf16));
+                int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
+                int* count_d = (int*)cuda_malloc(B * sizeof(int));
+                float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
+                uint8_t* bits_d = (uint8_t*)cuda_malloc((size_t)B * H / 8);
+                dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
+                double mean_active = 0;
+                for (int b = 0; b < B; b++) { mean_active += (double)active[b] / B; }
+                auto error = [&](const char* path) {
+                    std::vector<float> y = to_float(download(y_d, (size_t)B * D));
+                    double e = 0;
+                    if (pt[0] == 0.0) { // nothing fires: y must be exactly 0
+                        for (float v : y) { if (v != 0.0f) { e = INFINITY; } }
+                    } else {
+                        e = max_rel_err(y.data(), ref.data(), ref.size());
+                    }
+                    CHECK(e < 1e-2, "sparse decode FFN (%s) B %d p %g: rel err %g", path, B, pt[0], e);
+                    printf("  sparse decode FFN %-12s B %2d, %5.1f of %d units active: rel err %.2e\n", path, B, mean_active,
+                           H, e);
+                };
+                // g given (cuBLASLt's in the model), up lists g > 0, down
                 cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
+                cudaCheck(cudaMemset(count_d, 0xFF, B * sizeof(int)));
                 cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
-                cudaCheck(cudaMemset(bits_d, 0xFF, (size_t)B * H / 8));
-                switch (B) {
-                case 1: sparse_gate_up_kernel<1><<<H / 8, SPARSE_THREADS, 1 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
-                case 3: sparse_gate_up_kernel<3><<<H / 8, SPARSE_THREADS, 3 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
-                default: sparse_gate_up_kernel<8><<<H / 8, SPARSE_THREADS, 8 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
+                sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int)>>>(a_d, list_d, count_d, g_d,
+                                                                                                 f_d, wu_d, D, H);
+                cudaCheck(cudaGetLastError());
+                sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, list_d, count_d, wdT_d, D, H);
+                cudaCheck(cudaGetLastError());
+                CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
+                error("(list)");
+                if (B <= GEMV_MAX_ROWS) { // the fused gate + up, then down from the bits
+                    cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
+                    cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
+                    cudaCheck(cudaMemset(bits_d, 0xFF, (size_t)B * H / 8));
+                    switch (B) {
+                    case 1: sparse_gate_up_kernel<1><<<H / 8, SPARSE_THREADS, 1 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
+                    case 3: sparse_gate_up_kernel<3><<<H / 8, SPARSE_THREADS, 3 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
+                    default: sparse_gate_up_kernel<8><<<H / 8, SPARSE_THREADS, 8 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
+                    }
+                    cudaCheck(cudaGetLastError());
+                    sparse_down_bits_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, bits_d, wdT_d, D, H);
+                    cudaCheck(cudaGetLastError());
+                    error("(fused gate)");
                 }
-                cudaCheck(cudaGetLastError());
-                sparse_down_bits_kernel<<<down_grid, SPARSE_THREADS, H * sizeof(int)>>>(y_d, a_d, bits_d, wdT_d, D, H);
-                cudaCheck(cudaGetLastError());
-                error("(fused gate)");
+                cuda_free(f_d); cuda_free(wg_d); cuda_free(wu_d); cuda_free(wdT_d); cuda_free(g_d); cuda_free(y_d);
+                cuda_free(list_d); cuda_free(count_d); cuda_free(a_d); cuda_free(bits_d);
             }
-            cuda_free(f_d); cuda_free(wg_d); cuda_free(wu_d); cuda_free(wdT_d); cuda_free(g_d); cuda_free(y_d);
-            cuda_free(list_d); cuda_free(count_d); cuda_free(a_d); cuda_free(bits_d);
         }
     }
 }
