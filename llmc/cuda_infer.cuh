@@ -101,15 +101,31 @@ __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const
 // sequence b, split j) takes positions 128 j .. 128 j + 127 (those <= pos[b]):
 // a thread scores one key, then groups of threads sum p v over the split's
 // positions; the split leaves its max m_j, sum l_j = sum exp(s - m_j) and
-// o_j = sum exp(s - m_j) v. A second kernel combines the splits:
+// o_j = sum exp(s - m_j) v. The last of a head's splits to finish (a counter
+// per head and sequence) combines them, in split order:
 //     m = max_j m_j,  out = sum_j exp(m_j - m) o_j / sum_j exp(m_j - m) l_j
 constexpr int DECODE_SPLIT = 128; // positions per split = threads per block
 
+// out[b, h] from the `used` splits of (b, h), a thread per output dimension
+__device__ void decode_attention_combine(bf16* out, const float* part_o, const float* part_ml, int b, int h, int NH,
+                                         int hd, int splits, int used) {
+    const size_t first = ((size_t)b * NH + h) * splits;
+    float m = -INFINITY;
+    for (int j = 0; j < used; j++) { m = fmaxf(m, part_ml[2 * (first + j)]); }
+    float l = 0.0f;
+    for (int j = 0; j < used; j++) { l += expf(part_ml[2 * (first + j)] - m) * part_ml[2 * (first + j) + 1]; }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < used; j++) { o += expf(part_ml[2 * (first + j)] - m) * part_o[(first + j) * hd + d]; }
+        out[(size_t)b * NH * hd + h * hd + d] = __float2bfloat16_rn(o / l);
+    }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(DECODE_SPLIT)
-decode_attention_split_kernel(float* part_o, float* part_ml, const bf16* qkv, const bf16* k_cache,
-                              const bf16* v_cache, const int* pos, int NH, int NKV, int cache_len, int splits,
-                              float scale) {
+decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv,
+                              const bf16* k_cache, const bf16* v_cache, const int* pos, int NH, int NKV, int cache_len,
+                              int splits, float scale) {
     constexpr int VECS = HD / 8, GROUPS = DECODE_SPLIT / VECS;
     __shared__ float q[HD];
     __shared__ float p[DECODE_SPLIT];
@@ -172,23 +188,20 @@ decode_attention_split_kernel(float* part_o, float* part_ml, const bf16* qkv, co
         part_o[split * HD + d] = o;
     }
     if (tid == 0) { part_ml[2 * split] = mx; part_ml[2 * split + 1] = l; }
-}
-
-// one block per (head, sequence): the splits in order
-__global__ void decode_attention_combine_kernel(bf16* out, const float* part_o, const float* part_ml, const int* pos,
-                                                int NH, int hd, int splits) {
-    grid_dependents_launch();
-    grid_dependency_wait();
-    const int h = blockIdx.x, b = blockIdx.y, used = pos[b] / DECODE_SPLIT + 1;
-    const size_t first = ((size_t)b * NH + h) * splits;
-    float m = -INFINITY;
-    for (int j = 0; j < used; j++) { m = fmaxf(m, part_ml[2 * (first + j)]); }
-    float l = 0.0f;
-    for (int j = 0; j < used; j++) { l += expf(part_ml[2 * (first + j)] - m) * part_ml[2 * (first + j) + 1]; }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int j = 0; j < used; j++) { o += expf(part_ml[2 * (first + j)] - m) * part_o[(first + j) * hd + d]; }
-        out[(size_t)b * NH * hd + h * hd + d] = __float2bfloat16_rn(o / l);
+    // publish this split, then count it; the block that counts last combines
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    const int used = (n - 1) / DECODE_SPLIT + 1;
+    if (tid == 0) {
+        int* done = splits_done + (size_t)b * NH + h;
+        last = atomicAdd(done, 1) == used - 1;
+        if (last) { *done = 0; } // ready for the next step
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        decode_attention_combine(out, part_o, part_ml, b, h, NH, HD, splits, used);
     }
 }
 
@@ -198,20 +211,19 @@ static inline int decode_splits(int cache_len) { return ceil_div(cache_len, DECO
 static inline bool decode_attention_supports(int hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128; }
 
 // out [B, NH hd] from q (in qkv [B, QKV]) and the cache; part_o, part_ml: scratch of
-// B NH splits (hd + 2) floats
-static void decode_attention(bf16* out, float* part_o, float* part_ml, const bf16* qkv, const bf16* k_cache,
+// B NH splits (hd + 2) floats; splits_done: B NH zeros (left zero)
+static void decode_attention(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv, const bf16* k_cache,
                              const bf16* v_cache, const int* pos, int B, int NH, int NKV, int hd, int cache_len) {
     int splits = decode_splits(cache_len);
     dim3 grid(NH, B, splits);
     float scale = 1.0f / sqrtf((float)hd);
     switch (hd) {
-    case 16: launch_early(decode_attention_split_kernel<16>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 32: launch_early(decode_attention_split_kernel<32>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 64: launch_early(decode_attention_split_kernel<64>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 128: launch_early(decode_attention_split_kernel<128>, grid, DECODE_SPLIT, 0, part_o, part_ml, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 16: launch_early(decode_attention_split_kernel<16>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 32: launch_early(decode_attention_split_kernel<32>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 64: launch_early(decode_attention_split_kernel<64>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 128: launch_early(decode_attention_split_kernel<128>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
     default: fatal("decode attention: head size %d, built for 16, 32, 64, 128", hd);
     }
-    launch_early(decode_attention_combine_kernel, dim3(NH, B), 128, 0, out, part_o, part_ml, pos, NH, hd, splits);
 }
 
 // ----------------------------------------------------------------------------
@@ -579,6 +591,7 @@ typedef struct {
     bf16* logits;      // [max_seqs, Vp]
     float* lse;        // [max_rows * NH]
     float *part_o, *part_ml; // decode attention's splits: [max_seqs, NH, splits] x hd, x 2
+    int* splits_done;        // [max_seqs, NH] splits finished (zero between steps)
     int *tokens, *row_slot, *row_pos, *last_row; // device: per row; per sequence
     int *active_list, *active_count;             // [max_seqs, H], [max_seqs]: decode's active units
     float* active_a;                             // [max_seqs, H]: h of the active units (by list place, or by unit)
@@ -652,6 +665,8 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
     size_t splits = (size_t)max_seqs * c->num_heads * infer_detail::decode_splits(cache_len);
     m->part_o = (float*)cuda_malloc(splits * hd * sizeof(float));
     m->part_ml = (float*)cuda_malloc(splits * 2 * sizeof(float));
+    m->splits_done = (int*)cuda_malloc((size_t)max_seqs * c->num_heads * sizeof(int));
+    cudaCheck(cudaMemset(m->splits_done, 0, (size_t)max_seqs * c->num_heads * sizeof(int)));
     if ((size_t)H * sizeof(int) > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(infer_detail::sparse_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)(H * sizeof(int))));
@@ -662,7 +677,7 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
 static inline void gpu_model_free(GpuModel* m) {
     void* bufs[] = {m->params, m->k_cache, m->v_cache, m->x, m->x_mid, m->normed, m->qkv, m->att, m->proj, m->gu,
                     m->last, m->logits, m->lse, m->tokens, m->row_slot, m->row_pos, m->last_row, m->active_list,
-                    m->active_count, m->active_a, m->active_bits, m->rho, m->part_o, m->part_ml};
+                    m->active_count, m->active_a, m->active_bits, m->rho, m->part_o, m->part_ml, m->splits_done};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cuda_free(bufs[i]); }
     cudaCheck(cudaFreeHost(m->logits_host));
     if (m->twell_rows) { twell_ffn_free(&m->twell); }
@@ -797,7 +812,7 @@ static void gpu_model_layers(GpuModel* m, int M, FFN ffn, const int* seq_rows, c
         launch_early(infer_detail::rope_cache_kernel, ceil_div(M * (NH + NKV) * (hd / 2), 256), 256, 0, m->qkv, kc, vc,
                      decode ? NULL : m->row_slot, m->row_pos, M, NH, NKV, hd, m->cache_len, c->rope_theta);
         if (decode) {
-            infer_detail::decode_attention(m->att, m->part_o, m->part_ml, m->qkv, kc, vc, m->row_pos, M, NH, NKV, hd,
+            infer_detail::decode_attention(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, kc, vc, m->row_pos, M, NH, NKV, hd,
                                            m->cache_len);
         } else {
             for (int s = 0; s < nseq; s++) { // a prompt starts at position 0: causal attention over its own rows

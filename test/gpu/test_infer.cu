@@ -23,6 +23,7 @@
  wrong index or a missing unit is O(1)). Every output is poisoned (0xFF, NaN)
  before each run, and a NaN fails.
 */
+#include <algorithm>
 #include <vector>
 #include "llmc/cuda_infer.cuh"
 #include "llmc/gpt.h"
@@ -70,7 +71,11 @@ static void test_decode_attention(void) {
         cudaCheck(cudaMemset(out_d, 0xFF, (size_t)B * NH * hd * sizeof(bf16)));
         cudaCheck(cudaMemset(part_o, 0xFF, splits * hd * sizeof(float)));
         cudaCheck(cudaMemset(part_ml, 0xFF, splits * 2 * sizeof(float)));
-        decode_attention(out_d, part_o, part_ml, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len);
+        int* splits_done = (int*)cuda_malloc((size_t)B * NH * sizeof(int));
+        cudaCheck(cudaMemset(splits_done, 0, (size_t)B * NH * sizeof(int)));
+        decode_attention(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len);
+        std::vector<int> left = download(splits_done, (size_t)B * NH);
+        CHECK(std::count(left.begin(), left.end(), 0) == B * NH, "decode attention hd %d: the split counters end at zero", hd);
         std::vector<float> out = to_float(download(out_d, (size_t)B * NH * hd));
         std::vector<float> q = to_float(qkv), k = to_float(kc), v = to_float(vc);
         std::vector<double> ref((size_t)B * NH * hd, 0.0);
@@ -99,7 +104,7 @@ static void test_decode_attention(void) {
         CHECK(e < 1e-2, "decode attention hd %d: rel err %g", hd, e);
         printf("  decode attention hd %3d, positions 0/17/128/299: rel err %.2e\n", hd, e);
         cuda_free(qkv_d); cuda_free(kc_d); cuda_free(vc_d); cuda_free(pos_d); cuda_free(out_d);
-        cuda_free(part_o); cuda_free(part_ml);
+        cuda_free(part_o); cuda_free(part_ml); cuda_free(splits_done);
     }
 }
 
