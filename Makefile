@@ -12,7 +12,8 @@ NVCC_LIBS = -lgomp -lcublasLt -lcublas -lnccl
 # data-parallel processes meet through MPI when an MPI is installed (else TCP or a file)
 MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 ifneq ($(MPI_CFLAGS),)
-NVCC_FLAGS += -DUSE_MPI $(MPI_CFLAGS)
+# (C API only: the MPI C++ bindings' headers are not -Wall clean)
+NVCC_FLAGS += -DUSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(MPI_CFLAGS)
 NVCC_LIBS += $(shell mpicc --showme:link 2>/dev/null)
 endif
 
