@@ -119,6 +119,18 @@ __device__ __forceinline__ T warp_reduce(T x) {
     return x;
 }
 
+// inclusive prefix sum over the lanes: lane l gets x_0 + ... + x_l
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T x) {
+    const int lane = threadIdx.x % 32;
+    #pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+        T y = __shfl_up_sync(0xffffffffu, x, offset);
+        if (lane >= offset) { x += y; }
+    }
+    return x;
+}
+
 // reduction over a whole block (blockDim.x a multiple of 32): each warp
 // reduces, then thread 0 combines the warps in order; every thread gets the
 // result. May be called again right away (the first barrier of the next call

@@ -347,12 +347,7 @@ __device__ int list_units(int* list, int H, Bits bits_of) {
         for (int q = 0; q < 4; q++) {
             if (n + 8 * q < H) { mask |= bits_of(n + 8 * q) << (8 * q); }
         }
-        int count = __popc(mask), inclusive = count;
-        #pragma unroll
-        for (int offset = 1; offset < 32; offset *= 2) {
-            int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-            if (lane >= offset) { inclusive += other; }
-        }
+        int count = __popc(mask), inclusive = warp_inclusive_sum(count);
         if (lane == 31) { warp_total[warp] = inclusive; }
         __syncthreads();
         int slot = base + inclusive - count;
@@ -812,8 +807,8 @@ static void gpu_model_layers(GpuModel* m, int M, FFN ffn, const int* seq_rows, c
         launch_early(infer_detail::rope_cache_kernel, ceil_div(M * (NH + NKV) * (hd / 2), 256), 256, 0, m->qkv, kc, vc,
                      decode ? NULL : m->row_slot, m->row_pos, M, NH, NKV, hd, m->cache_len, c->rope_theta);
         if (decode) {
-            infer_detail::decode_attention(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, kc, vc, m->row_pos, M, NH, NKV, hd,
-                                           m->cache_len);
+            infer_detail::decode_attention(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, kc, vc, m->row_pos,
+                                           M, NH, NKV, hd, m->cache_len);
         } else {
             for (int s = 0; s < nseq; s++) { // a prompt starts at position 0: causal attention over its own rows
                 attention_forward(m->att + (size_t)seq_rows[s] * D, m->lse, m->qkv + (size_t)seq_rows[s] * QKV, 1,
@@ -892,8 +887,8 @@ static inline void gpu_ffn_sparse_decode(GpuModel* m, int l, int B) {
     sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
         m->active_a, m->active_list, m->active_count, m->gu, m->normed, wu, D, H);
     cudaCheck(cudaGetLastError());
-    sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(m->proj, m->active_a, m->active_list,
-                                                                      m->active_count, wdT, D, H);
+    sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(
+        m->proj, m->active_a, m->active_list, m->active_count, wdT, D, H);
     cudaCheck(cudaGetLastError());
 }
 

@@ -66,8 +66,6 @@ __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm_forward_wide_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf16* __restrict__ x_out,
                             const bf16* __restrict__ x, const bf16* __restrict__ y, const bf16* __restrict__ w,
                             int M, int D, float eps) {
-    grid_dependents_launch();
-    grid_dependency_wait();
     const int lane = threadIdx.x % 32;
     const int m = blockIdx.x * (RMSNORM_THREADS / 32) + threadIdx.x / 32;
     if (m >= M) { return; }

@@ -34,16 +34,6 @@ constexpr int SPARSE_STAGE = 256;        // entries a CTA stages in shared memor
 // threads of the kernels with a thread per 8 columns of D
 static inline int sparse_col_threads(int D) { return ceil_div(D / 8, 32) * 32; }
 
-// inclusive prefix sum over the lanes
-__device__ __forceinline__ int warp_inclusive_sum(int x) {
-    const int lane = threadIdx.x % 32;
-    for (int offset = 1; offset < 32; offset *= 2) {
-        int y = __shfl_up_sync(0xffffffffu, x, offset);
-        if (lane >= offset) { x += y; }
-    }
-    return x;
-}
-
 __device__ __forceinline__ size_t row_base(const SparsePattern<bf16>& p, int m, int slot) {
     return sparse_row_base(p.M, p.H, p.W, m, slot);
 }

@@ -161,12 +161,7 @@ pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, in
     unsigned int mask = 0;
     #pragma unroll
     for (int e = 0; e < 8; e++) { mask |= (unsigned int)(v[e] > 0.0f) << e; }
-    int count = __popc(mask), inclusive = count;
-    #pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-        int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        if (lane >= offset) { inclusive += other; }
-    }
+    int count = __popc(mask), inclusive = warp_inclusive_sum(count);
     int total = __shfl_sync(0xffffffffu, inclusive, 31);
     if (lane == 0) {
         block[0] = (uint32_t)total;
@@ -504,12 +499,7 @@ fill_kernel(uint32_t* slots, const int* chunk_ptr, const uint32_t* words, const 
     int row = has ? (int)twell_row_at(map, (uint32_t)position) : 0;
     uint64_t mine = 0;
     if (has) { for_each_active(words, records, row, tile, T, S, [&](uint32_t col, uint32_t) { mine += 1ull << (16 * (col & 3)); }); }
-    uint64_t inclusive = mine;
-    #pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-        uint64_t other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        if (lane >= offset) { inclusive += other; }
-    }
+    uint64_t inclusive = warp_inclusive_sum(mine);
     uint64_t totals = __shfl_sync(0xffffffffu, inclusive, 31);
     int n[4];
     #pragma unroll
