@@ -468,7 +468,7 @@ static void bench_decode_parts(GpuModel* m, int B) {
     double qkv = time_us([&] { decode_linear(m->qkv, m->normed, m->param[P_WQKV], B, QKV, D); });
     double att = time_us([&] {
         decode_attention(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, m->k_cache, m->v_cache, m->row_pos, B,
-                         c->num_heads, c->num_kv_heads, head_size(c), m->cache_len);
+                         c->num_heads, c->num_kv_heads, head_size(c), m->cache_len, c->rope_theta);
     });
     double gate = time_us([&] { decode_linear(m->gu, m->normed, m->param[P_WG], B, H, D); });
     double gate_cublas = time_us([&] { gemm(m->gu, m->normed, m->param[P_WG], B, H, D, 0, 1, 0); });

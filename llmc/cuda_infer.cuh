@@ -20,7 +20,8 @@
  Decode, B sequences with one new token each:
  - attention: s_t = q . k_t / sqrt(hd), p = softmax(s), out = sum_t p_t v_t over
    the cache, split into blocks of 128 positions that are combined after
-   (flash-decoding), so a long cache spreads over many SMs;
+   (flash-decoding), so a long cache spreads over many SMs; RoPE of the new q
+   and k and the cache write happen inside it (one kernel less per layer);
  - linear layers (qkv, Wo, gate, up, logits) for B <= 8: a GEMV of our own (a
    warp per output, each weight read once); above 8 rows, cuBLASLt;
  - dense FFN: g, u by the GEMV, h = relu(g) u, y = h WdT by cuBLASLt;
@@ -58,6 +59,7 @@
 #include "llmc/cuda_encoder.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_rmsnorm.cuh"
+#include "llmc/cuda_rope.cuh"
 #include "llmc/cuda_twell.cuh"
 #include "llmc/model.h"
 
@@ -66,44 +68,42 @@ typedef enum { INFER_FFN_DENSE, INFER_FFN_TWELL } InferFFN;
 namespace infer_detail {
 
 // ----------------------------------------------------------------------------
-// RoPE at each row's own position (the rope_kernel's angle and rounding, bit
-// for bit), then the row's k and v into the cache. One thread per (row, q or k
-// head, pair i): a decode step has one row, so the heads must be spread over
-// threads (a thread walking all heads was a 27 us chain of dependent loads).
+// prefill: RoPE at each row's own position (the rope_kernel's angle and
+// rounding), then the row's k and v into the cache of its sequence. One thread
+// per (row, q or k head, pair i). (Decode does this inside its attention.)
 __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const int* row_slot, const int* row_pos,
                                   int M, int NH, int NKV, int hd, int cache_len, float theta) {
-    grid_dependents_launch();
-    grid_dependency_wait();
     const int half = hd / 2, heads = NH + NKV;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)M * heads * half) { return; }
     const int i = (int)(idx % half), h = (int)(idx / half % heads), m = (int)(idx / half / heads);
-    const int slot = row_slot ? row_slot[m] : m, pos = row_pos[m], KVD = NKV * hd;
-    const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+    const int pos = row_pos[m], KVD = NKV * hd;
     float sin_a, cos_a;
-    sincosf((float)pos * inv_freq, &sin_a, &cos_a);
+    rope_angle(pos, i, hd, theta, &sin_a, &cos_a);
     bf16* x = qkv + (size_t)m * (NH + 2 * NKV) * hd + h * hd + i;
-    float x1 = __bfloat162float(x[0]), x2 = __bfloat162float(x[half]);
-    bf16 r1 = __float2bfloat16_rn(x1 * cos_a - x2 * sin_a), r2 = __float2bfloat16_rn(x2 * cos_a + x1 * sin_a);
-    x[0] = r1;
-    x[half] = r2;
+    rope_turn(&x[0], &x[half], __bfloat162float(x[0]), __bfloat162float(x[half]), sin_a, cos_a);
     if (h >= NH) {
-        size_t c = ((size_t)slot * cache_len + pos) * KVD + (h - NH) * hd + i;
-        k_cache[c] = r1;
-        k_cache[c + half] = r2;
+        size_t c = ((size_t)row_slot[m] * cache_len + pos) * KVD + (h - NH) * hd + i;
+        k_cache[c] = x[0];
+        k_cache[c + half] = x[half];
         v_cache[c] = x[NKV * hd];
         v_cache[c + half] = x[NKV * hd + half];
     }
 }
 
 // ----------------------------------------------------------------------------
-// decode attention, split over the cache (flash-decoding): block (head h,
-// sequence b, split j) takes positions 128 j .. 128 j + 127 (those <= pos[b]):
+// decode attention, split over the cache (flash-decoding), RoPE included: the
+// new row's q and k (in qkv, not yet turned) are turned at position pos[b] here
+// (rope_angle/rope_turn, the bits of the prefill's RoPE), the new key and value
+// are taken from qkv, and the first q head of each kv head's group stores them
+// in the cache for later steps. Block (head h, sequence b, split j) takes
+// positions 128 j .. 128 j + 127 (those <= pos[b]):
 // a thread scores one key, then groups of threads sum p v over the split's
 // positions; the split leaves its max m_j, sum l_j = sum exp(s - m_j) and
 // o_j = sum exp(s - m_j) v. The last of a head's splits to finish (a counter
 // per head and sequence) combines them, in split order:
 //     m = max_j m_j,  out = sum_j exp(m_j - m) o_j / sum_j exp(m_j - m) l_j
+// (a cache of one split writes out = o_0 / l_0 at once: the same bits).
 constexpr int DECODE_SPLIT = 128; // positions per split = threads per block
 
 // out[b, h] from the `used` splits of (b, h), a thread per output dimension
@@ -124,18 +124,20 @@ __device__ void decode_attention_combine(bf16* out, const float* part_o, const f
 template <int HD>
 __global__ void __launch_bounds__(DECODE_SPLIT)
 decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv,
-                              const bf16* k_cache, const bf16* v_cache, const int* pos, int NH, int NKV, int cache_len,
-                              int splits, float scale) {
-    constexpr int VECS = HD / 8, GROUPS = DECODE_SPLIT / VECS;
+                              bf16* k_cache, bf16* v_cache, const int* pos, int NH, int NKV, int cache_len, int splits,
+                              float scale, float theta) {
+    constexpr int VECS = HD / 8, GROUPS = DECODE_SPLIT / VECS, HALF = HD / 2;
     __shared__ float q[HD];
     __shared__ float p[DECODE_SPLIT];
     __shared__ float part[GROUPS][HD];
+    __shared__ __align__(16) bf16 k_new[HD];
     const int h = blockIdx.x, b = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
-    // pos comes from the host before the step; the cache before the newest position
+    // pos comes from the host before the step and the cache before the new position
     // n - 1 from earlier steps: both are read before waiting for the kernels before
-    // this one (which write q and the newest key and value)
+    // this one (which write qkv), and so is the angle
     const int n = pos[b] + 1, t0 = j * DECODE_SPLIT, KVD = NKV * HD, kvh = h / (NH / NKV);
     if (t0 >= n) { return; } // the whole block: past this sequence's end
+    const bool has_new = n - 1 < t0 + DECODE_SPLIT; // this split holds the new position
     const bf16* kb = k_cache + (size_t)b * cache_len * KVD + kvh * HD;
     const bf16* vb = v_cache + (size_t)b * cache_len * KVD + kvh * HD;
     const int v = tid % VECS, grp = tid / VECS;
@@ -145,17 +147,38 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
         if (t0 + tid < n - 1) { k[e] = load_bf16x8(kb + (size_t)(t0 + tid) * KVD + e * 8); }
         if (t0 + grp + e * GROUPS < n - 1) { vals[e] = load_bf16x8(vb + (size_t)(t0 + grp + e * GROUPS) * KVD + v * 8); }
     }
+    float sin_a = 0.0f, cos_a = 0.0f;
+    if (tid < HALF) { rope_angle(n - 1, tid, HD, theta, &sin_a, &cos_a); }
     grid_dependents_launch();
     grid_dependency_wait();
+    const bf16* row = qkv + (size_t)b * (NH + 2 * NKV) * HD;
+    const bf16 *k_row = row + (NH + kvh) * HD, *v_row = row + (NH + NKV + kvh) * HD;
     #pragma unroll
     for (int e = 0; e < VECS; e++) {
-        if (t0 + tid == n - 1) { k[e] = load_bf16x8(kb + (size_t)(t0 + tid) * KVD + e * 8); }
-        if (t0 + grp + e * GROUPS == n - 1) { vals[e] = load_bf16x8(vb + (size_t)(n - 1) * KVD + v * 8); }
+        if (t0 + grp + e * GROUPS == n - 1) { vals[e] = load_bf16x8(v_row + v * 8); }
     }
-    for (int d = tid; d < HD; d += DECODE_SPLIT) {
-        q[d] = __bfloat162float(qkv[(size_t)b * (NH + 2 * NKV) * HD + h * HD + d]) * scale;
+    if (tid < HALF) {
+        bf16 r1, r2;
+        rope_turn(&r1, &r2, __bfloat162float(row[h * HD + tid]), __bfloat162float(row[h * HD + tid + HALF]), sin_a, cos_a);
+        q[tid] = __bfloat162float(r1) * scale;
+        q[tid + HALF] = __bfloat162float(r2) * scale;
+        if (has_new) {
+            rope_turn(&k_new[tid], &k_new[tid + HALF], __bfloat162float(k_row[tid]), __bfloat162float(k_row[tid + HALF]),
+                      sin_a, cos_a);
+            if (h % (NH / NKV) == 0) {
+                const size_t c = ((size_t)b * cache_len + n - 1) * KVD + kvh * HD + tid;
+                k_cache[c] = k_new[tid];
+                k_cache[c + HALF] = k_new[tid + HALF];
+                v_cache[c] = v_row[tid];
+                v_cache[c + HALF] = v_row[tid + HALF];
+            }
+        }
     }
     __syncthreads();
+    if (t0 + tid == n - 1) {
+        #pragma unroll
+        for (int e = 0; e < VECS; e++) { k[e] = load_bf16x8(k_new + e * 8); }
+    }
     float s = -INFINITY;
     if (t0 + tid < n) {
         s = 0.0f;
@@ -182,17 +205,19 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     for (int e = 0; e < 8; e++) { part[grp][v * 8 + e] = acc[e]; }
     __syncthreads();
     const size_t split = ((size_t)b * NH + h) * splits + j;
+    const int used = (n - 1) / DECODE_SPLIT + 1;
     for (int d = tid; d < HD; d += DECODE_SPLIT) {
         float o = 0.0f;
         for (int g = 0; g < GROUPS; g++) { o += part[g][d]; }
-        part_o[split * HD + d] = o;
+        if (used == 1) { out[(size_t)b * NH * HD + h * HD + d] = __float2bfloat16_rn(o / l); } // the combine's bits
+        else { part_o[split * HD + d] = o; }
     }
+    if (used == 1) { return; } // the only split: nothing to combine
     if (tid == 0) { part_ml[2 * split] = mx; part_ml[2 * split + 1] = l; }
     // publish this split, then count it; the block that counts last combines
     __shared__ int last;
     __threadfence();
     __syncthreads();
-    const int used = (n - 1) / DECODE_SPLIT + 1;
     if (tid == 0) {
         int* done = splits_done + (size_t)b * NH + h;
         last = atomicAdd(done, 1) == used - 1;
@@ -210,18 +235,19 @@ static inline int decode_splits(int cache_len) { return ceil_div(cache_len, DECO
 // the head sizes the decode attention is built for
 static inline bool decode_attention_supports(int hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128; }
 
-// out [B, NH hd] from q (in qkv [B, QKV]) and the cache; part_o, part_ml: scratch of
-// B NH splits (hd + 2) floats; splits_done: B NH zeros (left zero)
-static void decode_attention(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv, const bf16* k_cache,
-                             const bf16* v_cache, const int* pos, int B, int NH, int NKV, int hd, int cache_len) {
+// out [B, NH hd] from the new rows qkv [B, QKV] (q and k not yet turned) and the
+// cache, where the new k and v go (position pos[b] of sequence b); part_o, part_ml:
+// scratch of B NH splits (hd + 2) floats; splits_done: B NH zeros (left zero)
+static void decode_attention(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv, bf16* k_cache,
+                             bf16* v_cache, const int* pos, int B, int NH, int NKV, int hd, int cache_len, float theta) {
     int splits = decode_splits(cache_len);
     dim3 grid(NH, B, splits);
     float scale = 1.0f / sqrtf((float)hd);
     switch (hd) {
-    case 16: launch_early(decode_attention_split_kernel<16>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 32: launch_early(decode_attention_split_kernel<32>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 64: launch_early(decode_attention_split_kernel<64>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
-    case 128: launch_early(decode_attention_split_kernel<128>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale); break;
+    case 16: launch_early(decode_attention_split_kernel<16>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
+    case 32: launch_early(decode_attention_split_kernel<32>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
+    case 64: launch_early(decode_attention_split_kernel<64>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
+    case 128: launch_early(decode_attention_split_kernel<128>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
     default: fatal("decode attention: head size %d, built for 16, 32, 64, 128", hd);
     }
 }
@@ -272,15 +298,29 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, c
 
 // ----------------------------------------------------------------------------
 // the linear layers of a decode step for B <= 8 rows: y[B, N] = x[B, K] W[N, K]^T
-// as a GEMV: x in shared memory, a warp per output column n reading W[n] once
-// (16 bytes per lane and step, 4 steps in flight), fp32 sums, bf16 y
-constexpr int GEMV_MAX_ROWS = 8, GEMV_THREADS = 256;
+// as a GEMV: x in shared memory, a warp per row n of W reading it once (the row
+// loaded into registers before the wait of the early launch), fp32 sums, then
+// an epilogue per row: a bf16 store, or the sparse FFN's gate and up below
+constexpr int GEMV_MAX_ROWS = 8, GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32;
 
-template <int B>
+// the epilogue of a plain product: y[b, n] = bf16(acc_b)
+struct StoreRow {
+    bf16* y;
+    int N;
+    template <int B>
+    __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            if (lane == b) { y[(size_t)b * N + n] = __float2bfloat16_rn(acc[b]); }
+        }
+    }
+};
+
+template <int B, typename Epilogue>
 __global__ void __launch_bounds__(GEMV_THREADS)
-gemv_kernel(bf16* y, const bf16* x, const bf16* w, int N, int K) {
+gemv_kernel(Epilogue epilogue, const bf16* x, const bf16* w, int N, int K) {
     extern __shared__ __align__(16) bf16 xs[];
-    const int n = blockIdx.x * (GEMV_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     RowPrefetch r;
     if (n < N) { prefetch_row(r, w + (size_t)n * K, K, lane); }
     grid_dependents_launch();
@@ -290,51 +330,62 @@ gemv_kernel(bf16* y, const bf16* x, const bf16* w, int N, int K) {
     if (n >= N) { return; }
     float acc[B] = {};
     warp_dot_rows<B>(acc, xs, r, w + (size_t)n * K, K, lane);
-    #pragma unroll
-    for (int b = 0; b < B; b++) {
-        if (lane == b) { y[(size_t)b * N + n] = __float2bfloat16_rn(acc[b]); }
-    }
+    epilogue(n, acc, xs, lane);
 }
 
-template <int B>
-static void gemv_launch(bf16* y, const bf16* x, const bf16* w, int N, int K) {
-    launch_early(gemv_kernel<B>, ceil_div(N, GEMV_THREADS / 32), GEMV_THREADS, (size_t)B * K * sizeof(bf16), y, x, w, N, K);
+// the product with `epilogue` per row of W [N, K] for B <= 8 rows of x
+template <int B, typename Epilogue>
+static void gemv_launch(const Epilogue& epilogue, const bf16* x, const bf16* w, int N, int K) {
+    launch_early(gemv_kernel<B, Epilogue>, ceil_div(N, GEMV_WARPS), GEMV_THREADS, (size_t)B * K * sizeof(bf16), epilogue,
+                 x, w, N, K);
 }
 
-// y = x W^T for a decode step: the GEMV for up to 8 rows (K % 8 == 0, x in 48 KiB), else cuBLASLt
-static void decode_linear(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
-    if (B > GEMV_MAX_ROWS || K % 8 != 0 || (size_t)B * K * sizeof(bf16) > 48 * 1024) {
-        gemm(y, x, w, B, N, K, 0, 1, 0);
-        return;
-    }
+// whether the GEMV takes B rows of K (K % 8 == 0, x in 48 KiB)
+static inline bool gemv_fits(int B, int K) {
+    return B <= GEMV_MAX_ROWS && K % 8 == 0 && (size_t)B * K * sizeof(bf16) <= 48 * 1024;
+}
+
+template <typename Epilogue>
+static void gemv(const Epilogue& epilogue, const bf16* x, const bf16* w, int B, int N, int K) {
     switch (B) {
-    case 1: gemv_launch<1>(y, x, w, N, K); break;
-    case 2: gemv_launch<2>(y, x, w, N, K); break;
-    case 3: gemv_launch<3>(y, x, w, N, K); break;
-    case 4: gemv_launch<4>(y, x, w, N, K); break;
-    case 5: gemv_launch<5>(y, x, w, N, K); break;
-    case 6: gemv_launch<6>(y, x, w, N, K); break;
-    case 7: gemv_launch<7>(y, x, w, N, K); break;
-    default: gemv_launch<8>(y, x, w, N, K); break;
+    case 1: gemv_launch<1>(epilogue, x, w, N, K); break;
+    case 2: gemv_launch<2>(epilogue, x, w, N, K); break;
+    case 3: gemv_launch<3>(epilogue, x, w, N, K); break;
+    case 4: gemv_launch<4>(epilogue, x, w, N, K); break;
+    case 5: gemv_launch<5>(epilogue, x, w, N, K); break;
+    case 6: gemv_launch<6>(epilogue, x, w, N, K); break;
+    case 7: gemv_launch<7>(epilogue, x, w, N, K); break;
+    case 8: gemv_launch<8>(epilogue, x, w, N, K); break;
+    default: fatal("gemv: %d rows, built for 1 to %d", B, GEMV_MAX_ROWS);
     }
+}
+
+// y = x W^T for a decode step: the GEMV where it fits, else cuBLASLt
+static void decode_linear(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
+    if (gemv_fits(B, K)) { gemv(StoreRow{y, N}, x, w, B, N, K); }
+    else { gemm(y, x, w, B, N, K, 0, 1, 0); }
 }
 
 // ----------------------------------------------------------------------------
 // sparse decode FFN. Up to 8 sequences: one kernel computes the gate (a warp
 // per unit, as the GEMV) and, for a unit that fired in any sequence, its up
-// product at once, leaving a = bf16(g bf16(u)) and one bit per (sequence,
-// unit); the down kernel lists the set bits. More sequences: g by cuBLASLt,
-// then an up kernel that lists g > 0 itself, then down.
+// product at once, leaving a = bf16(g bf16(u)) for every unit (0 where it did
+// not fire); the down kernel lists the units with a != 0 (a unit whose h
+// rounded to 0 adds nothing). More sequences: g by cuBLASLt, then an up kernel
+// that lists g > 0 itself, then down.
 
 constexpr int SPARSE_THREADS = 256, SPARSE_WARPS = SPARSE_THREADS / 32;
 constexpr int SPARSE_UP_BLOCKS = 16; // blocks per sequence in up: enough warps for ~100 active units
 
-// the units n < H whose bit is set into list in increasing order; returns their
-// number (every thread). bits_of(n) gives the 8 bits of units n..n+7 (H % 8 ==
-// 0); thread t takes 32 units per pass (one pass up to H = 8192), a block-wide
-// prefix of the counts gives each unit its place.
-template <typename Bits>
-__device__ int list_units(int* list, int H, Bits bits_of) {
+struct Float8 { float v[8]; };
+
+// the units n < H with a nonzero value into list (and the values into values,
+// if not NULL) in increasing order; returns their number (every thread).
+// values_of(n) gives the values of units n..n+7 (H % 8 == 0); thread t takes 32
+// units per pass (one pass up to H = 8192), a block-wide prefix of the counts
+// gives each unit its place.
+template <typename Values>
+__device__ int list_units(int* list, float* values, int H, Values values_of) {
     __shared__ int warp_total[SPARSE_WARPS];
     __shared__ int base;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -342,17 +393,27 @@ __device__ int list_units(int* list, int H, Bits bits_of) {
     __syncthreads();
     for (int n0 = 0; n0 < H; n0 += 32 * SPARSE_THREADS) {
         const int n = n0 + 32 * tid;
+        Float8 v[4];
         unsigned int mask = 0;
         #pragma unroll
         for (int q = 0; q < 4; q++) {
-            if (n + 8 * q < H) { mask |= bits_of(n + 8 * q) << (8 * q); }
+            v[q] = n + 8 * q < H ? values_of(n + 8 * q) : Float8{};
+            #pragma unroll
+            for (int e = 0; e < 8; e++) { mask |= (unsigned int)(v[q].v[e] != 0.0f) << (8 * q + e); }
         }
         int count = __popc(mask), inclusive = warp_inclusive_sum(count);
         if (lane == 31) { warp_total[warp] = inclusive; }
         __syncthreads();
         int slot = base + inclusive - count;
         for (int w = 0; w < warp; w++) { slot += warp_total[w]; }
-        for (unsigned int rest = mask; rest; rest &= rest - 1) { list[slot++] = n + __ffs(rest) - 1; }
+        #pragma unroll
+        for (int j = 0; j < 32; j++) {
+            if (mask >> j & 1) {
+                list[slot] = n + j;
+                if (values) { values[slot] = v[j / 8].v[j % 8]; }
+                slot++;
+            }
+        }
         __syncthreads();
         if (tid == 0) {
             for (int w = 0; w < SPARSE_WARPS; w++) { base += warp_total[w]; }
@@ -362,51 +423,45 @@ __device__ int list_units(int* list, int H, Bits bits_of) {
     return base;
 }
 
-// B <= 8 sequences: block x owns units 8x..8x+7, a warp each. g_b = bf16(f_b . Wg[n])
-// (the GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
-// a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0; bits[b, x] gets the block's 8 bits
-template <int B>
-__global__ void __launch_bounds__(SPARSE_THREADS)
-sparse_gate_up_kernel(float* a, uint8_t* bits, const bf16* f, const bf16* wg, const bf16* wu, int D, int H) {
-    extern __shared__ __align__(16) bf16 xs[];
-    __shared__ unsigned int fired[B];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = blockIdx.x * SPARSE_WARPS + warp;
-    RowPrefetch r;
-    prefetch_row(r, wg + (size_t)n * D, D, lane);
-    grid_dependents_launch();
-    grid_dependency_wait();
-    for (int i = threadIdx.x * 8; i < B * D; i += SPARSE_THREADS * 8) { store_bf16x8(xs + i, load_bf16x8(f + i)); }
-    if (threadIdx.x < B) { fired[threadIdx.x] = 0; }
-    __syncthreads();
-    float g[B] = {};
-    warp_dot_rows<B>(g, xs, r, wg + (size_t)n * D, D, lane);
-    bool any = false;
-    #pragma unroll
-    for (int b = 0; b < B; b++) { g[b] = __bfloat162float(__float2bfloat16_rn(g[b])); any |= g[b] > 0.0f; }
-    if (any) { // the same for every lane of the warp
-        float u[B] = {};
-        prefetch_row(r, wu + (size_t)n * D, D, lane);
-        warp_dot_rows<B>(u, xs, r, wu + (size_t)n * D, D, lane);
+// B <= 8 sequences, the epilogue of the GEMV g = f Wg^T: g_b = bf16(acc_b) (the
+// GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
+// a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is written)
+struct GateUpRow {
+    float* a;
+    const bf16* wu;
+    int D, H;
+    template <int B>
+    __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
+        float g[B];
+        bool any = false;
         #pragma unroll
-        for (int b = 0; b < B; b++) {
-            if (g[b] > 0.0f && lane == b) {
-                a[(size_t)b * H + n] = __bfloat162float(__float2bfloat16_rn(g[b] * __bfloat162float(__float2bfloat16_rn(u[b]))));
-                atomicOr(&fired[b], 1u << warp);
+        for (int b = 0; b < B; b++) { g[b] = __bfloat162float(__float2bfloat16_rn(acc[b])); any |= g[b] > 0.0f; }
+        float h[B] = {};
+        if (any) { // the same for every lane of the warp
+            float u[B] = {};
+            RowPrefetch r;
+            prefetch_row(r, wu + (size_t)n * D, D, lane);
+            warp_dot_rows<B>(u, xs, r, wu + (size_t)n * D, D, lane);
+            #pragma unroll
+            for (int b = 0; b < B; b++) {
+                if (g[b] > 0.0f) { h[b] = __bfloat162float(__float2bfloat16_rn(g[b] * __bfloat162float(__float2bfloat16_rn(u[b])))); }
             }
         }
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            if (lane == b) { a[(size_t)b * H + n] = h[b]; }
+        }
     }
-    __syncthreads();
-    if (threadIdx.x < B) { bits[(size_t)threadIdx.x * (H / 8) + blockIdx.x] = (uint8_t)fired[threadIdx.x]; }
-}
+};
 
 // the active units of g_row (g > 0) into list in increasing order
 __device__ int list_active_units(int* list, const bf16* g_row, int H) {
-    return list_units(list, H, [&](int n) {
+    return list_units(list, NULL, H, [&](int n) {
         Bf16x8 g = load_bf16x8(g_row + n);
-        unsigned int mask = 0;
+        Float8 v;
         #pragma unroll
-        for (int e = 0; e < 8; e++) { mask |= (unsigned int)(__bfloat162float(g.v[e]) > 0.0f) << e; }
-        return mask;
+        for (int e = 0; e < 8; e++) { v.v[e] = __bfloat162float(g.v[e]) > 0.0f ? 1.0f : 0.0f; }
+        return v;
     });
 }
 
@@ -438,19 +493,29 @@ sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const b
 
 // y_b[256 columns of block x] = sum_i a_i WdT[unit_i] over the units and values
 // staged in shared memory (so that a warp's weight loads do not wait on one
-// another's addresses): a warp takes every 8th unit, a lane 8 columns; the
-// warps' sums are added in order
-constexpr int SPARSE_DOWN_COLS = 256;
+// another's addresses): a warp takes every 8th unit, a lane 8 columns, with the
+// rows of DOWN_BATCH units in flight at once; the warps' sums are added in order
+constexpr int SPARSE_DOWN_COLS = 256, DOWN_BATCH = 8;
 __device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s_a, int count, const bf16* wdT, int D) {
     __shared__ float part[SPARSE_WARPS][SPARSE_DOWN_COLS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = blockIdx.x * SPARSE_DOWN_COLS + lane * 8;
     float acc[8] = {};
     if (col < D) {
-        #pragma unroll 4
-        for (int i = warp; i < count; i += SPARSE_WARPS) {
-            Bf16x8 w = load_bf16x8(wdT + (size_t)list[i] * D + col);
+        for (int i0 = warp; i0 < count; i0 += SPARSE_WARPS * DOWN_BATCH) {
+            Bf16x8 w[DOWN_BATCH];
             #pragma unroll
-            for (int e = 0; e < 8; e++) { acc[e] += s_a[i] * __bfloat162float(w.v[e]); }
+            for (int j = 0; j < DOWN_BATCH; j++) {
+                const int i = i0 + j * SPARSE_WARPS;
+                if (i < count) { w[j] = load_bf16x8(wdT + (size_t)list[i] * D + col); }
+            }
+            #pragma unroll
+            for (int j = 0; j < DOWN_BATCH; j++) {
+                const int i = i0 + j * SPARSE_WARPS;
+                if (i < count) {
+                    #pragma unroll
+                    for (int e = 0; e < 8; e++) { acc[e] += s_a[i] * __bfloat162float(w[j].v[e]); }
+                }
+            }
         }
     }
     #pragma unroll
@@ -481,24 +546,25 @@ sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, c
     sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
 }
 
-// down after sparse_gate_up_kernel: the units of the set bits, a by unit
+// down after sparse_gate_up_kernel: the units with a != 0, listed with their values
 __global__ void __launch_bounds__(SPARSE_THREADS)
-sparse_down_bits_kernel(bf16* y, const float* a, const uint8_t* bits, const bf16* wdT, int D, int H) {
+sparse_down_active_kernel(bf16* y, const float* a, const bf16* wdT, int D, int H) {
     extern __shared__ int s_list[];
     float* s_a = (float*)(s_list + H);
     grid_dependents_launch();
     grid_dependency_wait();
     const int b = blockIdx.y;
-    const uint8_t* bb = bits + (size_t)b * (H / 8);
-    const int n = list_units(s_list, H, [&](int u) { return (unsigned int)bb[u / 8]; });
-    for (int i = threadIdx.x; i < n; i += SPARSE_THREADS) { s_a[i] = a[(size_t)b * H + s_list[i]]; }
-    __syncthreads();
+    const float* ab = a + (size_t)b * H;
+    const int n = list_units(s_list, s_a, H, [&](int u) {
+        const float4 lo = reinterpret_cast<const float4*>(ab + u)[0], hi = reinterpret_cast<const float4*>(ab + u)[1];
+        return Float8{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
+    });
     sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
 }
 
 // with their static shared memory the down kernels pass 48 KiB from H ~ 5000
 static inline void sparse_down_allow_smem(int H) {
-    cudaCheck(cudaFuncSetAttribute(sparse_down_bits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaCheck(cudaFuncSetAttribute(sparse_down_active_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
     cudaCheck(cudaFuncSetAttribute(sparse_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
@@ -590,7 +656,6 @@ typedef struct {
     int *tokens, *row_slot, *row_pos, *last_row; // device: per row; per sequence
     int *active_list, *active_count;             // [max_seqs, H], [max_seqs]: decode's active units
     float* active_a;                             // [max_seqs, H]: h of the active units (by list place, or by unit)
-    uint8_t* active_bits;                        // [max_seqs, H / 8]
     uint16_t* logits_host;                       // [max_seqs, Vp] bf16 bits, pinned
     // TwELL prefill: one set of buffers for the current M, per-layer activity
     TwellFFN twell;
@@ -651,7 +716,6 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
     m->active_list = (int*)cuda_malloc((size_t)max_seqs * H * sizeof(int));
     m->active_count = (int*)cuda_malloc((size_t)max_seqs * sizeof(int));
     m->active_a = (float*)cuda_malloc((size_t)max_seqs * H * sizeof(float));
-    m->active_bits = (uint8_t*)cuda_malloc((size_t)max_seqs * H / 8);
     m->rho = (float*)cuda_malloc(L * sizeof(float));
     cudaCheck(cudaMallocHost(&m->logits_host, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
     m->layer_active = (double*)mallocCheck(L * sizeof(double));
@@ -672,7 +736,7 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
 static inline void gpu_model_free(GpuModel* m) {
     void* bufs[] = {m->params, m->k_cache, m->v_cache, m->x, m->x_mid, m->normed, m->qkv, m->att, m->proj, m->gu,
                     m->last, m->logits, m->lse, m->tokens, m->row_slot, m->row_pos, m->last_row, m->active_list,
-                    m->active_count, m->active_a, m->active_bits, m->rho, m->part_o, m->part_ml, m->splits_done};
+                    m->active_count, m->active_a, m->rho, m->part_o, m->part_ml, m->splits_done};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { cuda_free(bufs[i]); }
     cudaCheck(cudaFreeHost(m->logits_host));
     if (m->twell_rows) { twell_ffn_free(&m->twell); }
@@ -804,12 +868,13 @@ static void gpu_model_layers(GpuModel* m, int M, FFN ffn, const int* seq_rows, c
         const bf16* wqkv = m->param[P_WQKV] + (size_t)l * QKV * D;
         if (decode) { infer_detail::decode_linear(m->qkv, m->normed, wqkv, M, QKV, D); }
         else { gemm(m->qkv, m->normed, wqkv, M, QKV, D, 0, 1, 0); }
-        launch_early(infer_detail::rope_cache_kernel, ceil_div(M * (NH + NKV) * (hd / 2), 256), 256, 0, m->qkv, kc, vc,
-                     decode ? NULL : m->row_slot, m->row_pos, M, NH, NKV, hd, m->cache_len, c->rope_theta);
         if (decode) {
             infer_detail::decode_attention(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, kc, vc, m->row_pos,
-                                           M, NH, NKV, hd, m->cache_len);
+                                           M, NH, NKV, hd, m->cache_len, c->rope_theta);
         } else {
+            infer_detail::rope_cache_kernel<<<ceil_div(M * (NH + NKV) * (hd / 2), 256), 256, 0, main_stream>>>(
+                m->qkv, kc, vc, m->row_slot, m->row_pos, M, NH, NKV, hd, m->cache_len, c->rope_theta);
+            cudaCheck(cudaGetLastError());
             for (int s = 0; s < nseq; s++) { // a prompt starts at position 0: causal attention over its own rows
                 attention_forward(m->att + (size_t)seq_rows[s] * D, m->lse, m->qkv + (size_t)seq_rows[s] * QKV, 1,
                                   seq_lens[s], NH, NKV, hd);
@@ -851,14 +916,6 @@ static inline void gpu_ffn_dense_decode(GpuModel* m, int l, int B) {
     gemm(m->proj, g, m->param[P_WDT] + LH, B, D, H, 0, 0, 0);
 }
 
-template <int B>
-static void sparse_gate_up_launch(GpuModel* m, const bf16* wg, const bf16* wu) {
-    const GPTConfig* c = &m->config;
-    launch_early(infer_detail::sparse_gate_up_kernel<B>, c->hidden / 8, infer_detail::SPARSE_THREADS,
-                 (size_t)B * c->channels * sizeof(bf16), m->active_a, m->active_bits, m->normed, wg, wu, c->channels,
-                 c->hidden);
-}
-
 // the sparse decode FFN of layer l over B rows (one per sequence): y = sum over
 // each row's active units only (see the top of the file)
 static inline void gpu_ffn_sparse_decode(GpuModel* m, int l, int B) {
@@ -868,19 +925,10 @@ static inline void gpu_ffn_sparse_decode(GpuModel* m, int l, int B) {
     size_t LH = (size_t)l * H * D;
     const bf16 *wg = m->param[P_WG] + LH, *wu = m->param[P_WU] + LH, *wdT = m->param[P_WDT] + LH;
     dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
-    if (B <= GEMV_MAX_ROWS && (size_t)B * D * sizeof(bf16) <= 48 * 1024) {
-        switch (B) {
-        case 1: sparse_gate_up_launch<1>(m, wg, wu); break;
-        case 2: sparse_gate_up_launch<2>(m, wg, wu); break;
-        case 3: sparse_gate_up_launch<3>(m, wg, wu); break;
-        case 4: sparse_gate_up_launch<4>(m, wg, wu); break;
-        case 5: sparse_gate_up_launch<5>(m, wg, wu); break;
-        case 6: sparse_gate_up_launch<6>(m, wg, wu); break;
-        case 7: sparse_gate_up_launch<7>(m, wg, wu); break;
-        default: sparse_gate_up_launch<8>(m, wg, wu); break;
-        }
-        launch_early(sparse_down_bits_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), m->proj, m->active_a,
-                     m->active_bits, wdT, D, H);
+    if (gemv_fits(B, D)) {
+        gemv(GateUpRow{m->active_a, wu, D, H}, m->normed, wg, B, H, D);
+        launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), m->proj, m->active_a,
+                     wdT, D, H);
         return;
     }
     gemm(m->gu, m->normed, wg, B, H, D, 0, 1, 0);

@@ -11,6 +11,18 @@
 
 #include "llmc/cuda_common.cuh"
 
+// the angle of pair i at position p (every kernel that turns q or k computes it so, for the same bits)
+__device__ __forceinline__ void rope_angle(int p, int i, int hd, float theta, float* sin_a, float* cos_a) {
+    const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+    sincosf((float)p * inv_freq, sin_a, cos_a);
+}
+
+// the pair (x[0], x[hd/2]) of a head turned by the angle
+__device__ __forceinline__ void rope_turn(bf16* r1, bf16* r2, float x1, float x2, float sin_a, float cos_a) {
+    *r1 = __float2bfloat16_rn(x1 * cos_a - x2 * sin_a);
+    *r2 = __float2bfloat16_rn(x2 * cos_a + x1 * sin_a);
+}
+
 // One thread per (row, i): the angle is computed once and turns pair i of every q and k head of the
 // row. Consecutive threads take consecutive i, so each head's halves are read as contiguous runs.
 __global__ void rope_kernel(bf16* qkv, int M, int T, int pos0, int heads, int row_stride, int hd, float theta,
@@ -19,16 +31,14 @@ __global__ void rope_kernel(bf16* qkv, int M, int T, int pos0, int heads, int ro
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)M * half) { return; }
     const int m = (int)(idx / half), i = (int)(idx % half);
-    const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
     float sin_a, cos_a;
-    sincosf((float)(pos0 + m % T) * inv_freq, &sin_a, &cos_a);
+    rope_angle(pos0 + m % T, i, hd, theta, &sin_a, &cos_a);
     sin_a *= direction;
     bf16* x = qkv + (size_t)m * row_stride + i;
     #pragma unroll 4
     for (int h = 0; h < heads; h++) {
-        float x1 = __bfloat162float(x[h * hd]), x2 = __bfloat162float(x[h * hd + half]);
-        x[h * hd] = __float2bfloat16_rn(x1 * cos_a - x2 * sin_a);
-        x[h * hd + half] = __float2bfloat16_rn(x2 * cos_a + x1 * sin_a);
+        rope_turn(&x[h * hd], &x[h * hd + half], __bfloat162float(x[h * hd]), __bfloat162float(x[h * hd + half]), sin_a,
+                  cos_a);
     }
 }
 

@@ -2,16 +2,17 @@
  GPU inference (llmc/cuda_infer.cuh) against the CPU reference path
  (gpt_forward_cached of llmc/gpt.h, fp32 on the same bf16-rounded weights),
  on fresh random inputs:
- - decode attention against an fp64 softmax over each sequence's cache
-   (positions 0, 17, 128, 299: one key, one split, just past a split, the
-   whole cache of 300), head sizes 16, 32, 64, 128;
+ - decode attention (RoPE of q and the new k inside) against the CPU RoPE and
+   an fp64 softmax over each sequence's cache (positions 0, 17, 128, 299: one
+   key, one split, just past a split, the whole cache of 300), head sizes 16,
+   32, 64, 128, and the new k, v it stores in the cache (poisoned before);
  - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
    units (SPARSE.md's carrier construction), D not a multiple of the kernel's
    256 columns: g given, then up (which lists g > 0) and down, batches 1, 3,
-   8, 9, 64, the active counts exact; and for 1, 3, 8 the fused gate + up
-   kernel, then down from its bits;
+   8, 9, 64, the active counts exact; and for 1, 3, 8 the GEMV with the gate +
+   up epilogue (every h written, poisoned before), then down from the nonzero h;
  - the whole model: a batch of prompts of different lengths (1, 5, 17 tokens)
    prefilled at once, then decode steps, logits of every step against the CPU
    path, FFN dense and TwELL (sparse forced, and auto), on random weights
@@ -56,12 +57,19 @@ static std::vector<float> to_float(const std::vector<bf16>& x) {
 static void test_decode_attention(void) {
     using namespace infer_detail;
     uint64_t rng = 101;
+    const float theta = 10000.0f;
     for (int hd : {16, 32, 64, 128}) {
         const int NH = 4, NKV = 2, B = 4, cache_len = 300, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
         std::vector<int> pos = {0, 17, 128, 299}; // one key; one split; just past a split; the whole cache
         std::vector<bf16> qkv = random_bf16((size_t)B * QKV, 1.0, &rng);
         std::vector<bf16> kc = random_bf16((size_t)B * cache_len * KVD, 1.0, &rng);
         std::vector<bf16> vc = random_bf16((size_t)B * cache_len * KVD, 1.0, &rng);
+        for (int b = 0; b < B; b++) { // the new position's entries are the kernel's to write
+            for (int i = 0; i < KVD; i++) {
+                kc[((size_t)b * cache_len + pos[b]) * KVD + i] = __float2bfloat16(NAN);
+                vc[((size_t)b * cache_len + pos[b]) * KVD + i] = __float2bfloat16(NAN);
+            }
+        }
         bf16 *qkv_d = upload(qkv), *kc_d = upload(kc), *vc_d = upload(vc);
         int* pos_d = upload(pos);
         bf16* out_d = (bf16*)cuda_malloc((size_t)B * NH * hd * sizeof(bf16));
@@ -73,11 +81,25 @@ static void test_decode_attention(void) {
         cudaCheck(cudaMemset(part_ml, 0xFF, splits * 2 * sizeof(float)));
         int* splits_done = (int*)cuda_malloc((size_t)B * NH * sizeof(int));
         cudaCheck(cudaMemset(splits_done, 0, (size_t)B * NH * sizeof(int)));
-        decode_attention(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len);
+        decode_attention(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len, theta);
         std::vector<int> left = download(splits_done, (size_t)B * NH);
         CHECK(std::count(left.begin(), left.end(), 0) == B * NH, "decode attention hd %d: the split counters end at zero", hd);
         std::vector<float> out = to_float(download(out_d, (size_t)B * NH * hd));
+        std::vector<float> kc_gpu = to_float(download(kc_d, kc.size())), vc_gpu = to_float(download(vc_d, vc.size()));
+        // the reference: q and the new k turned at pos[b] (the CPU RoPE), the new k and v at pos[b]
         std::vector<float> q = to_float(qkv), k = to_float(kc), v = to_float(vc);
+        double cache_err = 0;
+        for (int b = 0; b < B; b++) {
+            float* row = q.data() + (size_t)b * QKV;
+            rope_forward(row, 1, 1, pos[b], NH, NKV, hd, theta);
+            for (int i = 0; i < KVD; i++) {
+                size_t c = ((size_t)b * cache_len + pos[b]) * KVD + i;
+                k[c] = __bfloat162float(__float2bfloat16(row[NH * hd + i]));
+                v[c] = row[(NH + NKV) * hd + i];
+                cache_err = fmax(cache_err, fabs(kc_gpu[c] - k[c]) + fabs(vc_gpu[c] - v[c]));
+                if (isnan(kc_gpu[c]) || isnan(vc_gpu[c])) { cache_err = INFINITY; }
+            }
+        }
         std::vector<double> ref((size_t)B * NH * hd, 0.0);
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -102,7 +124,9 @@ static void test_decode_attention(void) {
         }
         double e = max_rel_err(out.data(), ref.data(), ref.size());
         CHECK(e < 1e-2, "decode attention hd %d: rel err %g", hd, e);
-        printf("  decode attention hd %3d, positions 0/17/128/299: rel err %.2e\n", hd, e);
+        CHECK(cache_err < 3e-2, "decode attention hd %d: the new k, v in the cache differ by %g", hd, cache_err);
+        printf("  decode attention + RoPE hd %3d, positions 0/17/128/299: rel err %.2e, new cache entries within %.1e\n",
+               hd, e, cache_err);
         cuda_free(qkv_d); cuda_free(kc_d); cuda_free(vc_d); cuda_free(pos_d); cuda_free(out_d);
         cuda_free(part_o); cuda_free(part_ml); cuda_free(splits_done);
     }
@@ -173,7 +197,6 @@ static void test_sparse_decode_ffn(void) {
                 int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
                 int* count_d = (int*)cuda_malloc(B * sizeof(int));
                 float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
-                uint8_t* bits_d = (uint8_t*)cuda_malloc((size_t)B * H / 8);
                 dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
                 double mean_active = 0;
                 for (int b = 0; b < B; b++) { mean_active += (double)active[b] / B; }
@@ -200,22 +223,17 @@ static void test_sparse_decode_ffn(void) {
                 cudaCheck(cudaGetLastError());
                 CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
                 error("(list)");
-                if (B <= GEMV_MAX_ROWS) { // the fused gate + up, then down from the bits
+                if (B <= GEMV_MAX_ROWS) { // the fused gate + up (every a written), then down from a != 0
                     cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                     cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
-                    cudaCheck(cudaMemset(bits_d, 0xFF, (size_t)B * H / 8));
-                    switch (B) {
-                    case 1: sparse_gate_up_kernel<1><<<H / 8, SPARSE_THREADS, 1 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
-                    case 3: sparse_gate_up_kernel<3><<<H / 8, SPARSE_THREADS, 3 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
-                    default: sparse_gate_up_kernel<8><<<H / 8, SPARSE_THREADS, 8 * D * sizeof(bf16)>>>(a_d, bits_d, f_d, wg_d, wu_d, D, H); break;
-                    }
+                    gemv(GateUpRow{a_d, wu_d, D, H}, f_d, wg_d, B, H, D);
                     cudaCheck(cudaGetLastError());
-                    sparse_down_bits_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, bits_d, wdT_d, D, H);
+                    sparse_down_active_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, wdT_d, D, H);
                     cudaCheck(cudaGetLastError());
                     error("(fused gate)");
                 }
                 cuda_free(f_d); cuda_free(wg_d); cuda_free(wu_d); cuda_free(wdT_d); cuda_free(g_d); cuda_free(y_d);
-                cuda_free(list_d); cuda_free(count_d); cuda_free(a_d); cuda_free(bits_d);
+                cuda_free(list_d); cuda_free(count_d); cuda_free(a_d);
             }
         }
     }
