@@ -311,6 +311,12 @@ typedef struct {
 // samples sequence s's next token from its logits, prints or keeps it, and says
 // whether s goes on (pos = the position the token would take)
 static bool take_token(Sequence* s, const float* logits, int V, int pos, const GenerateOptions* o, int* token_out) {
+    for (int i = 0; i < V; i++) { // a NaN would make every comparison false and pick a token silently
+        if (!isfinite(logits[i])) {
+            fatal("the logits at position %d are not finite (token %d: %g): the model's weights or activations hold "
+                  "NaN or overflow", pos, i, logits[i]);
+        }
+    }
     int token = sample_token(logits, V, &o->sampler, &s->rng, o->scratch);
     if (o->dump) {
         fwriteCheck(&token, sizeof(int), 1, o->dump);
