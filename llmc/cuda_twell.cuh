@@ -32,7 +32,7 @@
    of twell_chunk_position (llmc/twell.h); a slot is unit within the stage
    (12 bits) | row within the group (4 bits) << 12 | bf16 value << 16; unused
    slots are 0 (value 0: no effect).
- 3. up: a CTA owns 1024 rows (4 consecutive groups per warp) and a 64-wide slice
+ 3. up: a CTA owns 1024 rows (2 consecutive groups per warp) and a 64-wide slice
    of D. Its rows' f slice sits in registers as mma B fragments; Wu[stage
    units, slice] streams through shared memory (cp.async, two buffers). Per
    chunk, 8 mma.sync multiply the chunk's 16 gathered Wu rows by the group's 16
@@ -40,12 +40,12 @@
    partials[slice][slot].
  4. reduce: u = the sum of the D/64 partials in slice order, a = g bf16(u)
    (the dense path's rounding of u), written over g in the slot.
- 5. down: a CTA owns 512 rows (8 warps of 4 consecutive groups) and a 64-wide
-   slice of D with y^T in registers (128 per thread); WdT[stage units, slice]
+ 5. down: a CTA owns 512 rows (16 warps of 2 consecutive groups) and a 64-wide
+   slice of D with y^T in registers (64 per thread); WdT[stage units, slice]
    streams the same way; per chunk 8 mma.sync add WdT[chunk units, slice]^T B
    to y^T, where B[q][r] = a_q if row(q) == r.
  A warp's chunks of a stage are one contiguous range (its groups are
- consecutive), so it keeps the slot words of its next 3-4 chunks in flight in
+ consecutive), so it keeps the slot words of its next 2-3 chunks in flight in
  registers: the inner loops wait on shared memory only, never on L2.
 
  Why this shape, and its floor (M 16384, D 2048, H 5632, k = 30 active units
@@ -537,20 +537,24 @@ fill_kernel(uint32_t* slots, const int* chunk_ptr, const uint32_t* words, const 
 //
 // A warp's groups are consecutive, so its chunks of a stage are one range,
 // group t's from bounds[t] to bounds[t + 1]; chunks past the capacity were not
-// written and are skipped. The slot words of the warp's next 3 (up) or 4
+// written and are skipped. The slot words of the warp's next 2 (up) or 3
 // (down) chunks are in flight in registers, across its groups; those of the
 // next stage's first chunks are fetched before the barrier that ends a stage.
 // The next stage's bounds come into shared memory with its weights (cp.async),
-// so that they cost no registers; one barrier per stage. Registers (sm_90a):
-// up 128 of 128, down 254 of 255, neither spills (sm_80: up spills 48 bytes).
+// so that they cost no registers; one barrier per stage. Both kernels are bound
+// by latency, not by shared memory (ncu: 2-4 warps per scheduler issued an
+// instruction every 2.3-2.7 cycles), so a CTA takes 2 groups per warp and twice
+// the warps of the first version (4 groups per warp): 32 warps of 64 registers
+// (up) and 16 of 128 (down), with 52-64 and 36 bytes of spills outside the
+// inner loops; at k = 30, up 0.414 -> 0.386 ms and down 0.53 -> 0.43 ms (H100).
 
-constexpr int UP_THREADS = 512, UP_GROUPS_PER_WARP = 4, UP_GROUPS = UP_THREADS / 32 * UP_GROUPS_PER_WARP;
-constexpr int DOWN_THREADS = 256, DOWN_GROUPS_PER_WARP = 4, DOWN_GROUPS = DOWN_THREADS / 32 * DOWN_GROUPS_PER_WARP;
+constexpr int UP_THREADS = 1024, UP_GROUPS_PER_WARP = 2, UP_GROUPS = UP_THREADS / 32 * UP_GROUPS_PER_WARP;
+constexpr int DOWN_THREADS = 512, DOWN_GROUPS_PER_WARP = 2, DOWN_GROUPS = DOWN_THREADS / 32 * DOWN_GROUPS_PER_WARP;
 // chunks whose slot words a warp has in flight (as many as the registers allow)
-constexpr int UP_QUEUE = 3, DOWN_QUEUE = 4;
+constexpr int UP_QUEUE = 2, DOWN_QUEUE = 3;
 constexpr int STAGE_LD = TWELL_SLICE + 8;
 constexpr int STAGE_ELEMS = TWELL_STAGE_UNITS * STAGE_LD;
-constexpr int BOUNDS_INTS = 16 * 8; // per stage buffer: up to 16 warps x 5 bounds, rows of 8
+constexpr int BOUNDS_INTS = 32 * 8; // per stage buffer: up to 32 warps x 5 bounds, rows of 8
 constexpr size_t LIST_SMEM = 2 * (size_t)STAGE_ELEMS * sizeof(bf16) + 2 * BOUNDS_INTS * sizeof(int);
 
 // cp.async of w[stage's units][d0 .. d0+63] into a stage buffer; units past H are zeros
@@ -582,7 +586,7 @@ __device__ __forceinline__ void load_bounds(int* bounds, const int* chunk_ptr, i
 }
 
 // partials[slice][slot] = the slot's u over D slice `slice`. CTA: 1024 rows
-// (64 groups, 4 consecutive ones per warp) x 64 columns of D. The mma: A = the
+// (64 groups, 2 consecutive ones per warp) x 64 columns of D. The mma: A = the
 // chunk's 16 Wu rows (slot q = A row q) x 16 k, B = the group's f rows (n-tile
 // 0: rows 0-7, n-tile 1: rows 8-15). The 64 columns of the slice are permuted
 // the same way in A and B: k-step kk, k 2i + e and 2i + 8 + e are columns
@@ -709,8 +713,8 @@ __global__ void reduce_kernel(uint32_t* slots, const float* partials, const int*
 }
 
 // y[rows, d0..d0+63] = sum over the rows' slots of a WdT[unit, d0..d0+63]. CTA:
-// 512 rows (32 groups, 4 consecutive ones per warp, 8 warps: 255 registers
-// each, no spill) x 64 columns of D; y^T in registers. The mma: A = WdT[chunk units, slice]^T (16 columns of the slice x
+// 512 rows (32 groups, 2 consecutive ones per warp, 16 warps) x 64 columns of
+// D; y^T in registers. The mma: A = WdT[chunk units, slice]^T (16 columns of the slice x
 // 16 slots), B[q][r] = a_q if row(q) == r else 0 (n-tile 0: rows 0-7, n-tile 1:
 // rows 8-15). Columns are permuted so that lane (g, i) needs the 8 columns of
 // one 16-byte piece: m-tile mt, A row g is column 8 piece(g) + 2mt, row g + 8
