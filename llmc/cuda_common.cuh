@@ -150,4 +150,21 @@ __device__ T block_reduce(T x) {
     return result;
 }
 
+// Whether this block is the last of `blocks` to get here, counted in *counter,
+// which the last one sets back to 0 for the next launch. Every thread of the
+// block calls it after its global writes; the last block may then read what the
+// others wrote.
+__device__ bool block_arrives_last(int* counter, int blocks) {
+    __shared__ int last;
+    __threadfence(); // publish this thread's writes before the block is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1) == blocks - 1;
+        if (last) { *counter = 0; }
+    }
+    __syncthreads();
+    if (last) { __threadfence(); }
+    return last;
+}
+
 #endif // LLMC_CUDA_COMMON_CUH

@@ -214,18 +214,7 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     }
     if (used == 1) { return; } // the only split: nothing to combine
     if (tid == 0) { part_ml[2 * split] = mx; part_ml[2 * split + 1] = l; }
-    // publish this split, then count it; the block that counts last combines
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        int* done = splits_done + (size_t)b * NH + h;
-        last = atomicAdd(done, 1) == used - 1;
-        if (last) { *done = 0; } // ready for the next step
-    }
-    __syncthreads();
-    if (last) {
-        __threadfence();
+    if (block_arrives_last(splits_done + (size_t)b * NH + h, used)) { // the last split combines
         decode_attention_combine(out, part_o, part_ml, b, h, NH, HD, splits, used);
     }
 }
