@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     sparse_scratch_alloc_cuda(&scratch, M, H);
     int* tail_used = (int*)cuda_malloc(sizeof(int));
 
-    printf("%-10s %5s %5s %5s | %8s %8s %6s | %8s %8s %6s | %6s %6s | %9s %9s %6s | %8s %8s %8s | stages fwd: gate pack up down, bwd: dh df transpose wgrad\n",
+    printf("%-10s %5s %5s %5s | %8s %8s %6s | %8s %8s %6s | %6s %6s | %9s %9s %6s | %8s %8s %8s | stages fwd: gate+pack (its pack, cuBLAS gate+pack) up down, bwd: dh df transpose wgrad\n",
            "pattern", "k", "W", "tail", "dense f", "sparse f", "ratio", "dense fb", "sparse fb", "ratio", "auto", "ratio",
            "dense MB", "sparse MB", "ratio", "err y", "err df", "err dW");
     struct { double k; int realistic; } cases[] = {{8, 0}, {30, 0}, {100, 0}, {300, 0}, {30, 1}};
@@ -181,9 +181,15 @@ int main(int argc, char** argv) {
         SparseTransposed t;
         sparse_transposed_alloc(&t, H, n, DEVICE_CUDA);
         bf16 *du = (bf16*)cuda_malloc(n * 2 + 16), *dg = (bf16*)cuda_malloc(n * 2 + 16);
-        auto sparse_fwd = [&] {
+        auto cublas_gate_pack = [&] {
             gemm(g, f, wg, M, H, D, 0, 1, 0);
             sparse_pack(&p, active, fired, g, &scratch);
+        };
+        auto gate_pack = [&] { // as llmc/gpt.h runs it: fused on Hopper
+            if (!sparse_gate_pack(&p, active, fired, g, f, wg, D, &scratch)) { cublas_gate_pack(); }
+        };
+        auto sparse_fwd = [&] {
+            gate_pack();
             sparse_up(&p, l1, f, wu, D);
             sparse_down(y_sparse, &p, wdT, D);
         };
@@ -202,9 +208,10 @@ int main(int argc, char** argv) {
 
         float t_df = median_ms(dense_fwd), t_dfb = median_ms([&] { dense_fwd(); dense_bwd(); });
         float t_sf = median_ms(sparse_fwd), t_sfb = median_ms([&] { sparse_fwd(); sparse_bwd(); });
-        float st[8] = {
-            median_ms([&] { gemm(g, f, wg, M, H, D, 0, 1, 0); }),
-            median_ms([&] { sparse_pack(&p, active, fired, g, &scratch); }),
+        float st[9] = {
+            median_ms(gate_pack),
+            scratch.gate_words ? median_ms([&] { sparse_pack_twell(&p, active, fired, sparse_gate_records(&scratch, g), &scratch); }) : 0.0f,
+            median_ms(cublas_gate_pack),
             median_ms([&] { sparse_up(&p, l1, f, wu, D); }),
             median_ms([&] { sparse_down(y_sparse, &p, wdT, D); }),
             median_ms([&] { sparse_dh(du, dg, &p, dy, wdT, l1_scale, D); }),
@@ -217,10 +224,10 @@ int main(int argc, char** argv) {
         int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
         float t_auto = auto_sparse ? t_sfb : t_dfb;
         printf("%-10s %5.1f %5d %5d | %8.3f %8.3f %5.2fx | %8.3f %9.3f %5.2fx | %6s %5.2fx | %9.1f %9.1f %5.1fx | %8.1e %8.1e %8.1e |"
-               " %.3f %.3f %.3f %.3f | %.3f %.3f %.3f %.3f\n",
+               " %.3f (%.3f, %.3f) %.3f %.3f | %.3f %.3f %.3f %.3f\n",
                cs.realistic ? "realistic" : "uniform", mean, W, tail, t_df, t_sf, t_df / t_sf, t_dfb, t_sfb, t_dfb / t_sfb,
                auto_sparse ? "sparse" : "dense", t_dfb / t_auto, dense_mb, sparse_mb, dense_mb / sparse_mb, err_y, err_df, err_dw, st[0], st[1], st[2], st[3], st[4], st[5],
-               st[6], st[7]);
+               st[6], st[7], st[8]);
         sparse_pattern_free(&p, DEVICE_CUDA);
         sparse_transposed_free(&t, DEVICE_CUDA);
         cuda_free(du);

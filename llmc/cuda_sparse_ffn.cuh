@@ -4,7 +4,9 @@
  reference), bf16 values, fp32 accumulation, fp32 weight gradients.
 
      pack        g [M, H] (the one dense product, from cuBLASLt) -> P: a warp per row counts, a scan
-                 gives the tail slots in row order, a warp per row writes its entries in unit order
+                 gives the tail slots in row order, a warp per row writes its entries in unit order;
+                 on Hopper the wgmma gate packs g into TwELL blocks from its registers instead, and
+                 the count and write read those (g [M, H] is never written)
      up, dh      a warp per row: one D-long dot product per entry (f . Wu[n] or dy . WdT[n])
      down, df    a CTA per (row, column slice), a thread per 8 columns: y_m (df_m) = sum_e a_e A[n_e]
                  (+ b_e B[n_e])
@@ -25,6 +27,7 @@
 
 #include <cub/cub.cuh>
 #include "llmc/cuda_common.cuh"
+#include "llmc/cuda_twell.cuh"
 #include "llmc/sparse_ffn.h"
 
 constexpr int SPARSE_ROW_WARPS = 8;      // warps per CTA of the warp-per-row kernels
@@ -56,34 +59,47 @@ __global__ void sparse_count_kernel(int* count, int* row_active, int* row_flag, 
     }
 }
 
-// lane l holds columns 8l..8l+7 of each 256-column group, so lane order is unit order
+// row m's tail slot (-1: the ELL part) from the scan of the rows' flags, stored
+// with tail_used; SPARSE_ROW_LOST past the tail's capacity
+__device__ int sparse_row_slot(const SparsePattern<bf16>& p, int m, const int* row_flag, const int* row_prefix) {
+    int slot = row_flag[m] ? row_prefix[m] : -1;
+    if (m == p.M - 1 && threadIdx.x % 32 == 0) { *p.tail_used = row_prefix[m] + row_flag[m]; }
+    if (slot >= p.tail_capacity) { slot = SPARSE_ROW_LOST; }
+    if (threadIdx.x % 32 == 0) { p.tail_slot[m] = slot; }
+    return slot;
+}
+
+// a warp's 256 consecutive columns, lane l holding units col..col+7 (col = col0
+// + 8 l) with their g in v: the positives become entries e, e + 1, ... in unit
+// order (lane order is unit order); returns how many (every lane). A fired
+// mark is stored only where it still reads 0: unconditional stores of the
+// same few cache lines by every warp were measured slower
+__device__ int sparse_write_positives(const SparsePattern<bf16>& p, uint8_t* fired, size_t e, int col, const Bf16x8& v) {
+    unsigned mask = 0;
+    for (int i = 0; i < 8; i++) { mask |= (unsigned)(__bfloat162float(v.v[i]) > 0.0f) << i; }
+    int mine = __popc(mask);
+    int inclusive = warp_inclusive_sum(mine);
+    size_t out = e + inclusive - mine;
+    for (int i = 0; i < 8; i++) {
+        if ((mask >> i) & 1) {
+            p.unit[out] = (uint16_t)(col + i);
+            p.g[out] = v.v[i];
+            out++;
+            if (fired && !fired[col + i]) { fired[col + i] = 1; }
+        }
+    }
+    return __shfl_sync(0xffffffffu, inclusive, 31);
+}
+
 __global__ void sparse_write_kernel(SparsePattern<bf16> p, uint8_t* fired, const bf16* g, const int* row_flag,
                                     const int* row_prefix) {
     const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (m >= p.M) { return; }
-    const int H = p.H;
-    int slot = row_flag[m] ? row_prefix[m] : -1;
-    if (m == p.M - 1 && lane == 0) { *p.tail_used = row_prefix[m] + row_flag[m]; }
-    if (slot >= p.tail_capacity) { slot = SPARSE_ROW_LOST; }
-    if (lane == 0) { p.tail_slot[m] = slot; }
+    const int slot = sparse_row_slot(p, m, row_flag, row_prefix);
     if (slot == SPARSE_ROW_LOST) { return; }
     size_t e = row_base(p, m, slot);
-    for (int col = lane * 8; col < H; col += 256) {
-        Bf16x8 v = load_bf16x8(g + (size_t)m * H + col);
-        unsigned mask = 0;
-        for (int i = 0; i < 8; i++) { mask |= (unsigned)(__bfloat162float(v.v[i]) > 0.0f) << i; }
-        int mine = __popc(mask);
-        int inclusive = warp_inclusive_sum(mine);
-        size_t out = e + inclusive - mine;
-        for (int i = 0; i < 8; i++) {
-            if ((mask >> i) & 1) {
-                p.unit[out] = (uint16_t)(col + i);
-                p.g[out] = v.v[i];
-                out++;
-                if (fired && !fired[col + i]) { fired[col + i] = 1; }
-            }
-        }
-        e += __shfl_sync(0xffffffffu, inclusive, 31);
+    for (int col = lane * 8; col < p.H; col += 256) {
+        e += sparse_write_positives(p, fired, e, col, load_bf16x8(g + (size_t)m * p.H + col));
     }
 }
 
@@ -96,6 +112,99 @@ void sparse_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const 
     cudaCheck(cub::DeviceScan::ExclusiveSum(s->scan_temp, s->scan_temp_bytes, s->row_flag, s->row_prefix, p->M, main_stream));
     sparse_write_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(*p, fired, g, s->row_flag, s->row_prefix);
     cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// pack fused with the gate (compute capability 9.0): the wgmma gate of
+// llmc/cuda_twell.cuh packs g from its registers into TwELL blocks, one per row
+// and tile of 256 units (word 0 the tile's count c; c <= 31: words 1..c the
+// entries, unit within the tile | bf16 g << 16, in unit order; else word 1 the
+// index of an overflow record, the tile's relu(g) row). Then a warp per row
+// counts (the words 0), the same scan, and a warp per row writes its entries
+// tile by tile. The records have room for every tile (g's buffer, or a scratch
+// buffer where g is too small), so none is ever lost. g never reaches memory
+// except as those records: 4 words per tile per row instead of 256 bf16.
+
+constexpr int GATE_SLOTS = TWELL_TILE / 8 - 1; // TwELL's compression 8: a block is 32 words, one per lane
+
+__global__ void sparse_count_twell_kernel(int* count, int* row_active, int* row_flag, const uint32_t* words, int M,
+                                          int T, int W) {
+    const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (m >= M) { return; }
+    int c = 0;
+    for (int t = lane; t < T; t += 32) { c += (int)words[((size_t)m * T + t) * (GATE_SLOTS + 1)]; }
+    c = warp_reduce<Sum>(c);
+    if (lane == 0) {
+        count[m] = row_active[m] = c;
+        row_flag[m] = c > W;
+    }
+}
+
+// lane j reads word j of each block, 8 tiles' blocks in flight at once
+constexpr int GATE_TILES_IN_FLIGHT = 8;
+__global__ void sparse_write_twell_kernel(SparsePattern<bf16> p, uint8_t* fired, const uint32_t* words,
+                                          const uint16_t* records, const int* row_flag, const int* row_prefix, int T) {
+    const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (m >= p.M) { return; }
+    const int slot = sparse_row_slot(p, m, row_flag, row_prefix);
+    if (slot == SPARSE_ROW_LOST) { return; }
+    size_t e = row_base(p, m, slot);
+    const uint32_t* row_words = words + (size_t)m * T * (GATE_SLOTS + 1);
+    for (int t0 = 0; t0 < T; t0 += GATE_TILES_IN_FLIGHT) {
+        uint32_t w[GATE_TILES_IN_FLIGHT];
+        #pragma unroll
+        for (int q = 0; q < GATE_TILES_IN_FLIGHT; q++) {
+            w[q] = t0 + q < T ? row_words[(size_t)(t0 + q) * (GATE_SLOTS + 1) + lane] : 0;
+        }
+        #pragma unroll
+        for (int q = 0; q < GATE_TILES_IN_FLIGHT; q++) {
+            const int c = (int)__shfl_sync(0xffffffffu, w[q], 0), unit0 = (t0 + q) * TWELL_TILE;
+            if (c == 0) { continue; } // also the tiles past the last (w = 0)
+            if (c <= GATE_SLOTS) {
+                if (lane >= 1 && lane <= c) {
+                    const int n = unit0 + (int)(w[q] & 0xffffu);
+                    p.unit[e + lane - 1] = (uint16_t)n;
+                    p.g[e + lane - 1] = __ushort_as_bfloat16((unsigned short)(w[q] >> 16));
+                    if (fired && !fired[n]) { fired[n] = 1; }
+                }
+                e += c;
+            } else {
+                const uint32_t record = __shfl_sync(0xffffffffu, w[q], 1);
+                const bf16* values = reinterpret_cast<const bf16*>(records) + (size_t)record * TWELL_TILE;
+                e += sparse_write_positives(p, fired, e, unit0 + lane * 8, load_bf16x8(values + lane * 8));
+            }
+        }
+    }
+}
+
+// P from the TwELL blocks in s->gate_words and their records
+void sparse_pack_twell(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const uint16_t* records, SparseScratch* s) {
+    const int M = p->M, T = ceil_div(p->H, TWELL_TILE), blocks = ceil_div(M, SPARSE_ROW_WARPS);
+    sparse_count_twell_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(p->count, row_active, s->row_flag,
+                                                                                 s->gate_words, M, T, p->W);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cub::DeviceScan::ExclusiveSum(s->scan_temp, s->scan_temp_bytes, s->row_flag, s->row_prefix, M, main_stream));
+    sparse_write_twell_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(*p, fired, s->gate_words, records,
+                                                                                 s->row_flag, s->row_prefix, T);
+    cudaCheck(cudaGetLastError());
+}
+
+// the records of the fused gate: one for every tile, in g where it holds them, else the scratch's
+static inline uint16_t* sparse_gate_records(SparseScratch* s, bf16* g) {
+    return s->gate_records ? s->gate_records : reinterpret_cast<uint16_t*>(g);
+}
+
+// the fused gate + pack where this GPU and shape allow it (wgmma, D % 64 == 0,
+// the scratch's TwELL buffers allocated); else false
+bool sparse_gate_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, bf16* g, const bf16* f, const bf16* wg,
+                      int D, SparseScratch* s) {
+    if (s->gate_words == NULL || D % TWELL_SLICE != 0) { return false; }
+    const int M = p->M, H = p->H, T = ceil_div(H, TWELL_TILE);
+    Twell tw = twell_layout(M, H, TWELL_TILE, GATE_SLOTS, M * T);
+    twell_gate_wgmma_into(s->gate_words, sparse_gate_records(s, g), s->gate_counters, s->gate_counter_bytes, &tw, D,
+                          ceil_div(M, TWELL_GROUP_ROWS), twell_row_map(M), f, wg);
+    sparse_pack_twell(p, row_active, fired, sparse_gate_records(s, g), s);
+    return true;
 }
 
 // ----------------------------------------------------------------------------
@@ -378,7 +487,11 @@ void sparse_weight_grads(float* dwu, float* dwg, float* dwdT, const SparsePatter
 // ----------------------------------------------------------------------------
 // scratch
 
-static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H) {
+// spare (may be NULL): spare_bytes of device memory nothing uses while the
+// gate runs (llmc/gpt.h lends the backward's d_qkv), where the fused gate's
+// words go when they fit, instead of an allocation of their own
+static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, void* spare = NULL, size_t spare_bytes = 0) {
+    memset(s, 0, sizeof(*s));
     const int blocks = sparse_row_blocks(M);
     size_t n = (size_t)H * blocks;
     if (n > INT_MAX) { fatal("sparse scratch: %zu unit blocks exceed int32", n); }
@@ -391,6 +504,18 @@ static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H) {
     cudaCheck(cub::DeviceScan::ExclusiveSum(NULL, b, s->block_counts, s->block_offsets, (int)n, main_stream));
     s->scan_temp_bytes = a > b ? a : b;
     s->scan_temp = cuda_malloc(s->scan_temp_bytes);
+    if (twell_has_wgmma()) { // the fused gate's buffers
+        const int T = ceil_div(H, TWELL_TILE), groups = ceil_div(M, TWELL_GROUP_ROWS);
+        const int stages = ceil_div(T, TWELL_STAGE_TILES);
+        const size_t word_bytes = (size_t)M * T * (GATE_SLOTS + 1) * sizeof(uint32_t);
+        s->gate_words_owned = spare == NULL || spare_bytes < word_bytes;
+        s->gate_words = s->gate_words_owned ? (uint32_t*)cuda_malloc(word_bytes) : (uint32_t*)spare;
+        s->gate_counter_bytes = TWELL_NUM_COUNTERS * sizeof(unsigned long long) + (size_t)groups * stages * sizeof(int);
+        s->gate_counters = (unsigned long long*)cuda_malloc(s->gate_counter_bytes);
+        if (H % TWELL_TILE != 0) { // g [M, H] cannot hold a record for every tile
+            s->gate_records = (uint16_t*)cuda_malloc((size_t)M * T * TWELL_TILE * sizeof(uint16_t));
+        }
+    }
 }
 
 static inline void sparse_scratch_free_cuda(SparseScratch* s) {
@@ -399,6 +524,9 @@ static inline void sparse_scratch_free_cuda(SparseScratch* s) {
     cuda_free(s->block_counts);
     cuda_free(s->block_offsets);
     cuda_free(s->scan_temp);
+    if (s->gate_words_owned) { cuda_free(s->gate_words); }
+    cuda_free(s->gate_counters);
+    cuda_free(s->gate_records);
     memset(s, 0, sizeof(*s));
 }
 

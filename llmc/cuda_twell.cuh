@@ -1044,26 +1044,37 @@ static inline bool twell_has_wgmma(void) {
     return major == 9;
 }
 
-// gate + packing, fused (compute capability 9.0): g never leaves the GEMM
-static inline void twell_gate_wgmma(TwellFFN* ffn, const bf16* f, const bf16* wg) {
+// the fused gate + packing into explicit buffers (compute capability 9.0):
+// words [M][T][1 + S], records (record_capacity x 256), counters
+// [TWELL_NUM_COUNTERS] followed by the work list's counts [num_groups x
+// stages], counter_bytes of them zeroed first; g never leaves the GEMM
+static inline void twell_gate_wgmma_into(uint32_t* words, uint16_t* records, unsigned long long* counters,
+                                         size_t counter_bytes, const Twell* tw, int D, int num_groups, TwellRowMap map,
+                                         const bf16* f, const bf16* wg) {
     using namespace twell_detail;
-    const Twell* tw = &ffn->tw;
     static int num_sms = 0;
     if (!twell_has_wgmma()) { fatal("twell: the wgmma gate needs compute capability 9.0"); }
+    if (D % TWELL_SLICE != 0) { fatal("twell: the wgmma gate needs D (%d) a multiple of %d", D, TWELL_SLICE); }
     if (num_sms == 0) {
         num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount);
         cudaCheck(cudaFuncSetAttribute(gate_pack_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     }
-    ffn->path = TWELL_SPARSE;
-    ffn->timed = 0;
-    twell_reset_counters(ffn);
-    CUtensorMap map_f = twell_tensor_map(f, tw->rows, ffn->D, WG_BM);
-    CUtensorMap map_w = twell_tensor_map(wg, tw->cols, ffn->D, WG_BN);
+    cudaCheck(cudaMemsetAsync(counters, 0, counter_bytes, main_stream));
+    CUtensorMap map_f = twell_tensor_map(f, tw->rows, D, WG_BM);
+    CUtensorMap map_w = twell_tensor_map(wg, tw->cols, D, WG_BN);
     int tiles = (tw->rows + WG_BM - 1) / WG_BM * tw->tiles;
     gate_pack_wgmma_kernel<<<tiles < num_sms ? tiles : num_sms, WG_THREADS, WG_SMEM, main_stream>>>(
-        map_f, map_w, ffn->words, ffn->records, ffn->counters, ffn->counts, tw->rows, ffn->D, tw->tiles, tw->slots,
-        tw->record_capacity, ffn->num_groups, ffn->map);
+        map_f, map_w, words, records, counters, (int*)(counters + TWELL_NUM_COUNTERS), tw->rows, D, tw->tiles,
+        tw->slots, tw->record_capacity, num_groups, map);
     cudaCheck(cudaGetLastError());
+}
+
+// gate + packing, fused (compute capability 9.0) into ffn's buffers
+static inline void twell_gate_wgmma(TwellFFN* ffn, const bf16* f, const bf16* wg) {
+    ffn->path = TWELL_SPARSE;
+    ffn->timed = 0;
+    twell_gate_wgmma_into(ffn->words, ffn->records, ffn->counters, twell_counter_bytes(ffn), &ffn->tw, ffn->D,
+                          ffn->num_groups, ffn->map, f, wg);
 }
 
 // gate + packing the fastest way this GPU has: wgmma, else cuBLASLt into g_scratch [M, H]

@@ -251,7 +251,8 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     if (model->ffn_mode != FFN_DENSE) {
         if (model->device == DEVICE_CUDA) {
 #ifdef __CUDACC__
-            sparse_scratch_alloc_cuda(&model->sparse_scratch, (int)M, (int)H);
+            // the fused gate's words in d_qkv, which only the backward uses
+            sparse_scratch_alloc_cuda(&model->sparse_scratch, (int)M, (int)H, a->d_qkv, M * QKV * sizeof(T));
 #endif
         }
         // sparse from the start, or dense until the first statistics say otherwise
@@ -507,11 +508,16 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
                                        a->proj, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
 
         if (model->ffn[l].on) {
-            // the dense gate product into g's buffer, then only the units that fire
+            // the dense gate product and its packing (fused where the GPU can), then only the units that fire
             SparsePattern<T>* p = &model->ffn[l].p;
             gpt_sparse_ensure(model, l);
-            linear_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
-            sparse_pack(p, a->row_active + (size_t)l * M, model->fired + (size_t)l * H, g, &model->sparse_scratch);
+            const T* wg = model->param[P_WG] + (size_t)l * H * D;
+            int* row_active = a->row_active + (size_t)l * M;
+            uint8_t* fired = model->fired + (size_t)l * H;
+            if (!sparse_gate_pack(p, row_active, fired, g, ffn_in, wg, D, &model->sparse_scratch)) {
+                linear_forward(g, ffn_in, wg, M, D, H);
+                sparse_pack(p, row_active, fired, g, &model->sparse_scratch);
+            }
             sparse_up(p, a->row_l1 + (size_t)l * M, ffn_in, model->param[P_WU] + (size_t)l * H * D, D);
             sparse_down(a->proj, p, wdT, D);
         } else {

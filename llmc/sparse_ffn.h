@@ -75,6 +75,13 @@ typedef struct {
     int* block_offsets;   // [H, row blocks] their exclusive prefix, unit-major
     void* scan_temp;      // cub's temporary storage
     size_t scan_temp_bytes;
+    // the fused gate's TwELL blocks (GPUs with wgmma; else NULL): [M][ceil(H / 256)][32] words, its
+    // counters (and work-list counts), and overflow records where g [M, H] cannot hold them all
+    uint32_t* gate_words;
+    int gate_words_owned;            // 0: the words sit in memory lent by the caller
+    unsigned long long* gate_counters;
+    size_t gate_counter_bytes;
+    uint16_t* gate_records;
 } SparseScratch;
 
 static inline size_t sparse_entries(int M, int H, int W, int tail_capacity) {
@@ -176,6 +183,15 @@ void sparse_pack(SparsePattern<T>* p, int* row_active, uint8_t* fired, const T* 
         }
     }
     *p->tail_used = used;
+}
+
+// the gate product fused with the packing (f [M, D], Wg [H, D]; g [M, H] may be
+// used as scratch): where the GPU has such a kernel (llmc/cuda_sparse_ffn.cuh);
+// false here, and the caller runs the product, then sparse_pack
+template <typename T>
+bool sparse_gate_pack(SparsePattern<T>* p, int* row_active, uint8_t* fired, T* g, const T* f, const T* wg, int D,
+                      SparseScratch* scratch) {
+    return false;
 }
 
 template <typename T>

@@ -13,6 +13,8 @@
    exactly the rows past it come out NaN, and after growing the tail to the
    count the run matches the dense path: nothing is dropped;
  - two runs give the same bits;
+ - on Hopper, the fused wgmma gate + pack against cuBLAS g + pack (check_fused_gate),
+   with overflow records in a scratch buffer (H % 256 != 0) and in g's buffer;
  - dead-neuron re-initialisation (llmc/cuda_gate.cuh): only the master rows of
    units that did not fire move, by 0.9 W + 0.1 N(0, 0.02^2), and the bf16
    weights follow them (the noise is Philox here, so it is checked by its mean
@@ -113,6 +115,69 @@ static void check_close(const Outputs& got, const Outputs& ref, const char* what
     const char* names[6] = {"y", "l1", "df", "dWu", "dWg", "dWdT"};
     for (int i = 0; i < 6; i++) { CHECK(e[i] < tol, "%s: %s rel err %.3g", what, names[i], e[i]); }
     printf("  %s: rel err y %.2e l1 %.2e df %.2e dWu %.2e dWg %.2e dWdT %.2e\n", what, e[0], e[1], e[2], e[3], e[4], e[5]);
+}
+
+// The fused gate + pack (wgmma, compute capability 9.0) against the pack of
+// cuBLAS's g (ref_*): the same pattern except where |g| in fp64 is below 1e-4,
+// where two fp32 summation orders may round to different signs (counted); g
+// within one bf16 step; units increasing; row_active = count; tail slots in row
+// order; fired = the units that have entries; two runs the same bits.
+static void check_fused_gate(Case* c, const std::vector<float>& f, const std::vector<float>& wg,
+                             const std::vector<int>& ref_count, const std::vector<int>& ref_slot,
+                             const std::vector<uint16_t>& ref_unit, const std::vector<float>& ref_g, SparseScratch* s,
+                             const char* what) {
+    const int M = c->M, D = c->D, H = c->H, W = c->W;
+    int* tail_used = (int*)cuda_malloc(sizeof(int));
+    SparsePattern<bf16> p;
+    sparse_pattern_alloc(&p, M, H, W, M, tail_used, DEVICE_CUDA); // a tail for every row: nothing lost here
+    size_t n = sparse_entries(M, H, W, M);
+    std::vector<int> count[2], slot[2];
+    std::vector<uint16_t> unit[2];
+    std::vector<bf16> g[2];
+    for (int run = 0; run < 2; run++) {
+        poison(p.count, M * 4), poison(p.tail_slot, M * 4), poison(p.unit, n * 2), poison(p.g, n * 2);
+        poison(c->d_active, M * 4), poison(c->d_g, (size_t)M * H * 2), poison(tail_used, 4);
+        cudaCheck(cudaMemset(c->d_fired, 0, H));
+        bool ran = sparse_gate_pack(&p, c->d_active, c->d_fired, c->d_g, c->d_f, c->d_wg, D, s);
+        CHECK(ran, "%s: the fused gate ran", what);
+        count[run] = download(p.count, M), slot[run] = download(p.tail_slot, M);
+        unit[run] = download(p.unit, n), g[run] = download(p.g, n);
+    }
+    std::vector<int> active = download(c->d_active, M);
+    std::vector<uint8_t> fired = download(c->d_fired, H), has_entry(H, 0);
+    int used = download(tail_used, 1)[0], next_slot = 0, order_ok = 1, slots_ok = 1, g_ok = 1, differ = 0, ties = 0;
+    for (int m = 0; m < M; m++) {
+        int want = count[0][m] > W ? next_slot++ : -1;
+        slots_ok &= slot[0][m] == want;
+        size_t e = sparse_row_base(M, H, W, m, slot[0][m]), r = sparse_row_base(M, H, W, m, ref_slot[m]);
+        int i = 0, j = 0, ci = count[0][m], cj = ref_count[m];
+        while (i < ci || j < cj) {
+            int a = i < ci ? unit[0][e + i] : INT_MAX, b = j < cj ? ref_unit[r + j] : INT_MAX;
+            if (i + 1 < ci) { order_ok &= unit[0][e + i + 1] > a; }
+            if (a == b) {
+                float ga = __bfloat162float(g[0][e + i]), gb = ref_g[r + j];
+                g_ok &= ga > 0.0f && fabsf(ga - gb) <= ldexpf(fabsf(gb), -7);
+                has_entry[a] = 1, i++, j++;
+            } else { // a unit on one side only: its exact g must be a near tie
+                int u = a < b ? a : b;
+                double exact = 0;
+                for (int d = 0; d < D; d++) { exact += (double)f[(size_t)m * D + d] * wg[(size_t)u * D + d]; }
+                if (fabs(exact) < 1e-4) { ties++; } else { differ++; }
+                if (a < b) { has_entry[a] = 1, i++; } else { j++; }
+            }
+        }
+    }
+    CHECK(count[0] == count[1] && slot[0] == slot[1] && unit[0] == unit[1] &&
+          memcmp(g[0].data(), g[1].data(), n * 2) == 0, "%s: fused gate, two runs are bit-identical", what);
+    CHECK(active == count[0], "%s: fused gate, row_active = count", what);
+    CHECK(slots_ok && used == next_slot, "%s: fused gate, tail slots in row order (used %d, %d rows past W)", what, used, next_slot);
+    CHECK(order_ok, "%s: fused gate, units in increasing order", what);
+    CHECK(g_ok, "%s: fused gate, g within one bf16 step of cuBLAS's", what);
+    CHECK(differ == 0, "%s: fused gate, %d entries differ from cuBLAS's pattern away from g = 0", what, differ);
+    CHECK(fired == has_entry, "%s: fused gate, fired marks = the units with entries", what);
+    printf("  fused gate (wgmma): the same pattern as cuBLAS g + pack, %d entries at near-zero g differ\n", ties);
+    sparse_pattern_free(&p, DEVICE_CUDA);
+    cuda_free(tail_used);
 }
 
 static void run_case(int M, int D, int H, int W, double k, int realistic) {
@@ -217,6 +282,11 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
             }
             CHECK(tr_same, "%s: transposed pattern equals the CPU reference's", what);
             check_close(got, ref, what);
+            if (s.gate_words && D % TWELL_SLICE == 0) {
+                check_fused_gate(&c, to_float(to_bf16(f)), to_float(to_bf16(wg)), count, slot, unit, pg, &s, what);
+            } else {
+                printf("  fused gate: not on this GPU or shape (compute capability 9.0 and D %% 64 == 0)\n");
+            }
             // determinism
             reset_grads(&c);
             sparse_ffn(&c, &p, &t, &s, du, dg);
@@ -278,6 +348,7 @@ int main(void) {
     const int M = 2048, D = 512, H = 1408, W = 64;
     for (double k : {8.0, 30.0, 100.0, 300.0}) { run_case(M, D, H, W, k, 0); }
     run_case(M, D, H, W, 30, 1);
+    run_case(1024, 256, 1024, 32, 300, 0); // H % 256 == 0: the fused gate's records in g, every tile one
     run_case(1000, 200, 96, 16, 6, 1); // shapes not multiples of the tiles (D/8 = 25 threads)
     run_case(70000, 64, 64, 8, 4, 1);  // token indices past 16 bits
     test_dead_reinit();
