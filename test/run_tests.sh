@@ -9,8 +9,11 @@ run() {
     out=$("$@" 2>&1); local rc=$?
     echo "$out" | grep -E "FAIL|passed, [0-9]+ failed" || true
     local line
-    line=$(echo "$out" | grep -E "^[A-Za-z0-9_./-]+: [0-9]+ passed, [0-9]+ failed$" | tail -n 1)
-    if [ -z "$line" ] || [ $rc -ne 0 ] && [ "$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')" = "0" ]; then
+    line=$(echo "$out" | grep -E "^[^ ].*: [0-9]+ passed, [0-9]+ failed$" | tail -n 1)
+    local nfail=""
+    [ -n "$line" ] && nfail=$(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')
+    # no summary line, or a failing exit that the summary does not account for: broken
+    if [ -z "$line" ] || { [ $rc -ne 0 ] && [ "$nfail" = "0" ]; }; then
         echo "$* exited $rc"; echo "$out" | tail -n 20; broken=$((broken + 1))
     fi
     if [ -n "$line" ]; then
