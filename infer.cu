@@ -503,8 +503,12 @@ static void bench(GpuModel* m, int B, int T, int steps, const char* what, uint64
     BenchResult twell = bench_path(m, INFER_FFN_TWELL, tokens, lens, B, T, steps, &nvml, have_nvml);
     printf("bench: %s, batch %d x %d prompt tokens, %d decode steps%s\n", what, B, T, steps,
            m->sparse_prefill_ok ? "" : " (TwELL prefill unsupported for this shape: dense)");
-    printf("TwELL: %.1f active FFN units per token (mean over layers, of H = %d), %lld buffer growths\n", twell.active,
-           c->hidden, m->regrows);
+    if (twell.active >= 0) {
+        printf("TwELL: %.1f active FFN units per token (mean over layers, of H = %d), %lld buffer growths\n", twell.active,
+               c->hidden, m->regrows);
+    } else {
+        printf("TwELL: the prefill of %d tokens ran the dense FFN (--twell-min-rows %d)\n", B * T, m->twell_min_rows);
+    }
     printf("%-6s %14s %14s %16s %16s\n", "ffn", "prefill tok/ms", "decode tok/s", "prefill mJ/tok", "decode mJ/tok");
     const BenchResult* rs[2] = {&dense, &twell};
     const char* names[2] = {"dense", "twell"};
@@ -555,7 +559,7 @@ int main(int argc, char** argv) {
     const char* device_name = "auto";
     const char* ffn_name = "twell";
     const char* preset_name = NULL;
-    int max_tokens = 256, top_k = 0, seed = 42, quiet = 0, graph = 1;
+    int max_tokens = 256, top_k = 0, seed = 42, quiet = 0, graph = 1, twell_min_rows = TWELL_PREFILL_MIN_ROWS;
     int analyze_batches = 16, analyze_batch = 4, analyze_seq_len = 0, analyze_min_count = 10, analyze_top = 20;
     int bench_on = 0, bench_batch = 1, bench_length = 512, max_batch = 64;
     float temperature = 1.0f, top_p = 1.0f, sparse_k = 30.0f;
@@ -574,6 +578,7 @@ int main(int argc, char** argv) {
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
         {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "GPU FFN: twell (sparse) or dense (cuBLAS)", 0},
         {0, "graph", ARG_INT, &graph, 0, 1, "1 = each GPU decode step is one CUDA graph", 0},
+        {0, "twell-min-rows", ARG_INT, &twell_min_rows, 0, 1 << 30, "TwELL: prefills of fewer tokens run the dense FFN (0 = never)", 0},
         {0, "max-batch", ARG_INT, &max_batch, 1, 4096, "most prompts of one GPU run", 0},
         {0, "bench", ARG_INT, &bench_on, 0, 1, "1 = measure prefill tok/ms and decode tok/s, dense and TwELL (GPU)", 0},
         {0, "batch", ARG_INT, &bench_batch, 1, 4096, "--bench: sequences", 0},
@@ -648,6 +653,7 @@ int main(int argc, char** argv) {
         }
         gpu_model_create(&m, &config, bench_batch, bench_batch * bench_length, bench_length + steps);
         m.use_graph = graph;
+        m.twell_min_rows = twell_min_rows;
         if (preset_name) {
             gpu_model_init_synthetic(&m, (uint32_t)seed, sparse_k);
             if (sparse_k > 0) {
@@ -776,6 +782,7 @@ int main(int argc, char** argv) {
         gpu_model_create(&m, &config, nseq, total_tokens, cache_len < config.max_seq_len ? (int)cache_len : config.max_seq_len);
         m.ffn = ffn;
         m.use_graph = graph;
+        m.twell_min_rows = twell_min_rows;
         gpu_model_upload(&m, params);
         free(params);
         params = NULL;

@@ -625,6 +625,12 @@ __global__ void gate_offset_kernel(bf16* wg, const float* rho, int H, int D, flo
 // ----------------------------------------------------------------------------
 // host API
 
+// A prefill of fewer rows than this runs the dense FFN in TwELL mode too: there
+// every weight row is read anyway (the units a few hundred tokens fire cover
+// most of H), and TwELL's one status read per layer (exactness) costs more
+// than the gate saves. Measured on an H100 at the 1.5B shape (dev/NOTES.md).
+constexpr int TWELL_PREFILL_MIN_ROWS = 4096;
+
 typedef struct {
     GPTConfig config;
     InferFFN ffn;
@@ -654,6 +660,7 @@ typedef struct {
     double* layer_active; // [L] units per row the layer's last prefill saw (-1: none yet)
     long long regrows; // TwELL buffer growths (each reruns a layer)
     int sparse_prefill_ok; // 0: the shape is not one the TwELL GPU path takes (prefill runs dense)
+    int twell_min_rows;    // prefills of fewer rows run the dense FFN (TWELL_PREFILL_MIN_ROWS; 0: never)
     // the decode step as a graph, for one batch size and FFN
     cudaGraphExec_t graph;
     int graph_seqs;
@@ -678,6 +685,7 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
     m->cache_len = cache_len;
     m->ffn = INFER_FFN_TWELL;
     m->use_graph = 1;
+    m->twell_min_rows = TWELL_PREFILL_MIN_ROWS;
     if (main_stream == 0) { cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking)); }
     size_t P = num_parameters(c);
     m->params = (bf16*)cuda_malloc(P * sizeof(bf16));
@@ -964,7 +972,7 @@ static inline void gpu_model_prefill(GpuModel* m, const int* tokens, const int* 
     cudaCheck(cudaMemcpyAsync(m->row_slot, slot, M * sizeof(int), cudaMemcpyHostToDevice, main_stream));
     cudaCheck(cudaMemcpyAsync(m->row_pos, pos, M * sizeof(int), cudaMemcpyHostToDevice, main_stream));
     cudaCheck(cudaMemcpyAsync(m->last_row, last, nseq * sizeof(int), cudaMemcpyHostToDevice, main_stream));
-    bool sparse = m->ffn == INFER_FFN_TWELL && m->sparse_prefill_ok && m->calibrate_k <= 0;
+    bool sparse = m->ffn == INFER_FFN_TWELL && m->sparse_prefill_ok && m->calibrate_k <= 0 && M >= m->twell_min_rows;
     double t_k = m->calibrate_k > 0 ? normal_quantile(1.0 - m->calibrate_k / c->hidden) : 0;
     gpu_model_layers(m, M, [&](int l) {
         if (m->calibrate_k > 0) { // the synthetic gate offsets of this layer, from its input

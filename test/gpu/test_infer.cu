@@ -310,6 +310,7 @@ static void test_model(const char* name, bool synthetic) {
     uint64_t rng = synthetic ? 404 : 303;
     GpuModel m;
     gpu_model_create(&m, &c, 3, 64, c.max_seq_len);
+    m.twell_min_rows = 0; // TwELL prefills of any size (the default runs a few rows dense)
     std::vector<float> params(num_parameters(&c));
     if (synthetic) { // the GPU's synthetic-sparse init, calibrated by one prefill, then read back
         gpu_model_init_synthetic(&m, 7, 8.0);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU inference end to end: a small model trained on the GPU with a strong L1
 # term (sparse gates), then infer: greedy text the same with --ffn dense and
-# --ffn twell (24 tokens) and as the CPU path's (the first 8); a batch of
+# --ffn twell (24 tokens; the TwELL prefill forced at any size) and as the CPU
+# path's (the first 8); a batch of
 # prompts (a file, one per line) the same as each prompt alone; stdin; seeded
 # sampling reproducible; the stops; a bad prompt's one-line error; --bench on
 # the checkpoint and on a synthetic-sparse random model.
@@ -40,7 +41,7 @@ for p in "The sea" "It was a dark night, and" "And God said"; do
     i=$((i + 1))
     gen -p "$p" -n 24 --ffn dense > "$work/dense$i.txt" 2>&1
     check "GPU dense generation exits 0" test $? -eq 0
-    gen -p "$p" -n 24 --ffn twell > "$work/twell$i.txt" 2>&1
+    gen -p "$p" -n 24 --ffn twell --twell-min-rows 0 > "$work/twell$i.txt" 2>&1
     check "GPU TwELL generation exits 0" test $? -eq 0
     check "greedy '$p': TwELL gives the dense path's 24 tokens" cmp -s "$work/dense$i.txt" "$work/twell$i.txt"
     gen -p "$p" -n 8 --device cpu > "$work/cpu$i.txt" 2>&1
@@ -87,12 +88,14 @@ expect_error "--ffn sparse: expected twell or dense" ./infer -m "$model" -p hi -
 check "--bench on the checkpoint exits 0" test $? -eq 0
 check "--bench prints both paths and the ratio" grep -q "twell / dense: prefill" "$work/bench.txt"
 cat "$work/bench.txt"
-./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 32 > "$work/bench_syn.txt" 2>&1
+./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 > "$work/bench_syn.txt" 2>&1
 check "--bench on a synthetic-sparse preset exits 0" test $? -eq 0
 check "the synthetic init is said" grep -q "SYNTHETIC-SPARSE" "$work/bench_syn.txt"
 active=$(sed -nE 's/^TwELL: ([0-9.]+) active.*/\1/p' "$work/bench_syn.txt")
 check "synthetic init: about k = 8 units fire ($active)" awk -v a="${active:-0}" 'BEGIN {exit !(a > 3 && a < 20)}'
 cat "$work/bench_syn.txt"
+./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 8 > "$work/bench_small.txt" 2>&1
+check "a prefill below --twell-min-rows runs the dense FFN, and says so" grep -q "ran the dense FFN" "$work/bench_small.txt"
 
 echo "infer_e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
