@@ -123,7 +123,7 @@ void sparse_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const 
 // counts (the words 0), the same scan, and a warp per row writes its entries
 // tile by tile. The records have room for every tile (g's buffer, or a scratch
 // buffer where g is too small), so none is ever lost. g never reaches memory
-// except as those records: 4 words per tile per row instead of 256 bf16.
+// except as those records: a block is 128 bytes per row and tile, g's tile 512.
 
 constexpr int GATE_SLOTS = TWELL_TILE / 8 - 1; // TwELL's compression 8: a block is 32 words, one per lane
 
@@ -201,9 +201,10 @@ bool sparse_gate_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, b
     if (s->gate_words == NULL || D % TWELL_SLICE != 0) { return false; }
     const int M = p->M, H = p->H, T = ceil_div(H, TWELL_TILE);
     Twell tw = twell_layout(M, H, TWELL_TILE, GATE_SLOTS, M * T);
-    twell_gate_wgmma_into(s->gate_words, sparse_gate_records(s, g), s->gate_counters, s->gate_counter_bytes, &tw, D,
+    uint16_t* records = sparse_gate_records(s, g);
+    twell_gate_wgmma_into(s->gate_words, records, s->gate_counters, s->gate_counter_bytes, &tw, D,
                           ceil_div(M, TWELL_GROUP_ROWS), twell_row_map(M), f, wg);
-    sparse_pack_twell(p, row_active, fired, sparse_gate_records(s, g), s);
+    sparse_pack_twell(p, row_active, fired, records, s);
     return true;
 }
 
