@@ -2,10 +2,10 @@
 # GPU inference end to end: a small model trained on the GPU with a strong L1
 # term (sparse gates), then infer: greedy text the same with --ffn dense and
 # --ffn twell (24 tokens; the TwELL prefill forced at any size) and as the CPU
-# path's (the first 8); a batch of
-# prompts (a file, one per line) the same as each prompt alone; stdin; seeded
-# sampling reproducible; the stops; a bad prompt's one-line error; --bench on
-# the checkpoint and on a synthetic-sparse random model.
+# path's (the first 8); a batch of prompts (a file, one per line) the same as
+# each prompt alone; stdin; seeded sampling reproducible; the stops; a bad
+# prompt's one-line error; --bench on the checkpoint and on a synthetic-sparse
+# random model, and a small prefill running the dense FFN by default.
 set -u
 cd "$(dirname "$0")/../.."
 passed=0; failed=0
