@@ -122,7 +122,7 @@ static double max_rel_diff(const bf16* a_dev, const bf16* ref_dev, size_t n) {
 
 struct Row {
     char name[24];
-    double active, dense, gate_cublas, gate_a, gate_wgmma, list, up, down, up_down, sparse, auto_ms, err;
+    double active, dense, gate_cublas, gate_a, gate_wgmma, list, up, down, up_down, sparse, auto_ms, err, rows, sparse_rows, err_rows;
     TwellPath auto_path;
     float dense_above;
 };
@@ -235,6 +235,14 @@ int main(int argc, char** argv) {
         }, iters);
         printf("  sparse total %.3f ms: %.2fx dense; max|y - y_dense| / max|y_dense| = %.2e\n", r.sparse,
                r.dense / r.sparse, r.err);
+        r.rows = time_ms([&] { twell_up_down_rows(&ffn, y_sparse, f_d, wu_d, wdT_d); }, iters);
+        r.sparse_rows = time_ms([&] {
+            gate();
+            twell_up_down_rows(&ffn, y_sparse, f_d, wu_d, wdT_d);
+        }, iters);
+        r.err_rows = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
+        printf("  fused by rows: up + down %.3f ms, sparse total %.3f ms: %.2fx dense; rel diff %.2e\n", r.rows,
+               r.sparse_rows, r.dense / r.sparse_rows, r.err_rows);
 
         // twell_ffn_forward choosing its path from what twell_ffn_status measured
         ffn.choice = TWELL_AUTO;
@@ -253,12 +261,14 @@ int main(int argc, char** argv) {
     }
 
     printf("\nms (median); gate (a) = cuBLAS + pack, (c) = fused wgmma; sparse = best gate + up/down; auto = twell_ffn_forward\n");
-    printf("%-16s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %7s %8s\n", "pattern", "active", "dense", "gemm g",
-           "gate a", "gate c", "list", "up", "down", "up+dn", "sparse", "auto", "path", "ratio", "err");
+    printf("%-16s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %7s %8s\n", "pattern", "active", "dense",
+           "gemm g", "gate a", "gate c", "list", "up", "down", "up+dn", "rows", "sparse", "s.rows", "auto", "path",
+           "ratio", "err");
     for (const Row& r : rows) {
-        printf("%-16s %7.1f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6s %6.2fx %8.1e\n", r.name,
-               r.active, r.dense, r.gate_cublas, r.gate_a, r.gate_wgmma, r.list, r.up, r.down, r.up_down, r.sparse,
-               r.auto_ms, r.auto_path == TWELL_DENSE ? "dense" : "sparse", r.dense / r.auto_ms, r.err);
+        printf("%-16s %7.1f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6s %6.2fx %8.1e\n",
+               r.name, r.active, r.dense, r.gate_cublas, r.gate_a, r.gate_wgmma, r.list, r.up, r.down, r.up_down,
+               r.rows, r.sparse, r.sparse_rows, r.auto_ms, r.auto_path == TWELL_DENSE ? "dense" : "sparse",
+               r.dense / r.auto_ms, r.err);
     }
     const Row* last_faster = NULL;
     const Row* first_slower = NULL;

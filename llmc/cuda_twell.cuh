@@ -131,6 +131,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // the work-list entry of the block (row, tile): stage-major, the row's group by the row map (twell.h)
 __device__ __forceinline__ int entry_of(TwellRowMap map, int row, int tile, int num_groups) {
@@ -827,6 +828,150 @@ down_kernel(bf16* y, const uint32_t* slots, const int* chunk_ptr, const bf16* wd
 }
 
 // ----------------------------------------------------------------------------
+// up + down fused by rows, a CTA of 8 warps per row m:
+//   1. f_m and the row's words into shared memory (one round trip);
+//   2. the blocks' list positions from their counts; list: the active units and
+//      their g, in block order and slot order within a block (increasing unit
+//      order; an overflow record's positives in column order, a lost record one
+//      NaN entry), ROWS_STAGE at a time;
+//   3. up: a warp per listed unit n: u = f_m . Wu[n], a = bf16(g bf16(u)), the
+//      dense path's rounding of u and h;
+//   4. down: thread t adds a WdT[n][8t + 2048 i .. +7] over the listed units, in
+//      list order, to fp32 sums; y_m = bf16(sums) after the last stage.
+// h lives in shared memory only; the weight rows come from L2 (both matrices,
+// 46 MB at the standard point, mostly stay there). Each row adds its true count
+// to the active-unit counter. COLS: columns of D per thread (D <= 256 COLS).
+constexpr int ROWS_THREADS = 256;
+constexpr int ROWS_STAGE = 512;       // listed units per stage
+constexpr int ROWS_MAX_TILES = 64;    // H <= 16384
+constexpr int ROWS_MIN_BLOCKS = 4;    // CTAs per SM the registers must allow (64 registers)
+
+template <int COLS>
+__global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS)
+up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words, const uint16_t* records,
+                    const bf16* f, const bf16* wu, const bf16* wdT, int D, int T, int S) {
+    constexpr int WARPS = ROWS_THREADS / 32, GROUPS = COLS / 8;
+    __shared__ int s_tile_start[ROWS_MAX_TILES + 1]; // list position of each block's first unit
+    __shared__ int s_unit[ROWS_STAGE];
+    __shared__ float s_value[ROWS_STAGE];            // g, then a
+    extern __shared__ uint4 s_f[];                   // f_m (D / 8 pieces of 16 bytes), then the row's words
+    const int m = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, block_words = S + 1;
+    uint32_t* s_words = reinterpret_cast<uint32_t*>(s_f + D / 8);
+    const uint32_t* row_words = words + (size_t)m * T * block_words;
+    for (int i = threadIdx.x; i < D / 8; i += ROWS_THREADS) { s_f[i] = reinterpret_cast<const uint4*>(f + (size_t)m * D)[i]; }
+    for (int i = threadIdx.x; i < T * block_words; i += ROWS_THREADS) { s_words[i] = row_words[i]; }
+    __syncthreads();
+    if (warp == 0) { // the blocks' list lengths (a lost record lists one NaN entry), then their prefix
+        int carry = 0;
+        unsigned int active = 0;
+        for (int t0 = 0; t0 < T; t0 += 32) {
+            int t = t0 + lane, listed = 0;
+            if (t < T) {
+                uint32_t c = s_words[t * block_words];
+                listed = c <= (uint32_t)S || s_words[t * block_words + 1] != TWELL_RECORD_LOST ? (int)c : 1;
+                active += c;
+            }
+            int inclusive = warp_inclusive_sum(listed);
+            if (t < T) { s_tile_start[t] = carry + inclusive - listed; }
+            carry += __shfl_sync(0xffffffffu, inclusive, 31);
+        }
+        active = warp_reduce<Sum>(active);
+        if (lane == 0) {
+            s_tile_start[T] = carry;
+            if (active > 0) { atomicAdd(&counters[TWELL_ACTIVE], (unsigned long long)active); }
+        }
+    }
+    __syncthreads();
+    const int total = s_tile_start[T];
+    float acc[GROUPS][8] = {};
+    for (int first = 0; first < total; first += ROWS_STAGE) {
+        const int count = min(ROWS_STAGE, total - first);
+        // list the units at positions first .. first + count - 1
+        for (int t = warp; t < T; t += WARPS) {
+            int start = s_tile_start[t] - first, end = s_tile_start[t + 1] - first;
+            if (end <= 0 || start >= count) { continue; }
+            const uint32_t* block = s_words + t * block_words;
+            uint32_t c = block[0];
+            if (c <= (uint32_t)S) {
+                if (lane < (int)c && start + lane >= 0 && start + lane < count) {
+                    uint32_t w = block[1 + lane];
+                    s_unit[start + lane] = t * TWELL_TILE + (int)(w & 0xffff);
+                    s_value[start + lane] = bf16_bits_to_float(w >> 16);
+                }
+            } else if (block[1] == TWELL_RECORD_LOST) {
+                if (lane == 0 && start >= 0) {
+                    s_unit[start] = t * TWELL_TILE;
+                    s_value[start] = NAN;
+                }
+            } else {
+                uint4 x = *reinterpret_cast<const uint4*>(records + (size_t)block[1] * TWELL_TILE + lane * 8);
+                uint32_t v[4] = {x.x, x.y, x.z, x.w}, mask = 0;
+                #pragma unroll
+                for (int e = 0; e < 8; e++) { mask |= (uint32_t)(((v[e / 2] >> (16 * (e % 2))) & 0xffff) != 0) << e; }
+                int position = start + warp_inclusive_sum(__popc(mask)) - __popc(mask);
+                #pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    if (((mask >> e) & 1) && position >= 0 && position < count) {
+                        s_unit[position] = t * TWELL_TILE + lane * 8 + e;
+                        s_value[position] = bf16_bits_to_float((v[e / 2] >> (16 * (e % 2))) & 0xffff);
+                    }
+                    position += (mask >> e) & 1;
+                }
+            }
+        }
+        __syncthreads();
+        // up: two units per warp at a time, so that a lane has 8 weight loads in flight
+        for (int j = warp; j < count; j += 2 * WARPS) {
+            const int j2 = j + WARPS;
+            const bf16* w1 = wu + (size_t)s_unit[j] * D;
+            const bf16* w2 = wu + (size_t)s_unit[j2 < count ? j2 : j] * D;
+            float dot1 = 0.0f, dot2 = 0.0f;
+            #pragma unroll 4
+            for (int c = lane * 8; c < D; c += 256) {
+                Bf16x8 a = load_bf16x8(w1 + c), b = load_bf16x8(w2 + c);
+                const bf16* x = reinterpret_cast<const bf16*>(&s_f[c / 8]);
+                #pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float xe = __bfloat162float(x[e]);
+                    dot1 += xe * __bfloat162float(a.v[e]);
+                    dot2 += xe * __bfloat162float(b.v[e]);
+                }
+            }
+            dot1 = warp_reduce<Sum>(dot1);
+            dot2 = warp_reduce<Sum>(dot2);
+            if (lane == 0) {
+                s_value[j] = bf16_round(s_value[j] * bf16_round(dot1));
+                if (j2 < count) { s_value[j2] = bf16_round(s_value[j2] * bf16_round(dot2)); }
+            }
+        }
+        __syncthreads();
+        // down
+        #pragma unroll
+        for (int i = 0; i < GROUPS; i++) {
+            const int col = threadIdx.x * 8 + i * 8 * ROWS_THREADS;
+            if (col >= D) { continue; }
+            #pragma unroll 8
+            for (int j = 0; j < count; j++) {
+                Bf16x8 w = load_bf16x8(wdT + (size_t)s_unit[j] * D + col);
+                float a = s_value[j];
+                #pragma unroll
+                for (int e = 0; e < 8; e++) { acc[i][e] += a * __bfloat162float(w.v[e]); }
+            }
+        }
+        __syncthreads(); // the next stage's list overwrites this one's
+    }
+    #pragma unroll
+    for (int i = 0; i < GROUPS; i++) {
+        const int col = threadIdx.x * 8 + i * 8 * ROWS_THREADS;
+        if (col >= D) { continue; }
+        Bf16x8 out;
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { out.v[e] = __float2bfloat16_rn(acc[i][e]); }
+        store_bf16x8(y + (size_t)m * D + col, out);
+    }
+}
+
+// ----------------------------------------------------------------------------
 // the dense FFN's elementwise step: h = bf16(relu(g) * u), 8 values per thread
 // and step; `active` (if not NULL) gets the number of g > 0, one atomic per block
 constexpr int RELU_MUL_THREADS = 256;
@@ -1142,6 +1287,23 @@ static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf
     twell_build_list(ffn);
     twell_up(ffn, f, wu);
     twell_down(ffn, y, wdT);
+}
+
+// the sparse FFN after the gate, fused by rows: y [M, D] straight from the packed gate
+static inline void twell_up_down_rows(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wu, const bf16* wdT) {
+    using namespace twell_detail;
+    const Twell* tw = &ffn->tw;
+    const int D = ffn->D;
+    if (D > 32 * ROWS_THREADS || tw->tiles > ROWS_MAX_TILES) {
+        fatal("twell: the fused up + down takes D <= %d and H <= %d (D %d, H %d)", 32 * ROWS_THREADS,
+              ROWS_MAX_TILES * TWELL_TILE, D, tw->cols);
+    }
+    int smem = D * (int)sizeof(bf16) + tw->tiles * (int)twell_words_per_block(tw) * (int)sizeof(uint32_t);
+    auto kernel = D <= 8 * ROWS_THREADS ? up_down_rows_kernel<8> : D <= 16 * ROWS_THREADS ? up_down_rows_kernel<16> : up_down_rows_kernel<32>;
+    if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); }
+    kernel<<<tw->rows, ROWS_THREADS, smem, main_stream>>>(y, ffn->counters, ffn->words, ffn->records, f, wu, wdT, D,
+                                                          tw->tiles, tw->slots);
+    cudaCheck(cudaGetLastError());
 }
 
 // the dense FFN after its gate g = f Wg^T: u = f Wu^T, h = relu(g) * u over g,

@@ -312,6 +312,18 @@ static void test_case(const Case& c, bool has_wgmma) {
         printf("  %-15s y rel err %.2e (dense %.2e), records %lld, chunks %lld (%.0f%% of slots used)\n", gate_name, e,
                e_dense, st.records_needed, st.chunks_needed, 100.0 * active / fmax(1.0, 16.0 * st.chunks_needed));
 
+        // up + down fused by rows, from the same packed gate
+        poison(y, (size_t)M * D * sizeof(bf16));
+        twell_up_down_rows(&ffn, y, f, wu, wdT);
+        std::vector<float> y_rows = to_float(download(y, (size_t)M * D));
+        double e_rows = rel_err(y_rows, y_ref, D);
+        CHECK(e_rows < 1e-2, "%s %s fused rows: rel err %g", c.name, gate_name, e_rows);
+        poison(y, (size_t)M * D * sizeof(bf16));
+        twell_up_down_rows(&ffn, y, f, wu, wdT);
+        CHECK(memcmp(y_rows.data(), to_float(download(y, (size_t)M * D)).data(), y_rows.size() * sizeof(float)) == 0,
+              "%s %s fused rows: y differs between runs", c.name, gate_name);
+        printf("  %-15s fused rows: y rel err %.2e\n", gate_name, e_rows);
+
         // a second run gives the same bits
         sparse_run(&ffn, y, g, f, wg, wu, wdT, gate);
         std::vector<float> y2 = to_float(download(y, (size_t)M * D));
@@ -385,6 +397,33 @@ static void test_case(const Case& c, bool has_wgmma) {
               partial_nan_rows);
         double e = rel_err(ys, y_ref, D, &nan_row);
         CHECK(e < 1e-2, "%s small buffers: rows not NaN have rel err %g", c.name, e);
+        // the fused rows path needs no work list: exactly the rows with a lost record are NaN
+        std::vector<int> lost_row(M, 0);
+        {
+            Packed packed = download_packed(&small);
+            for (int m = 0; m < M; m++) {
+                for (int t = 0; t < small.tw.tiles; t++) {
+                    const uint32_t* block = &packed.words[((size_t)m * small.tw.tiles + t) * twell_words_per_block(&small.tw)];
+                    lost_row[m] |= block[0] > (uint32_t)c.slots && block[1] == TWELL_RECORD_LOST;
+                }
+            }
+        }
+        poison(y, (size_t)M * D * sizeof(bf16));
+        twell_up_down_rows(&small, y, f, wu, wdT);
+        std::vector<float> yr = to_float(download(y, (size_t)M * D));
+        int wrong_nan_rows = 0, lost_rows = 0;
+        for (int m = 0; m < M; m++) {
+            int nans = 0;
+            for (int d = 0; d < D; d++) { nans += isnan(yr[(size_t)m * D + d]); }
+            wrong_nan_rows += lost_row[m] ? nans != D : nans != 0;
+            lost_rows += lost_row[m];
+        }
+        CHECK(wrong_nan_rows == 0, "%s small buffers, fused rows: %d rows NaN where no record was lost or not NaN where one was",
+              c.name, wrong_nan_rows);
+        e = rel_err(yr, y_ref, D, &lost_row);
+        CHECK(e < 1e-2, "%s small buffers, fused rows: rows without a lost record have rel err %g", c.name, e);
+        printf("  buffers halved, fused rows: %d of %d rows lost a record and are NaN; the rest rel err %.2e\n",
+               lost_rows, M, e);
         twell_ffn_free(&small);
         TwellFFN grown = twell_ffn_create(M, D, H, c.slots, (int)st.records_needed, (int)std::max(st.chunks_needed, 1ll));
         sparse_run(&grown, y, g, f, wg, wu, wdT, gate);
