@@ -13,8 +13,7 @@
  - the gate GEMM alone (cuBLAS, bf16 g);
  - gate + packing: (a) cuBLAS g then the packer, (c) fused wgmma (compute
    capability 9.0);
- - up + down from the packed gate: work list (scan + fill), up (+ reduce),
-   down, and the three together;
+ - up + down from the packed gate (the fused kernel);
  - sparse = the fastest gate + up/down, back to back (the sparse path forced);
  - auto = twell_ffn_forward as a model calls it, after 3 calls with
    twell_ffn_status that measure the activity and the costs it chooses from;
@@ -122,7 +121,7 @@ static double max_rel_diff(const bf16* a_dev, const bf16* ref_dev, size_t n) {
 
 struct Row {
     char name[24];
-    double active, dense, gate_cublas, gate_a, gate_wgmma, list, up, down, up_down, sparse, auto_ms, err, rows, sparse_rows, err_rows;
+    double active, dense, gate_cublas, gate_a, gate_wgmma, up_down, sparse, auto_ms, err;
     TwellPath auto_path;
     float dense_above;
 };
@@ -190,27 +189,23 @@ int main(int argc, char** argv) {
                gate_flops / (r.gate_cublas * 1e-3) / 1e12);
         ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); // the reference y
 
-        // buffers from k, grown until the status is ok (the sparse path forced)
-        double per_row = pat.k * (pat.realistic ? 1.5 : 1.1) + 8;
-        TwellFFN ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, 16384, twell_chunk_capacity_for(M, H, per_row));
+        // a record buffer grown until the status is ok (the sparse path forced)
+        TwellFFN ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, 16384);
         ffn.choice = TWELL_FORCE_SPARSE;
         for (;;) {
             twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d);
             TwellStatus st = twell_ffn_status(&ffn);
             if (st.ok) { break; }
-            printf("  grow: records %d -> %lld, chunks %d -> %lld, and run again\n", ffn.tw.record_capacity,
-                   st.records_needed, ffn.chunk_capacity, st.chunks_needed);
+            printf("  grow: records %d -> %lld, and run again\n", ffn.tw.record_capacity, st.records_needed);
             long long records = std::max(st.records_needed + st.records_needed / 4, (long long)ffn.tw.record_capacity);
-            long long chunks = std::max(st.chunks_needed + st.chunks_needed / 8, (long long)ffn.chunk_capacity);
             twell_ffn_free(&ffn);
-            ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records, (int)chunks);
+            ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records);
             ffn.choice = TWELL_FORCE_SPARSE;
         }
         r.err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
         TwellStatus st = twell_ffn_status(&ffn);
         r.active = st.active_per_row;
-        printf("  %.1f active units per row, %lld overflow records, %lld chunks (%.0f%% of slots used)\n", r.active,
-               st.records_needed, st.chunks_needed, 100.0 * r.active * M / (16.0 * st.chunks_needed));
+        printf("  %.1f active units per row, %lld overflow records\n", r.active, st.records_needed);
 
         r.gate_a = time_ms([&] { twell_gate_cublas(&ffn, g_d, f_d, wg_d); }, iters);
         r.gate_wgmma = has_wgmma ? time_ms([&] { twell_gate_wgmma(&ffn, f_d, wg_d); }, iters) : NAN;
@@ -222,27 +217,14 @@ int main(int argc, char** argv) {
             if (wgmma_best) { twell_gate_wgmma(&ffn, f_d, wg_d); } else { twell_gate_cublas(&ffn, g_d, f_d, wg_d); }
         };
         gate();
-        r.list = time_ms([&] { twell_build_list(&ffn); }, iters);
-        r.up = time_ms([&] { twell_up(&ffn, f_d, wu_d); }, iters); // each run multiplies the slots by u again: timing only
-        twell_build_list(&ffn);
-        twell_up(&ffn, f_d, wu_d);
-        r.down = time_ms([&] { twell_down(&ffn, y_sparse, wdT_d); }, iters);
         r.up_down = time_ms([&] { twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); }, iters);
-        printf("  up + down %.3f ms: work list %.3f, up + reduce %.3f, down %.3f\n", r.up_down, r.list, r.up, r.down);
+        printf("  up + down %.3f ms\n", r.up_down);
         r.sparse = time_ms([&] {
             gate();
             twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
         }, iters);
         printf("  sparse total %.3f ms: %.2fx dense; max|y - y_dense| / max|y_dense| = %.2e\n", r.sparse,
                r.dense / r.sparse, r.err);
-        r.rows = time_ms([&] { twell_up_down_rows(&ffn, y_sparse, f_d, wu_d, wdT_d); }, iters);
-        r.sparse_rows = time_ms([&] {
-            gate();
-            twell_up_down_rows(&ffn, y_sparse, f_d, wu_d, wdT_d);
-        }, iters);
-        r.err_rows = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
-        printf("  fused by rows: up + down %.3f ms, sparse total %.3f ms: %.2fx dense; rel diff %.2e\n", r.rows,
-               r.sparse_rows, r.dense / r.sparse_rows, r.err_rows);
 
         // twell_ffn_forward choosing its path from what twell_ffn_status measured
         ffn.choice = TWELL_AUTO;
@@ -261,14 +243,12 @@ int main(int argc, char** argv) {
     }
 
     printf("\nms (median); gate (a) = cuBLAS + pack, (c) = fused wgmma; sparse = best gate + up/down; auto = twell_ffn_forward\n");
-    printf("%-16s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %7s %8s\n", "pattern", "active", "dense",
-           "gemm g", "gate a", "gate c", "list", "up", "down", "up+dn", "rows", "sparse", "s.rows", "auto", "path",
-           "ratio", "err");
+    printf("%-16s %7s %7s %7s %7s %7s %7s %7s %7s %6s %7s %8s\n", "pattern", "active", "dense", "gemm g", "gate a",
+           "gate c", "up+dn", "sparse", "auto", "path", "ratio", "err");
     for (const Row& r : rows) {
-        printf("%-16s %7.1f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6s %6.2fx %8.1e\n",
-               r.name, r.active, r.dense, r.gate_cublas, r.gate_a, r.gate_wgmma, r.list, r.up, r.down, r.up_down,
-               r.rows, r.sparse, r.sparse_rows, r.auto_ms, r.auto_path == TWELL_DENSE ? "dense" : "sparse",
-               r.dense / r.auto_ms, r.err);
+        printf("%-16s %7.1f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %6s %6.2fx %8.1e\n", r.name, r.active, r.dense,
+               r.gate_cublas, r.gate_a, r.gate_wgmma, r.up_down, r.sparse, r.auto_ms,
+               r.auto_path == TWELL_DENSE ? "dense" : "sparse", r.dense / r.auto_ms, r.err);
     }
     const Row* last_faster = NULL;
     const Row* first_slower = NULL;

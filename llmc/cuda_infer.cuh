@@ -13,9 +13,9 @@
  RoPE and the cache take each row's (sequence, position) from device arrays,
  and attention runs per prompt over its own rows (llmc/cuda_attention.cuh).
  The FFN is dense (cuBLAS gate and up, relu * mul, down) or TwELL
- (twell_ffn_forward of llmc/cuda_twell.cuh: the packing gate, then up + down
- over the work list; its status is read after every layer, and a layer whose
- buffers were too small is grown and run again, so the output is always exact).
+ (twell_ffn_forward of llmc/cuda_twell.cuh: the packing gate, then the fused
+ up + down; its status is read after every layer, and a layer whose record
+ buffer was too small is grown and run again, so the output is always exact).
 
  Decode, B sequences with one new token each:
  - attention: s_t = q . k_t / sqrt(hd), p = softmax(s), out = sum_t p_t v_t over
@@ -717,7 +717,7 @@ static inline void gpu_model_create(GpuModel* m, const GPTConfig* c, int max_seq
     cudaCheck(cudaMallocHost(&m->logits_host, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
     m->layer_active = (double*)mallocCheck(L * sizeof(double));
     for (int l = 0; l < L; l++) { m->layer_active[l] = -1.0; }
-    m->sparse_prefill_ok = D % TWELL_SLICE == 0;
+    m->sparse_prefill_ok = D % TWELL_D_MULTIPLE == 0;
     size_t splits = (size_t)max_seqs * c->num_heads * infer_detail::decode_splits(cache_len);
     m->part_o = (float*)cuda_malloc(splits * hd * sizeof(float));
     m->part_ml = (float*)cuda_malloc(splits * 2 * sizeof(float));
@@ -811,7 +811,7 @@ static inline void gpu_ffn_twell_prefill(GpuModel* m, int l, int M) {
     if (m->twell_rows != M) {
         if (m->twell_rows) { twell_ffn_free(&m->twell); }
         // first sizes for a trained model's activity; the status grows them when a layer needs more
-        m->twell = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, M > 1024 ? M : 1024, twell_chunk_capacity_for(M, H, 64));
+        m->twell = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, M > 1024 ? M : 1024);
         m->twell.choice = m->twell_choice;
         m->twell_rows = M;
         m->twell_dense_timed = 0;
@@ -830,15 +830,13 @@ static inline void gpu_ffn_twell_prefill(GpuModel* m, int l, int M) {
         if (st.ok) { return; }
         // grow to what the status asked for (with room), keeping what the path choice learnt
         long long records = st.records_needed + st.records_needed / 4 + 1;
-        long long chunks = st.chunks_needed + st.chunks_needed / 8 + 1;
         if (records < tw->tw.record_capacity) { records = tw->tw.record_capacity; }
-        if (chunks < tw->chunk_capacity) { chunks = tw->chunk_capacity; }
-        if (records > INT_MAX || chunks > INT_MAX) { fatal("twell: %lld records / %lld chunks are too many", records, chunks); }
+        if (records > INT_MAX) { fatal("twell: %lld records are too many", records); }
         double dense_above = tw->dense_above;
         float ms_gate = tw->ms_gate, ms_dense = tw->ms_dense, ms_per_active = tw->ms_per_active;
         TwellChoice choice = tw->choice;
         twell_ffn_free(tw);
-        *tw = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records, (int)chunks);
+        *tw = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records);
         tw->dense_above = dense_above;
         tw->ms_gate = ms_gate;
         tw->ms_dense = ms_dense;

@@ -198,12 +198,11 @@ static inline uint16_t* sparse_gate_records(SparseScratch* s, bf16* g) {
 // the scratch's TwELL buffers allocated); else false
 bool sparse_gate_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, bf16* g, const bf16* f, const bf16* wg,
                       int D, SparseScratch* s) {
-    if (s->gate_words == NULL || D % TWELL_SLICE != 0) { return false; }
+    if (s->gate_words == NULL || D % TWELL_D_MULTIPLE != 0) { return false; }
     const int M = p->M, H = p->H, T = ceil_div(H, TWELL_TILE);
     Twell tw = twell_layout(M, H, TWELL_TILE, GATE_SLOTS, M * T);
     uint16_t* records = sparse_gate_records(s, g);
-    twell_gate_wgmma_into(s->gate_words, records, s->gate_counters, s->gate_counter_bytes, &tw, D,
-                          ceil_div(M, TWELL_GROUP_ROWS), twell_row_map(M), f, wg);
+    twell_gate_wgmma_into(s->gate_words, records, s->gate_counters, &tw, D, f, wg);
     sparse_pack_twell(p, row_active, fired, records, s);
     return true;
 }
@@ -506,13 +505,11 @@ static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, voi
     s->scan_temp_bytes = a > b ? a : b;
     s->scan_temp = cuda_malloc(s->scan_temp_bytes);
     if (twell_has_wgmma()) { // the fused gate's buffers
-        const int T = ceil_div(H, TWELL_TILE), groups = ceil_div(M, TWELL_GROUP_ROWS);
-        const int stages = ceil_div(T, TWELL_STAGE_TILES);
+        const int T = ceil_div(H, TWELL_TILE);
         const size_t word_bytes = (size_t)M * T * (GATE_SLOTS + 1) * sizeof(uint32_t);
         s->gate_words_owned = spare == NULL || spare_bytes < word_bytes;
         s->gate_words = s->gate_words_owned ? (uint32_t*)cuda_malloc(word_bytes) : (uint32_t*)spare;
-        s->gate_counter_bytes = TWELL_NUM_COUNTERS * sizeof(unsigned long long) + (size_t)groups * stages * sizeof(int);
-        s->gate_counters = (unsigned long long*)cuda_malloc(s->gate_counter_bytes);
+        s->gate_counters = (unsigned long long*)cuda_malloc(twell_counter_bytes());
         if (H % TWELL_TILE != 0) { // g [M, H] cannot hold a record for every tile
             s->gate_records = (uint16_t*)cuda_malloc((size_t)M * T * TWELL_TILE * sizeof(uint16_t));
         }

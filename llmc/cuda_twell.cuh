@@ -17,57 +17,31 @@
  A block's slots are in increasing column order: each positive's slot is a
  prefix count over the lanes holding the row, not an atomic, so the words do
  not depend on scheduling. Overflow records are numbered by an atomic counter:
- their order may vary, their content does not. Both packers also add each
- block's count (word 0) to counts[entry], the active units of the work-list
- entry (below) the block belongs to: integer atomics, exact in any order.
+ their order may vary, their content does not.
 
- Up + down, in five launches over a work list:
- 1. scan: entries e = (stage s of 512 units, group G of 16 rows), s-major;
-   entry e gets ceil(counts[e] / 16) chunks of 16 slots, chunk_ptr their
-   prefix. The counts are the blocks' true counts, so the chunks needed are
-   exact whether or not the record or chunk buffers were large enough. A
-   group's rows are spread over the batch by the row map of twell.h, so that
-   runs of busy rows do not pile up in a few groups (and warps).
- 2. fill: a warp per entry deals its active units into its chunks in the order
-   of twell_chunk_position (llmc/twell.h); a slot is unit within the stage
-   (12 bits) | row within the group (4 bits) << 12 | bf16 value << 16; unused
-   slots are 0 (value 0: no effect).
- 3. up: a CTA owns 1024 rows (2 consecutive groups per warp) and a 64-wide slice
-   of D. Its rows' f slice sits in registers as mma B fragments; Wu[stage
-   units, slice] streams through shared memory (cp.async, two buffers). Per
-   chunk, 8 mma.sync multiply the chunk's 16 gathered Wu rows by the group's 16
-   f rows; entry (slot q, row of q) is q's partial u, written to
-   partials[slice][slot].
- 4. reduce: u = the sum of the D/64 partials in slice order, a = g bf16(u)
-   (the dense path's rounding of u), written over g in the slot.
- 5. down: a CTA owns 512 rows (16 warps of 2 consecutive groups) and a 64-wide
-   slice of D with y^T in registers (64 per thread); WdT[stage units, slice]
-   streams the same way; per chunk 8 mma.sync add WdT[chunk units, slice]^T B
-   to y^T, where B[q][r] = a_q if row(q) == r.
- A warp's chunks of a stage are one contiguous range (its groups are
- consecutive), so it keeps the slot words of its next 2-3 chunks in flight in
- registers: the inner loops wait on shared memory only, never on L2.
+ Up + down, one kernel (the paper's order, a CTA of 8 warps per row): the
+ row's f and blocks into shared memory, its active units listed there with g,
+ a warp per unit for u = f_m . Wu[n] and a = bf16(g bf16(u)) (the dense path's
+ rounding of u and h), then a thread per 8 columns adds a WdT[n] over the
+ units in list order. h lives in shared memory only.
 
- Why this shape, and its floor (M 16384, D 2048, H 5632, k = 30 active units
- per row: P = M k = 0.5 M pairs): each pair needs a D-long dot product (up)
- and a D-long axpy (down) with a weight row that random rows rarely share (a
- unit fires in ~87 of 16384 rows). Every useful multiply-add therefore reads
- one gathered bf16 weight from somewhere: 2 P D 2 bytes = 4.1 GB. From L2
- (the paper's warp per row) that is ~0.4 ms; from shared memory, which these
- kernels gather from, 4.1 GB / 33 TB/s = 0.12 ms at the full 128 bytes per
- clock of every SM. No tiling avoids it: keeping weights on chip instead of
- rows just moves the gather to f and y. What tiling buys is the load into
- shared memory: a CTA of 1024 (512) rows reads each weight slice from L2 once,
- (M / 1024 + M / 512) x 23 MB = 1.1 GB in all. The price of slicing D is the
- partials: D/64 floats per pair, written once and read once (2 x 64 MB).
+ Its floor (M 16384, D 2048, H 5632, k = 30 active units per row: P = M k =
+ 0.5 M pairs): each pair needs a D-long dot product (up) and a D-long axpy
+ (down) with a weight row that random rows rarely share (a unit fires in ~87
+ of 16384 rows), so every useful multiply-add reads one gathered bf16 weight:
+ 2 P D 2 bytes = 4.1 GB, from L2 (both matrices, 46 MB, mostly stay there).
+ At ~8 TB/s that is ~0.5 ms. A work list that tiled rows x units to gather
+ from shared memory instead (0.12 ms of shared-memory bandwidth on paper)
+ measured slower at every k: latency-bound, 0.86 ms at k = 30 against this
+ kernel's 0.66 (dev/NOTES.md).
 
  Exactness: a block with more positives than slots is packed as an overflow
- record (the tile's relu(g) row) and the fill step expands it, so it is
- computed exactly. When the record buffer or the chunk buffer is too small,
- the counters say how much was needed (twell_ffn_status), and the rows
- concerned come out NaN until the caller grows the buffers and runs again.
- Deterministic: the same inputs give the same bits (fixed slot orders, fixed
- summation orders, no float atomics).
+ record (the tile's relu(g) row) and the up + down kernel lists its positives,
+ so it is computed exactly. When the record buffer is too small, the counter
+ says how many records were needed (twell_ffn_status), and the rows concerned
+ come out NaN until the caller grows the buffer and runs again. Deterministic:
+ the same inputs give the same bits (fixed slot and summation orders, no float
+ atomics).
 
  Requirements of the GPU path: TW = 256, H % 8 == 0, D % 64 == 0, 16-byte
  aligned pointers. No launch function synchronises with the host.
@@ -77,21 +51,16 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <limits.h>
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/twell.h"
 
 constexpr int TWELL_TILE = 256;        // TW of every GPU packer: the GEMMs' output tile width
-constexpr int TWELL_GROUP_ROWS = 16;   // rows of a work-list group
-constexpr int TWELL_STAGE_TILES = 2;   // tiles of a work-list stage
-constexpr int TWELL_STAGE_UNITS = TWELL_STAGE_TILES * TWELL_TILE;
-constexpr int TWELL_CHUNK = 16;        // slots of a chunk
-constexpr int TWELL_SLICE = 64;        // width of the D slice of an up or down CTA
+constexpr int TWELL_D_MULTIPLE = 64;   // D of the GPU path: the wgmma gate's k-block
 
 // counters in device memory, written by the launches, read by twell_ffn_status
-enum { TWELL_RECORDS_NEEDED, TWELL_CHUNKS_NEEDED, TWELL_ACTIVE, TWELL_NUM_COUNTERS };
+enum { TWELL_RECORDS_NEEDED, TWELL_ACTIVE, TWELL_NUM_COUNTERS };
 
 namespace twell_detail {
 
@@ -100,43 +69,9 @@ namespace twell_detail {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-// 16 bytes global -> shared, asynchronously; zeros when !valid
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// 16 bytes of shared memory (volatile: never moved across a barrier)
-__device__ __forceinline__ uint4 lds_128(const bf16* p) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_u32(p)));
-    return v;
-}
-
-// c[16x8] += a[16x16] b[16x8], bf16 in, fp32 accumulators. Lane l (g = l/4,
-// i = l%4) holds a: rows g, g+8 x cols 2i, 2i+1 (a0: row g, a1: row g+8),
-// then cols 2i+8, 2i+9 (a2, a3); b: rows 2i, 2i+1 (b0) and 2i+8, 2i+9 (b1) of
-// col g; c: rows g (c0, c1), g+8 (c2, c3) x cols 2i, 2i+1. Not volatile: a pure
-// function of its operands, which the compiler may schedule among the loads.
-__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
 __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
-// the work-list entry of the block (row, tile): stage-major, the row's group by the row map (twell.h)
-__device__ __forceinline__ int entry_of(TwellRowMap map, int row, int tile, int num_groups) {
-    return tile / TWELL_STAGE_TILES * num_groups + (int)(twell_position_of_row(map, (uint32_t)row) / TWELL_GROUP_ROWS);
-}
 
 // ----------------------------------------------------------------------------
 // the baseline packer: a warp per (row, tile) of a bf16 g [M, H]. Lane l holds
@@ -146,8 +81,8 @@ __device__ __forceinline__ int entry_of(TwellRowMap map, int row, int tile, int 
 constexpr int PACK_THREADS = 256;
 
 __global__ void __launch_bounds__(PACK_THREADS)
-pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, int* counts, const bf16* g, int M, int H,
-            int T, int S, int record_capacity, int num_groups, TwellRowMap map) {
+pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, const bf16* g, int M, int H, int T, int S,
+            int record_capacity) {
     long long block_id = (long long)blockIdx.x * (PACK_THREADS / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (block_id >= (long long)M * T) { return; }
@@ -164,10 +99,7 @@ pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, in
     for (int e = 0; e < 8; e++) { mask |= (unsigned int)(v[e] > 0.0f) << e; }
     int count = __popc(mask), inclusive = warp_inclusive_sum(count);
     int total = __shfl_sync(0xffffffffu, inclusive, 31);
-    if (lane == 0) {
-        block[0] = (uint32_t)total;
-        if (total > 0) { atomicAdd(&counts[entry_of(map, m, tile, num_groups)], total); }
-    }
+    if (lane == 0) { block[0] = (uint32_t)total; }
     if (total <= S) {
         int slot = inclusive - count;
         #pragma unroll
@@ -201,7 +133,7 @@ pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, in
 // to CTAs round-robin, N fastest, so the CTAs at work share their f rows and
 // all of Wg stays in L2.
 
-constexpr int WG_BM = 128, WG_BN = 256, WG_BK = 64, WG_STAGES = 4, WG_THREADS = 384;
+constexpr int WG_BM = 128, WG_BN = 256, WG_BK = TWELL_D_MULTIPLE, WG_STAGES = 4, WG_THREADS = 384;
 constexpr int WG_A_BYTES = WG_BM * WG_BK * 2, WG_B_BYTES = WG_BN * WG_BK * 2;
 constexpr size_t WG_SMEM = 1024 + (size_t)WG_STAGES * (WG_A_BYTES + WG_B_BYTES) + 2 * WG_STAGES * sizeof(uint64_t);
 
@@ -328,8 +260,8 @@ __device__ __forceinline__ void store_row(uint32_t* block, uint16_t* record, con
 
 __global__ void __launch_bounds__(WG_THREADS, 1)
 gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_constant__ CUtensorMap map_w,
-                       uint32_t* words, uint16_t* records, unsigned long long* counters, int* counts, int M, int D,
-                       int T, int S, int record_capacity, int num_groups, TwellRowMap map) {
+                       uint32_t* words, uint16_t* records, unsigned long long* counters, int M, int D, int T, int S,
+                       int record_capacity) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
     // the swizzle repeats every 1024 bytes: stages start on a 1024-byte boundary
@@ -403,7 +335,6 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
                 if (i == 0) {
                     block[0] = (uint32_t)total;
                     if (total > S) { block[1] = stored ? (uint32_t)rec : TWELL_RECORD_LOST; }
-                    if (total > 0) { atomicAdd(&counts[entry_of(map, row, tn, num_groups)], total); }
                 }
                 uint16_t* record = total > S && stored ? records + (size_t)rec * TWELL_TILE : NULL;
                 store_row(block, record, acc, h, q, i, total, S);
@@ -411,420 +342,6 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
         }
     }
 #endif
-}
-
-// ----------------------------------------------------------------------------
-// the work list
-
-// in one block: chunk_ptr[e] = the first chunk of entry e, the exclusive prefix
-// of ceil(counts / 16) in entry order; chunk_ptr[n] = the total, clamped to
-// INT_MAX (no buffer holds more), which the counters keep exactly, with the
-// active units
-constexpr int SCAN_THREADS = 1024;
-__global__ void __launch_bounds__(SCAN_THREADS)
-scan_kernel(int* chunk_ptr, unsigned long long* counters, const int* counts, int n) {
-    __shared__ long long sums[SCAN_THREADS];
-    const int tid = threadIdx.x, per = (n + SCAN_THREADS - 1) / SCAN_THREADS, begin = min(tid * per, n), end = min(begin + per, n);
-    long long mine = 0;
-    unsigned long long active = 0;
-    for (int k = begin; k < end; k++) {
-        mine += (counts[k] + TWELL_CHUNK - 1) / TWELL_CHUNK;
-        active += (unsigned int)counts[k];
-    }
-    sums[tid] = mine;
-    __syncthreads();
-    for (int offset = 1; offset < SCAN_THREADS; offset *= 2) {
-        long long other = tid >= offset ? sums[tid - offset] : 0;
-        __syncthreads();
-        sums[tid] += other;
-        __syncthreads();
-    }
-    long long run = sums[tid] - mine;
-    for (int k = begin; k < end; k++) {
-        chunk_ptr[k] = (int)min(run, (long long)INT_MAX);
-        run += (counts[k] + TWELL_CHUNK - 1) / TWELL_CHUNK;
-    }
-    active = block_reduce<Sum>(active);
-    if (tid == SCAN_THREADS - 1) {
-        long long total = sums[SCAN_THREADS - 1];
-        chunk_ptr[n] = (int)min(total, (long long)INT_MAX);
-        counters[TWELL_CHUNKS_NEEDED] = (unsigned long long)total;
-        counters[TWELL_ACTIVE] = active;
-    }
-}
-
-// calls fn(column within the tile, bf16 bits of g) for each active unit of a
-// block, in increasing column order; a lost record is one NaN entry at column 0
-template <typename F>
-__device__ __forceinline__ void for_each_active(const uint32_t* words, const uint16_t* records, int row, int tile,
-                                                int T, int S, F fn) {
-    const uint32_t* block = words + ((size_t)row * T + tile) * (S + 1);
-    uint32_t count = block[0];
-    if (count <= (uint32_t)S) {
-        for (uint32_t e = 1; e <= count; e++) {
-            uint32_t w = block[e];
-            fn(w & 0xffff, w >> 16);
-        }
-    } else if (block[1] == TWELL_RECORD_LOST) {
-        fn(0u, 0x7fc0u);
-    } else {
-        const uint4* rec = reinterpret_cast<const uint4*>(records + (size_t)block[1] * TWELL_TILE);
-        for (int v = 0; v < TWELL_TILE / 8; v++) {
-            uint4 x = rec[v];
-            uint32_t w[4] = {x.x, x.y, x.z, x.w};
-            #pragma unroll
-            for (int e = 0; e < 8; e++) {
-                uint32_t b = (w[e / 2] >> (16 * (e % 2))) & 0xffff;
-                if (b != 0) { fn((uint32_t)(8 * v + e), b); }
-            }
-        }
-    }
-}
-
-// The slots of each entry: a warp per entry (s, G); lane l reads block (row at
-// position 16G + l/2, tile 2s + l%2), so lane order is (row, tile) order. The active
-// units are dealt round-robin over their residues mod 4 (see twell.h) and the
-// rest of the entry's chunks is zeroed: the entry has as many chunks as its
-// true count asks for, and a lost record gives one entry, a bf16 value rounded
-// to 0 none. Per-residue counts are packed in 16-bit fields of a uint64 (at
-// most 32 blocks x 256 per entry).
-constexpr int LIST_THREADS = 256;
-
-__global__ void __launch_bounds__(LIST_THREADS)
-fill_kernel(uint32_t* slots, const int* chunk_ptr, const uint32_t* words, const uint16_t* records, int M, int T, int S,
-            int num_groups, int num_entries, int chunk_capacity, TwellRowMap map) {
-    int entry = blockIdx.x * (LIST_THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (entry >= num_entries) { return; }
-    int position = entry % num_groups * TWELL_GROUP_ROWS + lane / 2, tile = entry / num_groups * TWELL_STAGE_TILES + lane % 2;
-    bool has = position < M && tile < T;
-    int row = has ? (int)twell_row_at(map, (uint32_t)position) : 0;
-    uint64_t mine = 0;
-    if (has) { for_each_active(words, records, row, tile, T, S, [&](uint32_t col, uint32_t) { mine += 1ull << (16 * (col & 3)); }); }
-    uint64_t inclusive = warp_inclusive_sum(mine);
-    uint64_t totals = __shfl_sync(0xffffffffu, inclusive, 31);
-    int n[4];
-    #pragma unroll
-    for (int r = 0; r < 4; r++) { n[r] = (int)((totals >> (16 * r)) & 0xffff); }
-    int first = chunk_ptr[entry], chunks = chunk_ptr[entry + 1] - first;
-    if (has) {
-        uint64_t cursor = inclusive - mine; // per residue: how many of it come before this lane's
-        uint32_t high = (uint32_t)(lane % 2) * TWELL_TILE | (uint32_t)(lane / 2) << 12;
-        for_each_active(words, records, row, tile, T, S, [&](uint32_t col, uint32_t value) {
-            int rho = col & 3, k = (int)((cursor >> (16 * rho)) & 0xffff);
-            cursor += 1ull << (16 * rho);
-            int x = twell_round_robin_index(n, rho, k), chunk = first + x / TWELL_CHUNK;
-            if (chunk < chunk_capacity) {
-                slots[(size_t)chunk * TWELL_CHUNK + twell_chunk_position(x % TWELL_CHUNK)] = (high + col) | value << 16;
-            }
-        });
-    }
-    for (int x = n[0] + n[1] + n[2] + n[3] + lane; x < chunks * TWELL_CHUNK; x += 32) {
-        int chunk = first + x / TWELL_CHUNK;
-        if (chunk < chunk_capacity) { slots[(size_t)chunk * TWELL_CHUNK + twell_chunk_position(x % TWELL_CHUNK)] = 0; }
-    }
-}
-
-// ----------------------------------------------------------------------------
-// up and down over the work list. A stage buffer holds the D slice of the
-// weights of 512 units, rows of 64 bf16 padded to 144 bytes: unit u's row
-// starts in 16-byte bank group u % 8. The up kernel's lane (g, i) reads bytes
-// 32i..32i+31 of slot g's and slot g+8's unit: a phase of 8 lanes reads slots
-// 2j and 2j+1, 4 pieces each, which fill all 8 bank groups when the two units
-// differ in parity. The down kernel's lane (g, i) reads the 16-byte piece
-// piece(g) of slots 2i, 2i+1, 2i+8, 2i+9: a phase reads 4 slots x pieces p and
-// p + 4, all 8 groups when the 4 units differ mod 4. The slot order makes
-// both true where the residues allow (twell_chunk_position). Loads of unused
-// slots are skipped (their products are never used, or multiplied by 0).
-//
-// A warp's groups are consecutive, so its chunks of a stage are one range,
-// group t's from bounds[t] to bounds[t + 1]; chunks past the capacity were not
-// written and are skipped. The slot words of the warp's next 2 (up) or 3
-// (down) chunks are in flight in registers, across its groups; those of the
-// next stage's first chunks are fetched before the barrier that ends a stage.
-// The next stage's bounds come into shared memory with its weights (cp.async),
-// so that they cost no registers; one barrier per stage. Both kernels are bound
-// by latency, not by shared memory (ncu: 2-4 warps per scheduler issued an
-// instruction every 2.3-2.7 cycles), so a CTA takes 2 groups per warp and twice
-// the warps of the first version (4 groups per warp): 32 warps of 64 registers
-// (up) and 16 of 128 (down), with 52-64 and 36 bytes of spills outside the
-// inner loops; at k = 30, up 0.414 -> 0.386 ms and down 0.53 -> 0.43 ms (H100).
-
-constexpr int UP_THREADS = 1024, UP_GROUPS_PER_WARP = 2, UP_GROUPS = UP_THREADS / 32 * UP_GROUPS_PER_WARP;
-constexpr int DOWN_THREADS = 512, DOWN_GROUPS_PER_WARP = 2, DOWN_GROUPS = DOWN_THREADS / 32 * DOWN_GROUPS_PER_WARP;
-// chunks whose slot words a warp has in flight (as many as the registers allow)
-constexpr int UP_QUEUE = 2, DOWN_QUEUE = 3;
-constexpr int STAGE_LD = TWELL_SLICE + 8;
-constexpr int STAGE_ELEMS = TWELL_STAGE_UNITS * STAGE_LD;
-constexpr int BOUNDS_INTS = 32 * 8; // per stage buffer: up to 32 warps x 5 bounds, rows of 8
-constexpr size_t LIST_SMEM = 2 * (size_t)STAGE_ELEMS * sizeof(bf16) + 2 * BOUNDS_INTS * sizeof(int);
-
-// cp.async of w[stage's units][d0 .. d0+63] into a stage buffer; units past H are zeros
-template <int THREADS>
-__device__ __forceinline__ void load_weight_stage(bf16* buf, const bf16* w, int stage, int d0, int D, int H) {
-    constexpr int PIECES = TWELL_STAGE_UNITS * TWELL_SLICE / 8;
-    static_assert(PIECES % THREADS == 0, "every thread copies the same number of pieces");
-    #pragma unroll
-    for (int j = 0; j < PIECES / THREADS; j++) {
-        int p = threadIdx.x + j * THREADS, r = p / 8, piece = p % 8, unit = stage * TWELL_STAGE_UNITS + r;
-        cp_async_16(buf + r * STAGE_LD + piece * 8, w + (size_t)(unit < H ? unit : 0) * D + d0 + piece * 8, unit < H);
-    }
-}
-
-// the first chunk of the group (clamped to num_groups: the end of the stage) at stage s
-__device__ __forceinline__ const int* group_chunk(const int* chunk_ptr, int s, int group, int num_groups) {
-    return chunk_ptr + (size_t)s * num_groups + min(group, num_groups);
-}
-
-// lane t <= N of a warp copies bounds[t] of stage s (cp.async, 4 bytes) into
-// its own warp's row of a bounds buffer
-template <int N>
-__device__ __forceinline__ void load_bounds(int* bounds, const int* chunk_ptr, int s, int first_group, int num_groups,
-                                            int lane) {
-    if (lane <= N) {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(bounds + lane)),
-                     "l"(group_chunk(chunk_ptr, s, first_group + lane, num_groups)));
-    }
-}
-
-// partials[slice][slot] = the slot's u over D slice `slice`. CTA: 1024 rows
-// (64 groups, 2 consecutive ones per warp) x 64 columns of D. The mma: A = the
-// chunk's 16 Wu rows (slot q = A row q) x 16 k, B = the group's f rows (n-tile
-// 0: rows 0-7, n-tile 1: rows 8-15). The 64 columns of the slice are permuted
-// the same way in A and B: k-step kk, k 2i + e and 2i + 8 + e are columns
-// 16i + 4kk + e and 16i + 4kk + 2 + e, so lane (g, i) needs columns 16i..16i+15
-// only: f in 8 registers per row, Wu as two 16-byte loads per slot.
-__global__ void __launch_bounds__(UP_THREADS, 1)
-up_kernel(float* partials, const uint32_t* slots, const int* chunk_ptr, const bf16* f, const bf16* wu, int M, int D,
-          int H, int num_groups, int num_stages, int chunk_capacity, TwellRowMap map) {
-    constexpr int N = UP_GROUPS_PER_WARP;
-    extern __shared__ __align__(16) bf16 list_smem[];
-    int* bounds_smem = reinterpret_cast<int*>(list_smem + 2 * STAGE_ELEMS);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
-    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE, first_group = blockIdx.x * UP_GROUPS + warp * N;
-    float* out = partials + (size_t)slice * chunk_capacity * TWELL_CHUNK;
-    uint32_t fb[N][2][8];
-    #pragma unroll
-    for (int t = 0; t < N; t++) {
-        #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            int position = (first_group + t) * TWELL_GROUP_ROWS + 8 * nt + g;
-            uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-            if (position < M) {
-                size_t row = twell_row_at(map, (uint32_t)position);
-                lo = *reinterpret_cast<const uint4*>(f + row * D + d0 + 16 * i);
-                hi = *reinterpret_cast<const uint4*>(f + row * D + d0 + 16 * i + 8);
-            }
-            uint32_t v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            #pragma unroll
-            for (int j = 0; j < 8; j++) { fb[t][nt][j] = v[j]; }
-        }
-    }
-    // slot words g and g + 8 of chunk c, or 0 (unused) at and past `end`
-    uint32_t qa[UP_QUEUE], qb[UP_QUEUE];
-    auto fetch = [&](int c, int end, uint32_t& a, uint32_t& b) {
-        a = 0;
-        b = 0;
-        if (c < end) {
-            a = slots[(size_t)c * TWELL_CHUNK + g];
-            b = slots[(size_t)c * TWELL_CHUNK + g + 8];
-        }
-    };
-    auto prime = [&](int first, int last) {
-        #pragma unroll
-        for (int j = 0; j < UP_QUEUE; j++) { fetch(first + j, min(last, chunk_capacity), qa[j], qb[j]); }
-    };
-    prime(*group_chunk(chunk_ptr, 0, first_group, num_groups), *group_chunk(chunk_ptr, 0, first_group + N, num_groups));
-    load_weight_stage<UP_THREADS>(list_smem, wu, 0, d0, D, H);
-    load_bounds<N>(bounds_smem + warp * 8, chunk_ptr, 0, first_group, num_groups, lane);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int s = 0; s < num_stages; s++) {
-        if (s + 1 < num_stages) { // into the buffers stage s - 1 used
-            load_weight_stage<UP_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wu, s + 1, d0, D, H);
-            load_bounds<N>(bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8, chunk_ptr, s + 1, first_group,
-                           num_groups, lane);
-        }
-        cp_async_commit();
-        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
-        const int* bounds = bounds_smem + s % 2 * BOUNDS_INTS + warp * 8;
-        const int end = min(bounds[N], chunk_capacity);
-        #pragma unroll
-        for (int t = 0; t < N; t++) {
-            for (int c = bounds[t], c_end = min(bounds[t + 1], chunk_capacity); c < c_end; c++) {
-                uint32_t wa = qa[0], wb = qb[0];
-                #pragma unroll
-                for (int j = 0; j + 1 < UP_QUEUE; j++) {
-                    qa[j] = qa[j + 1];
-                    qb[j] = qb[j + 1];
-                }
-                fetch(c + UP_QUEUE, end, qa[UP_QUEUE - 1], qb[UP_QUEUE - 1]);
-                uint4 a_lo = make_uint4(0, 0, 0, 0), a_hi = a_lo, b_lo = a_lo, b_hi = a_lo;
-                if ((wa >> 16) != 0) {
-                    a_lo = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i);
-                    a_hi = lds_128(w + (wa & 0xfff) * STAGE_LD + 16 * i + 8);
-                }
-                if ((wb >> 16) != 0) {
-                    b_lo = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i);
-                    b_hi = lds_128(w + (wb & 0xfff) * STAGE_LD + 16 * i + 8);
-                }
-                uint32_t pa[8] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w};
-                uint32_t pb[8] = {b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w};
-                float c0[4] = {}, c1[4] = {};
-                #pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    mma_16816(c0, pa[2 * kk], pb[2 * kk], pa[2 * kk + 1], pb[2 * kk + 1], fb[t][0][2 * kk], fb[t][0][2 * kk + 1]);
-                    mma_16816(c1, pa[2 * kk], pb[2 * kk], pa[2 * kk + 1], pb[2 * kk + 1], fb[t][1][2 * kk], fb[t][1][2 * kk + 1]);
-                }
-                // the entry (slot g, its row r) is in lane (g, (r % 8) / 2), element r % 2 of
-                // n-tile r / 8; (slot g + 8, r) likewise in elements 2 + r % 2
-                int ra = (wa >> 12) & 15, rb = (wb >> 12) & 15;
-                if ((wa >> 16) != 0 && (ra & 7) / 2 == i) {
-                    out[(size_t)c * TWELL_CHUNK + g] = ra & 8 ? (ra & 1 ? c1[1] : c1[0]) : (ra & 1 ? c0[1] : c0[0]);
-                }
-                if ((wb >> 16) != 0 && (rb & 7) / 2 == i) {
-                    out[(size_t)c * TWELL_CHUNK + g + 8] = rb & 8 ? (rb & 1 ? c1[3] : c1[2]) : (rb & 1 ? c0[3] : c0[2]);
-                }
-            }
-        }
-        if (s + 1 < num_stages) {
-            cp_async_wait<0>(); // the next stage's weights and bounds: this thread's copies
-            __syncwarp();       // this warp's bounds
-            const int* next = bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8;
-            prime(next[0], next[N]);
-            __syncthreads();    // everyone's copies, and everyone done with the buffers refilled next
-        }
-    }
-}
-
-// u = the sum of the slot's partials in slice order; the slot's g becomes
-// a = g bf16(u): u rounded as the dense path's u = f Wu^T is, so that both
-// paths compute the same h = bf16(g bf16(u)) and differ only in summation order
-__global__ void reduce_kernel(uint32_t* slots, const float* partials, const int* chunk_ptr, int num_entries,
-                              int num_slices, int chunk_capacity) {
-    size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t used = (size_t)min(chunk_ptr[num_entries], chunk_capacity) * TWELL_CHUNK;
-    if (x >= used) { return; }
-    uint32_t w = slots[x];
-    if ((w >> 16) == 0) { return; }
-    size_t stride = (size_t)chunk_capacity * TWELL_CHUNK;
-    float u = 0.0f;
-    for (int s = 0; s < num_slices; s++) { u += partials[s * stride + x]; }
-    slots[x] = (w & 0xffff) | bf16_bits(bf16_bits_to_float(w >> 16) * __bfloat162float(__float2bfloat16_rn(u))) << 16;
-}
-
-// y[rows, d0..d0+63] = sum over the rows' slots of a WdT[unit, d0..d0+63]. CTA:
-// 512 rows (32 groups, 2 consecutive ones per warp, 16 warps) x 64 columns of
-// D; y^T in registers. The mma: A = WdT[chunk units, slice]^T (16 columns of the slice x
-// 16 slots), B[q][r] = a_q if row(q) == r else 0 (n-tile 0: rows 0-7, n-tile 1:
-// rows 8-15). Columns are permuted so that lane (g, i) needs the 8 columns of
-// one 16-byte piece: m-tile mt, A row g is column 8 piece(g) + 2mt, row g + 8
-// the next one. A group with chunks past the capacity comes out NaN.
-__global__ void __launch_bounds__(DOWN_THREADS, 1)
-down_kernel(bf16* y, const uint32_t* slots, const int* chunk_ptr, const bf16* wdT, int M, int D, int H, int num_groups,
-            int num_stages, int chunk_capacity, TwellRowMap map) {
-    constexpr int N = DOWN_GROUPS_PER_WARP;
-    extern __shared__ __align__(16) bf16 list_smem[];
-    int* bounds_smem = reinterpret_cast<int*>(list_smem + 2 * STAGE_ELEMS);
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, i = lane % 4;
-    const int slice = blockIdx.y, d0 = slice * TWELL_SLICE, first_group = blockIdx.x * DOWN_GROUPS + warp * N;
-    const int piece = g / 2 + 4 * (g % 2);
-    float acc[N][4][2][4] = {};
-    bool clipped[N] = {};
-    // slot words 2i, 2i+1 and 2i+8, 2i+9 of chunk c, or 0 (unused) at and past `end`
-    uint2 q01[DOWN_QUEUE], q89[DOWN_QUEUE];
-    auto fetch = [&](int c, int end, uint2& lo, uint2& hi) {
-        lo = make_uint2(0, 0);
-        hi = lo;
-        if (c < end) {
-            lo = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i);
-            hi = *reinterpret_cast<const uint2*>(slots + (size_t)c * TWELL_CHUNK + 2 * i + 8);
-        }
-    };
-    auto prime = [&](int first, int last) {
-        #pragma unroll
-        for (int j = 0; j < DOWN_QUEUE; j++) { fetch(first + j, min(last, chunk_capacity), q01[j], q89[j]); }
-    };
-    prime(*group_chunk(chunk_ptr, 0, first_group, num_groups), *group_chunk(chunk_ptr, 0, first_group + N, num_groups));
-    load_weight_stage<DOWN_THREADS>(list_smem, wdT, 0, d0, D, H);
-    load_bounds<N>(bounds_smem + warp * 8, chunk_ptr, 0, first_group, num_groups, lane);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int s = 0; s < num_stages; s++) {
-        if (s + 1 < num_stages) { // into the buffers stage s - 1 used
-            load_weight_stage<DOWN_THREADS>(list_smem + (s + 1) % 2 * STAGE_ELEMS, wdT, s + 1, d0, D, H);
-            load_bounds<N>(bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8, chunk_ptr, s + 1, first_group,
-                           num_groups, lane);
-        }
-        cp_async_commit();
-        const bf16* w = list_smem + s % 2 * STAGE_ELEMS;
-        const int* bounds = bounds_smem + s % 2 * BOUNDS_INTS + warp * 8;
-        const int end = min(bounds[N], chunk_capacity);
-        #pragma unroll
-        for (int t = 0; t < N; t++) {
-            clipped[t] |= bounds[t + 1] > chunk_capacity && bounds[t + 1] > bounds[t];
-            for (int c = bounds[t], c_end = min(bounds[t + 1], chunk_capacity); c < c_end; c++) {
-                const uint32_t sw[4] = {q01[0].x, q01[0].y, q89[0].x, q89[0].y}; // slots 2i, 2i+1, 2i+8, 2i+9
-                #pragma unroll
-                for (int j = 0; j + 1 < DOWN_QUEUE; j++) {
-                    q01[j] = q01[j + 1];
-                    q89[j] = q89[j + 1];
-                }
-                fetch(c + DOWN_QUEUE, end, q01[DOWN_QUEUE - 1], q89[DOWN_QUEUE - 1]);
-                uint32_t wr[4][4]; // the weight pieces of slots 2i, 2i+1, 2i+8, 2i+9
-                #pragma unroll
-                for (int p = 0; p < 4; p++) {
-                    uint4 v = make_uint4(0, 0, 0, 0);
-                    if ((sw[p] >> 16) != 0) { v = lds_128(w + (sw[p] & 0xfff) * STAGE_LD + 8 * piece); }
-                    wr[p][0] = v.x; wr[p][1] = v.y; wr[p][2] = v.z; wr[p][3] = v.w;
-                }
-                uint32_t b0[2], b1[2];
-                #pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    uint32_t target = 8 * nt + g, v[4];
-                    #pragma unroll
-                    for (int p = 0; p < 4; p++) { v[p] = ((sw[p] >> 12) & 15) == target ? sw[p] >> 16 : 0; }
-                    b0[nt] = v[0] | v[1] << 16;
-                    b1[nt] = v[2] | v[3] << 16;
-                }
-                #pragma unroll
-                for (int mt = 0; mt < 4; mt++) {
-                    uint32_t a0 = __byte_perm(wr[0][mt], wr[1][mt], 0x5410), a1 = __byte_perm(wr[0][mt], wr[1][mt], 0x7632);
-                    uint32_t a2 = __byte_perm(wr[2][mt], wr[3][mt], 0x5410), a3 = __byte_perm(wr[2][mt], wr[3][mt], 0x7632);
-                    mma_16816(acc[t][mt][0], a0, a1, a2, a3, b0[0], b1[0]);
-                    mma_16816(acc[t][mt][1], a0, a1, a2, a3, b0[1], b1[1]);
-                }
-            }
-        }
-        if (s + 1 < num_stages) {
-            cp_async_wait<0>(); // the next stage's weights and bounds: this thread's copies
-            __syncwarp();       // this warp's bounds
-            const int* next = bounds_smem + (s + 1) % 2 * BOUNDS_INTS + warp * 8;
-            prime(next[0], next[N]);
-            __syncthreads();    // everyone's copies, and everyone done with the buffers refilled next
-        }
-    }
-    // lane (g, i) holds rows 8nt + 2i + e, columns 8 piece .. 8 piece + 7 of each group
-    #pragma unroll
-    for (int t = 0; t < N; t++) {
-        #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int position = (first_group + t) * TWELL_GROUP_ROWS + 8 * nt + 2 * i + e;
-                if (first_group + t >= num_groups || position >= M) { continue; }
-                size_t row = twell_row_at(map, (uint32_t)position);
-                Bf16x8 out;
-                #pragma unroll
-                for (int mt = 0; mt < 4; mt++) {
-                    out.v[2 * mt] = __float2bfloat16_rn(clipped[t] ? NAN : acc[t][mt][nt][e]);
-                    out.v[2 * mt + 1] = __float2bfloat16_rn(clipped[t] ? NAN : acc[t][mt][nt][2 + e]);
-                }
-                store_bf16x8(y + row * D + d0 + 8 * piece, out);
-            }
-        }
-    }
 }
 
 // ----------------------------------------------------------------------------
@@ -996,8 +513,7 @@ relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long 
 
 // ----------------------------------------------------------------------------
 // host API. One TwellFFN holds the buffers of one FFN shape: the format (words,
-// overflow records, counters, the entries' counts), the work list (chunk
-// offsets, slots, partials), and what twell_ffn_forward chooses its path from.
+// overflow records, counters), and what twell_ffn_forward chooses its path from.
 
 typedef enum { TWELL_SPARSE, TWELL_DENSE } TwellPath;
 typedef enum { TWELL_AUTO, TWELL_FORCE_SPARSE, TWELL_FORCE_DENSE } TwellChoice;
@@ -1010,17 +526,9 @@ constexpr float TWELL_DENSE_PER_GATE = 2.75f;
 typedef struct {
     Twell tw;                      // M rows, H columns, TW 256, S slots, record capacity
     int D;
-    int num_groups;                // ceil(M / 16)
-    int num_stages;                // ceil(T / 2)
-    int chunk_capacity;            // chunks of 16 slots the work list holds
-    TwellRowMap map;               // which rows a group of the work list holds (twell.h)
     uint32_t* words;               // [M][T][1 + S]
     uint16_t* records;             // [record capacity][256] bf16 bits
-    unsigned long long* counters;  // [TWELL_NUM_COUNTERS], followed by counts (one memset clears both)
-    int* counts;                   // [num_stages * num_groups]: active units of each work-list entry
-    int* chunk_ptr;                // [num_stages * num_groups + 1]
-    uint32_t* slots;               // [chunk capacity * 16]
-    float* partials;               // [D / 64][chunk capacity * 16]
+    unsigned long long* counters;  // [TWELL_NUM_COUNTERS]
     // the path of twell_ffn_forward: dense when the activity measured last is
     // above dense_above, which twell_ffn_status sets from the measured times:
     // (dense - gate) / (sparse up + down per active unit per row)
@@ -1034,47 +542,25 @@ typedef struct {
 } TwellFFN;
 
 typedef struct {
-    long long records_needed, chunks_needed; // what the last run asked for (0 after a dense run)
+    long long records_needed;                // what the last run asked for (0 after a dense run)
     double active_per_row;                   // units with g > 0 per row (either path)
     TwellPath path;                          // the path the last run took
-    int ok;                                  // the last run's y is exact: dense, or both buffers large enough
+    int ok;                                  // the last run's y is exact: dense, or the record buffer large enough
 } TwellStatus;
 
-// a chunk capacity for about `active_per_row` active units per row: every
-// (stage, group) rounds up to whole chunks, plus the slots with 25% to spare
-static inline int twell_chunk_capacity_for(int M, int H, double active_per_row) {
-    double groups = (M + TWELL_GROUP_ROWS - 1) / TWELL_GROUP_ROWS;
-    double stages = ((H + TWELL_TILE - 1) / TWELL_TILE + TWELL_STAGE_TILES - 1) / TWELL_STAGE_TILES;
-    double chunks = groups * stages + 1.25 * M * active_per_row / TWELL_CHUNK;
-    return chunks < 2e9 ? (int)chunks : 2000000000;
-}
+static inline size_t twell_counter_bytes(void) { return TWELL_NUM_COUNTERS * sizeof(unsigned long long); }
 
-static inline size_t twell_counter_bytes(const TwellFFN* ffn) {
-    return TWELL_NUM_COUNTERS * sizeof(unsigned long long) + (size_t)ffn->num_stages * ffn->num_groups * sizeof(int);
-}
-
-static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int record_capacity, int chunk_capacity) {
-    if (D % TWELL_SLICE != 0) { fatal("twell: D %d must be a multiple of %d on the GPU", D, TWELL_SLICE); }
+static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int record_capacity) {
+    if (D % TWELL_D_MULTIPLE != 0) { fatal("twell: D %d must be a multiple of %d on the GPU", D, TWELL_D_MULTIPLE); }
     if (H % 8 != 0) { fatal("twell: H %d must be a multiple of 8 on the GPU", H); }
-    if (chunk_capacity < 1) { fatal("twell: chunk capacity %d must be >= 1", chunk_capacity); }
     TwellFFN ffn;
     memset(&ffn, 0, sizeof(ffn));
     ffn.tw = twell_layout(M, H, TWELL_TILE, slots, record_capacity);
     ffn.D = D;
-    ffn.num_groups = (M + TWELL_GROUP_ROWS - 1) / TWELL_GROUP_ROWS;
-    ffn.num_stages = (ffn.tw.tiles + TWELL_STAGE_TILES - 1) / TWELL_STAGE_TILES;
-    ffn.chunk_capacity = chunk_capacity;
-    ffn.map = twell_row_map(M);
-    size_t entries = (size_t)ffn.num_stages * ffn.num_groups, slot_count = (size_t)chunk_capacity * TWELL_CHUNK;
-    if (entries >= INT_MAX) { fatal("twell: %zu work-list entries are too many", entries); }
     ffn.words = (uint32_t*)cuda_malloc(twell_num_words(&ffn.tw) * sizeof(uint32_t));
     ffn.records = (uint16_t*)cuda_malloc((twell_record_values(&ffn.tw) + 8) * sizeof(uint16_t));
-    ffn.counters = (unsigned long long*)cuda_malloc(twell_counter_bytes(&ffn));
-    ffn.counts = (int*)(ffn.counters + TWELL_NUM_COUNTERS);
-    ffn.chunk_ptr = (int*)cuda_malloc((entries + 1) * sizeof(int));
-    ffn.slots = (uint32_t*)cuda_malloc(slot_count * sizeof(uint32_t));
-    ffn.partials = (float*)cuda_malloc((size_t)(D / TWELL_SLICE) * slot_count * sizeof(float));
-    cudaCheck(cudaMemset(ffn.counters, 0, twell_counter_bytes(&ffn)));
+    ffn.counters = (unsigned long long*)cuda_malloc(twell_counter_bytes());
+    cudaCheck(cudaMemset(ffn.counters, 0, twell_counter_bytes()));
     ffn.choice = TWELL_AUTO;
     ffn.path = TWELL_SPARSE;
     ffn.active_per_row = -1.0;
@@ -1087,15 +573,12 @@ static inline void twell_ffn_free(TwellFFN* ffn) {
     cuda_free(ffn->words);
     cuda_free(ffn->records);
     cuda_free(ffn->counters);
-    cuda_free(ffn->chunk_ptr);
-    cuda_free(ffn->slots);
-    cuda_free(ffn->partials);
     for (int e = 0; e < 3; e++) { cudaCheck(cudaEventDestroy(ffn->events[e])); }
     memset(ffn, 0, sizeof(*ffn));
 }
 
 // The counters of the last run (waits for it). When !ok the caller grows the
-// buffers (records_needed records, chunks_needed chunks) and runs again. Also
+// record buffer (to records_needed records) and runs again. Also
 // records the activity and, after a twell_ffn_forward, its times: what the
 // next twell_ffn_forward chooses its path from.
 static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
@@ -1104,11 +587,9 @@ static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
     cudaCheck(cudaStreamSynchronize(main_stream));
     TwellStatus st;
     st.records_needed = (long long)c[TWELL_RECORDS_NEEDED];
-    st.chunks_needed = (long long)c[TWELL_CHUNKS_NEEDED];
     st.active_per_row = (double)c[TWELL_ACTIVE] / ffn->tw.rows;
     st.path = ffn->path;
-    st.ok = st.path == TWELL_DENSE ||
-            (st.records_needed <= ffn->tw.record_capacity && st.chunks_needed <= ffn->chunk_capacity);
+    st.ok = st.path == TWELL_DENSE || st.records_needed <= ffn->tw.record_capacity;
     ffn->active_per_row = st.active_per_row;
     if (ffn->timed && st.ok) {
         float gate_ms = 0.0f, rest_ms = 0.0f;
@@ -1136,9 +617,9 @@ static inline int twell_device_attribute(cudaDeviceAttr attr) {
     return value;
 }
 
-// every counter and count to 0: the start of a run
+// every counter to 0: the start of a run
 static inline void twell_reset_counters(TwellFFN* ffn) {
-    cudaCheck(cudaMemsetAsync(ffn->counters, 0, twell_counter_bytes(ffn), main_stream));
+    cudaCheck(cudaMemsetAsync(ffn->counters, 0, twell_counter_bytes(), main_stream));
 }
 
 // gate + packing, baseline (any GPU): g = f Wg^T by cuBLASLt into g [M, H], then the packer
@@ -1150,8 +631,7 @@ static inline void twell_gate_cublas(TwellFFN* ffn, bf16* g, const bf16* f, cons
     gemm(g, f, wg, tw->rows, tw->cols, ffn->D, 0, 1, 0);
     long long blocks = ((long long)tw->rows * tw->tiles + twell_detail::PACK_THREADS / 32 - 1) / (twell_detail::PACK_THREADS / 32);
     twell_detail::pack_kernel<<<(unsigned int)blocks, twell_detail::PACK_THREADS, 0, main_stream>>>(
-        ffn->words, ffn->records, ffn->counters, ffn->counts, g, tw->rows, tw->cols, tw->tiles, tw->slots,
-        tw->record_capacity, ffn->num_groups, ffn->map);
+        ffn->words, ffn->records, ffn->counters, g, tw->rows, tw->cols, tw->tiles, tw->slots, tw->record_capacity);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1191,26 +671,23 @@ static inline bool twell_has_wgmma(void) {
 
 // the fused gate + packing into explicit buffers (compute capability 9.0):
 // words [M][T][1 + S], records (record_capacity x 256), counters
-// [TWELL_NUM_COUNTERS] followed by the work list's counts [num_groups x
-// stages], counter_bytes of them zeroed first; g never leaves the GEMM
+// [TWELL_NUM_COUNTERS], zeroed first; g never leaves the GEMM
 static inline void twell_gate_wgmma_into(uint32_t* words, uint16_t* records, unsigned long long* counters,
-                                         size_t counter_bytes, const Twell* tw, int D, int num_groups, TwellRowMap map,
-                                         const bf16* f, const bf16* wg) {
+                                         const Twell* tw, int D, const bf16* f, const bf16* wg) {
     using namespace twell_detail;
     static int num_sms = 0;
     if (!twell_has_wgmma()) { fatal("twell: the wgmma gate needs compute capability 9.0"); }
-    if (D % TWELL_SLICE != 0) { fatal("twell: the wgmma gate needs D (%d) a multiple of %d", D, TWELL_SLICE); }
+    if (D % TWELL_D_MULTIPLE != 0) { fatal("twell: the wgmma gate needs D (%d) a multiple of %d", D, TWELL_D_MULTIPLE); }
     if (num_sms == 0) {
         num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount);
         cudaCheck(cudaFuncSetAttribute(gate_pack_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     }
-    cudaCheck(cudaMemsetAsync(counters, 0, counter_bytes, main_stream));
+    cudaCheck(cudaMemsetAsync(counters, 0, twell_counter_bytes(), main_stream));
     CUtensorMap map_f = twell_tensor_map(f, tw->rows, D, WG_BM);
     CUtensorMap map_w = twell_tensor_map(wg, tw->cols, D, WG_BN);
     int tiles = (tw->rows + WG_BM - 1) / WG_BM * tw->tiles;
     gate_pack_wgmma_kernel<<<tiles < num_sms ? tiles : num_sms, WG_THREADS, WG_SMEM, main_stream>>>(
-        map_f, map_w, words, records, counters, (int*)(counters + TWELL_NUM_COUNTERS), tw->rows, D, tw->tiles,
-        tw->slots, tw->record_capacity, num_groups, map);
+        map_f, map_w, words, records, counters, tw->rows, D, tw->tiles, tw->slots, tw->record_capacity);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1218,8 +695,7 @@ static inline void twell_gate_wgmma_into(uint32_t* words, uint16_t* records, uns
 static inline void twell_gate_wgmma(TwellFFN* ffn, const bf16* f, const bf16* wg) {
     ffn->path = TWELL_SPARSE;
     ffn->timed = 0;
-    twell_gate_wgmma_into(ffn->words, ffn->records, ffn->counters, twell_counter_bytes(ffn), &ffn->tw, ffn->D,
-                          ffn->num_groups, ffn->map, f, wg);
+    twell_gate_wgmma_into(ffn->words, ffn->records, ffn->counters, &ffn->tw, ffn->D, f, wg);
 }
 
 // gate + packing the fastest way this GPU has: wgmma, else cuBLASLt into g_scratch [M, H]
@@ -1232,65 +708,8 @@ static inline void twell_gate(TwellFFN* ffn, const bf16* f, const bf16* wg, bf16
     }
 }
 
-// the work list from the packed gate: scan, fill
-static inline void twell_build_list(TwellFFN* ffn) {
-    using namespace twell_detail;
-    const Twell* tw = &ffn->tw;
-    int entries = ffn->num_stages * ffn->num_groups, blocks = (entries + LIST_THREADS / 32 - 1) / (LIST_THREADS / 32);
-    scan_kernel<<<1, SCAN_THREADS, 0, main_stream>>>(ffn->chunk_ptr, ffn->counters, ffn->counts, entries);
-    cudaCheck(cudaGetLastError());
-    fill_kernel<<<blocks, LIST_THREADS, 0, main_stream>>>(ffn->slots, ffn->chunk_ptr, ffn->words, ffn->records, tw->rows,
-                                                         tw->tiles, tw->slots, ffn->num_groups, entries,
-                                                         ffn->chunk_capacity, ffn->map);
-    cudaCheck(cudaGetLastError());
-}
-
-// the slots' g become a = g (f . Wu[unit]): partial sums per D slice, then their sum
-static inline void twell_up(TwellFFN* ffn, const bf16* f, const bf16* wu) {
-    using namespace twell_detail;
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)LIST_SMEM));
-        configured = true;
-    }
-    const Twell* tw = &ffn->tw;
-    dim3 grid((ffn->num_groups + UP_GROUPS - 1) / UP_GROUPS, ffn->D / TWELL_SLICE);
-    up_kernel<<<grid, UP_THREADS, LIST_SMEM, main_stream>>>(ffn->partials, ffn->slots, ffn->chunk_ptr, f, wu, tw->rows,
-                                                            ffn->D, tw->cols, ffn->num_groups, ffn->num_stages,
-                                                            ffn->chunk_capacity, ffn->map);
-    cudaCheck(cudaGetLastError());
-    size_t slot_count = (size_t)ffn->chunk_capacity * TWELL_CHUNK;
-    reduce_kernel<<<(unsigned int)((slot_count + 255) / 256), 256, 0, main_stream>>>(
-        ffn->slots, ffn->partials, ffn->chunk_ptr, ffn->num_stages * ffn->num_groups, ffn->D / TWELL_SLICE,
-        ffn->chunk_capacity);
-    cudaCheck(cudaGetLastError());
-}
-
-// y = sum over the slots of a WdT[unit]
-static inline void twell_down(TwellFFN* ffn, bf16* y, const bf16* wdT) {
-    using namespace twell_detail;
-    static bool configured = false;
-    if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)LIST_SMEM));
-        configured = true;
-    }
-    const Twell* tw = &ffn->tw;
-    dim3 grid((ffn->num_groups + DOWN_GROUPS - 1) / DOWN_GROUPS, ffn->D / TWELL_SLICE);
-    down_kernel<<<grid, DOWN_THREADS, LIST_SMEM, main_stream>>>(y, ffn->slots, ffn->chunk_ptr, wdT, tw->rows, ffn->D,
-                                                                tw->cols, ffn->num_groups, ffn->num_stages,
-                                                                ffn->chunk_capacity, ffn->map);
-    cudaCheck(cudaGetLastError());
-}
-
-// the sparse FFN after the gate: y [M, D] from the packed gate, f, Wu and WdT
+// the sparse FFN after the gate: y [M, D] straight from the packed gate, f, Wu and WdT
 static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wu, const bf16* wdT) {
-    twell_build_list(ffn);
-    twell_up(ffn, f, wu);
-    twell_down(ffn, y, wdT);
-}
-
-// the sparse FFN after the gate, fused by rows: y [M, D] straight from the packed gate
-static inline void twell_up_down_rows(TwellFFN* ffn, bf16* y, const bf16* f, const bf16* wu, const bf16* wdT) {
     using namespace twell_detail;
     const Twell* tw = &ffn->tw;
     const int D = ffn->D;
@@ -1298,9 +717,9 @@ static inline void twell_up_down_rows(TwellFFN* ffn, bf16* y, const bf16* f, con
         fatal("twell: the fused up + down takes D <= %d and H <= %d (D %d, H %d)", 32 * ROWS_THREADS,
               ROWS_MAX_TILES * TWELL_TILE, D, tw->cols);
     }
-    int smem = D * (int)sizeof(bf16) + tw->tiles * (int)twell_words_per_block(tw) * (int)sizeof(uint32_t);
-    auto kernel = D <= 8 * ROWS_THREADS ? up_down_rows_kernel<8> : D <= 16 * ROWS_THREADS ? up_down_rows_kernel<16> : up_down_rows_kernel<32>;
-    if (smem > 48 * 1024) { cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)); }
+    size_t smem = D * sizeof(bf16) + tw->tiles * twell_words_per_block(tw) * sizeof(uint32_t); // <= 24 KB
+    auto kernel = D <= 8 * ROWS_THREADS ? up_down_rows_kernel<8> : D <= 16 * ROWS_THREADS ? up_down_rows_kernel<16>
+                                                                                          : up_down_rows_kernel<32>;
     kernel<<<tw->rows, ROWS_THREADS, smem, main_stream>>>(y, ffn->counters, ffn->words, ffn->records, f, wu, wdT, D,
                                                           tw->tiles, tw->slots);
     cudaCheck(cudaGetLastError());

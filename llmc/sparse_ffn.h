@@ -76,11 +76,10 @@ typedef struct {
     void* scan_temp;      // cub's temporary storage
     size_t scan_temp_bytes;
     // the fused gate's TwELL blocks (GPUs with wgmma; else NULL): [M][ceil(H / 256)][32] words, its
-    // counters (and work-list counts), and overflow records where g [M, H] cannot hold them all
+    // counters, and overflow records where g [M, H] cannot hold them all
     uint32_t* gate_words;
     int gate_words_owned;            // 0: the words sit in memory lent by the caller
     unsigned long long* gate_counters;
-    size_t gate_counter_bytes;
     uint16_t* gate_records;
 } SparseScratch;
 

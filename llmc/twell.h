@@ -37,13 +37,6 @@
 #include <string.h>
 #include "llmc/utils.h"
 
-// the helpers the GPU shares with this file are host and device functions under nvcc
-#ifdef __CUDACC__
-#define TWELL_HD __host__ __device__
-#else
-#define TWELL_HD
-#endif
-
 // word 1 of a block whose overflow record could not be stored
 #define TWELL_RECORD_LOST 0xFFFFFFFFu
 
@@ -222,99 +215,6 @@ static inline void twell_ffn_cpu(float* y, const float* f, const float* wu, cons
         for (int d = 0; d < D; d++) { y[(size_t)m * D + d] = lost ? NAN : (float)acc[d]; }
         free(acc);
     }
-}
-
-// ----------------------------------------------------------------------------
-// The order of the GPU's work lists, shared with llmc/cuda_twell.cuh so that
-// the CPU tests can check its properties. The GPU regroups the active units of
-// a group of 16 rows and a stage of units into "chunks" of 16 slots (one
-// tensor-core product each). The shared-memory bank a unit's weights sit in
-// is fixed by unit % 4 (see cuda_twell.cuh); within a chunk the slots are read
-// in phases: 4 slots {0,2,4,6}, {1,3,5,7}, {8,10,12,14}, {9,11,13,15} in the
-// down kernel, and pairs {2j, 2j+1} in the up kernel. A phase is conflict-free
-// when its units have distinct residues mod 4 (the down kernel) or opposite
-// parity (the up kernel). So the active units are dealt round-robin over their
-// residues: sequence index x lists, round after round, the next unit of each
-// residue that has one left, and x goes to chunk x / 16 at position
-// twell_chunk_position(x % 16). While all four residues last, every phase is
-// conflict-free; after that the conflicts are the ones no order can avoid.
-
-// position in its chunk of the 16 consecutive sequence indices: index x = 4q + r
-// of "quad" q goes to the q-th down phase, r-th slot, reversed pairwise in odd
-// quads so that up-kernel pairs (2j, 2j+1) hold residues j and j ^ 1
-TWELL_HD static inline int twell_chunk_position(int x) {
-    int q = x / 4, r = x % 4;
-    return 8 * (q / 2) + (q % 2) + 2 * (r ^ (q % 2));
-}
-
-// sequence index of the k-th unit (k from 0) of residue `rho`, when the
-// residues have n[0..3] units: the earlier rounds hold min(n, k) of each
-// residue, round k the residues before rho that reach it
-TWELL_HD static inline int twell_round_robin_index(const int n[4], int rho, int k) {
-    int x = 0;
-    for (int r = 0; r < 4; r++) { x += (n[r] < k ? n[r] : k) + (r < rho && n[r] > k); }
-    return x;
-}
-
-// The GPU's work list takes rows in groups of 16, each group's rows spread
-// over the batch: position v (group v / 16) holds row (v inverse) mod M, and
-// row r sits at position (r mult) mod M, mult ~ 0.618 M odd and coprime to M
-// (Fibonacci hashing). Consecutive rows land in different groups, so a run of
-// rows that fire many units (the first positions of a sequence, or a batch of
-// unusual sequences) is shared out among groups, warps and CTAs instead of
-// filling a few groups whose warps then hold up the others at every stage.
-typedef struct { uint32_t rows, mult, inverse; } TwellRowMap;
-
-static inline TwellRowMap twell_row_map(int rows) {
-    TwellRowMap map = {(uint32_t)rows, 0, 0};
-    if (rows <= 1) { return map; }
-    uint64_t mult = (uint64_t)(rows * 0.6180339887498949) | 1;
-    for (;; mult += 2) { // the first odd number from 0.618 M up that is coprime to M
-        uint64_t a = mult % rows, b = rows;
-        while (a != 0) { uint64_t t = b % a; b = a; a = t; }
-        if (b == 1) { break; }
-    }
-    mult %= rows;
-    int64_t r0 = rows, r1 = (int64_t)mult, t0 = 0, t1 = 1; // extended Euclid: t1 mult = r1 (mod M)
-    while (r1 != 0) {
-        int64_t q = r0 / r1, r = r0 - q * r1, t = t0 - q * t1;
-        r0 = r1; r1 = r;
-        t0 = t1; t1 = t;
-    }
-    map.mult = (uint32_t)mult;
-    map.inverse = (uint32_t)(t0 < 0 ? t0 + rows : t0);
-    return map;
-}
-
-TWELL_HD static inline uint32_t twell_position_of_row(TwellRowMap map, uint32_t row) {
-    return (uint32_t)((uint64_t)row * map.mult % map.rows);
-}
-TWELL_HD static inline uint32_t twell_row_at(TwellRowMap map, uint32_t position) {
-    return (uint32_t)((uint64_t)position * map.inverse % map.rows);
-}
-
-// The chunks of the GPU's work list for a packed gate: positions (above) in
-// groups of `group_rows`, tiles in stages of `stage_tiles`; each (stage,
-// group) takes ceil(its active units / chunk) chunks. Its active units are
-// the blocks' words 0, the true counts: the number does not depend on whether
-// the records could be stored, so a caller that grows its buffers to it is done.
-static inline long long twell_chunks_needed_cpu(const uint32_t* words, const Twell* tw, int group_rows, int stage_tiles,
-                                                int chunk) {
-    TwellRowMap map = twell_row_map(tw->rows);
-    long long chunks = 0;
-    for (int v0 = 0; v0 < tw->rows; v0 += group_rows) {
-        for (int t0 = 0; t0 < tw->tiles; t0 += stage_tiles) {
-            long long active = 0;
-            for (int v = v0; v < v0 + group_rows && v < tw->rows; v++) {
-                int m = (int)twell_row_at(map, (uint32_t)v);
-                for (int t = t0; t < t0 + stage_tiles && t < tw->tiles; t++) {
-                    active += words[((size_t)m * tw->tiles + t) * twell_words_per_block(tw)];
-                }
-            }
-            chunks += (active + chunk - 1) / chunk;
-        }
-    }
-    return chunks;
 }
 
 #endif // LLMC_TWELL_H

@@ -7,15 +7,9 @@
    record and the number of records needed is counted;
  - a record buffer too small: the blocks past it say TWELL_RECORD_LOST, unpack
    gives NaN there, and the count still says how many were needed;
- - the chunks the GPU work list needs (twell_chunks_needed_cpu) equal a count
-   from g itself, with every record stored or most of them lost;
- - the row map of the work list's groups: a bijection both ways, which
-   spreads a run of rows over different groups;
  - the sparse FFN from the packed gate equals the dense FFN on the same
    bf16-rounded gate (both in double, so to ~1e-12), overflowing tiles included,
-   and a row with a lost record is NaN while the others stay exact;
- - the GPU work-list order (twell_chunk_position, twell_round_robin_index):
-   bijections, and conflict-free shared-memory phases when residues balance.
+   and a row with a lost record is NaN while the others stay exact.
 */
 #include <vector>
 #include "llmc/rng.h"
@@ -135,23 +129,6 @@ static void test_lost_records(void) {
     CHECK(lost == needed - needed / 2, "%d lost blocks, expected %d", lost, needed - needed / 2);
     CHECK(wrong == 0, "%d values wrong around lost records", wrong);
 
-    // chunks of 5 slots over groups of 3 positions x stages of 2 tiles, counted from g
-    TwellRowMap map = twell_row_map(M);
-    long long expected = 0;
-    for (int v0 = 0; v0 < M; v0 += 3) {
-        for (int c0 = 0; c0 < H; c0 += 2 * TW) {
-            long long active = 0;
-            for (int v = v0; v < v0 + 3 && v < M; v++) {
-                int m = (int)twell_row_at(map, (uint32_t)v);
-                for (int c = c0; c < c0 + 2 * TW && c < H; c++) { active += g[(size_t)m * H + c] > 0.0f; }
-            }
-            expected += (active + 4) / 5;
-        }
-    }
-    long long chunks_full = twell_chunks_needed_cpu(words.data(), &full, 3, 2, 5);
-    long long chunks_small = twell_chunks_needed_cpu(words_small.data(), &small, 3, 2, 5);
-    CHECK(chunks_full == expected && chunks_small == expected, "chunks needed %lld (records stored), %lld (lost), "
-          "expected %lld", chunks_full, chunks_small, expected);
 }
 
 static std::vector<float> normals(size_t n, double std) {
@@ -213,94 +190,6 @@ static void test_ffn(int M, int D, int H, int TW, int S, double active, int reco
     }
 }
 
-// the work-list order: 16 sequence indices fill a chunk's 16 positions; the
-// round-robin indices of any residue counts are 0..n-1; and with every residue
-// present, the shared-memory phases of the GPU kernels meet distinct bank
-// groups (the address model of cuda_twell.cuh: unit u's 144-byte row starts in
-// 16-byte group u % 8; see the comments there for the lane patterns)
-static void test_chunk_order(void) {
-    int seen = 0;
-    for (int x = 0; x < 16; x++) { seen |= 1 << twell_chunk_position(x); }
-    CHECK(seen == 0xffff, "chunk positions cover 0..15: %#x", seen);
-    int bijective = 1;
-    for (int trial = 0; trial < 3000; trial++) {
-        int n[4], total = 0;
-        for (int r = 0; r < 4; r++) { total += n[r] = (int)rng_below(&rng, 20); }
-        std::vector<int> hits(total, 0);
-        for (int r = 0; r < 4; r++) {
-            for (int k = 0; k < n[r]; k++) {
-                int x = twell_round_robin_index(n, r, k);
-                if (x < 0 || x >= total) { bijective = 0; } else { hits[x]++; }
-            }
-        }
-        for (int x = 0; x < total; x++) { bijective &= hits[x] == 1; }
-    }
-    CHECK(bijective, "round-robin indices are a bijection onto 0..n-1");
-    int conflicts = 0;
-    for (int trial = 0; trial < 500; trial++) {
-        int n[4] = {4, 4, 4, 4}, unit_at[16];
-        for (int r = 0; r < 4; r++) {
-            for (int k = 0; k < 4; k++) {
-                unit_at[twell_chunk_position(twell_round_robin_index(n, r, k))] = 4 * (int)rng_below(&rng, 128) + r;
-            }
-        }
-        // up kernel: lanes 8p..8p+7 read slots 2p and 2p+1 (then 2p+8, 2p+9) at byte 32i (and 32i + 16)
-        for (int half = 0; half < 16; half += 8) {
-            for (int p = 0; p < 4; p++) {
-                int used = 0;
-                for (int lane = 8 * p; lane < 8 * p + 8; lane++) {
-                    int group = (unit_at[lane / 4 + half] * 9 + 2 * (lane % 4)) % 8;
-                    conflicts += (used >> group) & 1;
-                    used |= 1 << group;
-                }
-            }
-        }
-        // down kernel: lanes 8p..8p+7 read slots {2i, 2i+1, 2i+8, 2i+9}[k] at 16-byte piece g/2 + 4(g%2)
-        for (int k = 0; k < 4; k++) {
-            for (int p = 0; p < 4; p++) {
-                int used = 0;
-                for (int lane = 8 * p; lane < 8 * p + 8; lane++) {
-                    int g = lane / 4, i = lane % 4, slot = (k % 2) + 2 * i + 8 * (k / 2);
-                    int group = (unit_at[slot] * 9 + g / 2 + 4 * (g % 2)) % 8;
-                    conflicts += (used >> group) & 1;
-                    used |= 1 << group;
-                }
-            }
-        }
-    }
-    CHECK(conflicts == 0, "%d bank conflicts in chunks with balanced residues", conflicts);
-}
-
-// the row map is a bijection of 0..M-1 whose two directions agree, and it
-// sends a run of consecutive rows to different groups of 16
-static void test_row_map(void) {
-    const int sizes[] = {1, 2, 5, 16, 17, 100, 1000, 2051, 3000, 16384, 65536, 100003};
-    for (int M : sizes) {
-        TwellRowMap map = twell_row_map(M);
-        std::vector<int> seen(M, 0);
-        int inverse_errors = 0;
-        for (int v = 0; v < M; v++) {
-            uint32_t r = twell_row_at(map, (uint32_t)v);
-            if (r < (uint32_t)M) { seen[r]++; }
-            inverse_errors += twell_position_of_row(map, r) != (uint32_t)v;
-        }
-        int missing = 0;
-        for (int r = 0; r < M; r++) { missing += seen[r] != 1; }
-        CHECK(missing == 0 && inverse_errors == 0, "M %d: %d rows not hit once, %d inverse errors", M, missing,
-              inverse_errors);
-        if (M >= 1024) {
-            std::vector<int> per_group((M + 15) / 16, 0);
-            int most = 0;
-            for (int r = 0; r < M / 100; r++) {
-                int group = (int)(twell_position_of_row(map, (uint32_t)r) / 16);
-                per_group[group]++;
-                most = per_group[group] > most ? per_group[group] : most;
-            }
-            CHECK(most <= 2, "M %d: the first 1%% of rows put %d rows in one group", M, most);
-        }
-    }
-}
-
 int main(void) {
     test_bf16();
     test_pack_round_trip(50, 256, 256, 31);
@@ -312,7 +201,5 @@ int main(void) {
     test_ffn(33, 48, 300, 64, 3, 30.0, 1000);   // many overflowing tiles, ragged last tile
     test_ffn(33, 48, 300, 64, 3, 30.0, 5);      // most records lost
     test_ffn(17, 32, 128, 32, 7, 100.0, 1000);  // dense-ish
-    test_chunk_order();
-    test_row_map();
     return test_summary("test_twell");
 }

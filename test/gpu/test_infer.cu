@@ -17,8 +17,8 @@
    prefilled at once, then decode steps, logits of every step against the CPU
    path, FFN dense and TwELL (sparse forced, and auto), on random weights
    (half the units fire: every TwELL tile overflows, computed from records)
-   and on the synthetic-sparse init (few units fire); TwELL with buffers of
-   one record and one chunk, grown until exact; the decode step as a graph
+   and on the synthetic-sparse init (few units fire); TwELL with blocks of
+   one slot and one record, grown until exact; the decode step as a graph
    and launched directly, bit-identical.
  Logits are bf16 after two bf16 layers: max|gpu - cpu| / max|cpu| < 3e-2 (a
  wrong index or a missing unit is O(1)). Every output is poisoned (0xFF, NaN)
@@ -350,15 +350,16 @@ static void test_model(const char* name, bool synthetic) {
     CHECK(direct == sparse, "%s: decode as a graph and launched directly differ", name);
     m.use_graph = 1;
 
-    // buffers of one record and one chunk: the status grows them, the layers rerun, the logits are exact
+    // blocks of one slot and one record: nearly every block overflows, the status grows the
+    // record buffer, the layers rerun, the logits are exact
     twell_ffn_free(&m.twell);
-    m.twell = twell_ffn_create(m.twell_rows, c.channels, c.hidden, TWELL_TILE / 8 - 1, 1, 1);
+    m.twell = twell_ffn_create(m.twell_rows, c.channels, c.hidden, 1, 1);
     m.twell.choice = TWELL_FORCE_SPARSE;
     long long before = m.regrows;
     e = gpu_script(&m, s, &direct);
     CHECK(m.regrows > before && e < 3e-2, "%s: TwELL from tiny buffers: %lld growths, rel err %g", name,
           m.regrows - before, e);
-    printf("  %s, TwELL from 1 record / 1 chunk: %lld growths, rel err %.2e\n", name, m.regrows - before, e);
+    printf("  %s, TwELL from 1 slot and 1 record: %lld growths, rel err %.2e\n", name, m.regrows - before, e);
 
     m.twell.choice = TWELL_AUTO; // auto: either path, the same logits within tolerance
     for (int i = 0; i < 2; i++) { e = gpu_script(&m, s, &direct); }

@@ -282,7 +282,7 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
             }
             CHECK(tr_same, "%s: transposed pattern equals the CPU reference's", what);
             check_close(got, ref, what);
-            if (s.gate_words && D % TWELL_SLICE == 0) {
+            if (s.gate_words && D % TWELL_D_MULTIPLE == 0) {
                 check_fused_gate(&c, to_float(to_bf16(f)), to_float(to_bf16(wg)), count, slot, unit, pg, &s, what);
             } else {
                 printf("  fused gate: not on this GPU or shape (compute capability 9.0 and D %% 64 == 0)\n");

@@ -16,9 +16,8 @@
    be identical except where |g| (fp64) is below 1e-4, where the two fp32
    summation orders may round to different signs (counted, printed);
  - the slots of every block in increasing column order, and word 0 the count;
- - the counters: records needed as the CPU packer counts them, chunks needed
-   as twell_chunks_needed_cpu counts them from the words, active units the
-   sum of the words 0;
+ - the counters: records needed as the CPU packer counts them, active units
+   the sum of the words 0;
  - y of the sparse FFN (each gate + up/down), of the dense path of
    twell_ffn_forward and of the dense cuBLAS FFN against y of the fp64 CPU FFN:
    max|y - ref| / max|ref| < 1e-2. bf16 y is rounded once (2^-9 relative), g
@@ -28,10 +27,10 @@
  - every output and counter poisoned (0xFF bytes) before each run; any NaN fails;
  - two runs give the same bits (y, and the unpacked gate);
  - overflow: with few slots per block most tiles overflow and must still be
-   exact; with a record buffer or a work list too small, the status reports
-   exactly what was needed (the same as with buffers large enough), exactly
-   the rows concerned are NaN, and with buffers of the reported sizes the
-   status is ok and y exact;
+   exact; with a record buffer too small, the status reports exactly what was
+   needed (the same as with a buffer large enough), exactly the rows that lost
+   a record are NaN, and with a buffer of the reported size the status is ok
+   and y exact;
  - the path of twell_ffn_forward: sparse before anything was measured, then
    as dense_above says, and the dense path's activity equal to the sparse
    path's (the same cuBLAS g).
@@ -208,10 +207,7 @@ struct Case {
 static void sparse_run(TwellFFN* ffn, bf16* y, bf16* g_scratch, const bf16* f, const bf16* wg, const bf16* wu,
                        const bf16* wdT, int gate) {
     poison(ffn->words, twell_num_words(&ffn->tw) * sizeof(uint32_t));
-    poison(ffn->counters, twell_counter_bytes(ffn));
-    poison(ffn->chunk_ptr, ((size_t)ffn->num_stages * ffn->num_groups + 1) * sizeof(int));
-    poison(ffn->slots, (size_t)ffn->chunk_capacity * TWELL_CHUNK * sizeof(uint32_t));
-    poison(ffn->partials, (size_t)(ffn->D / TWELL_SLICE) * ffn->chunk_capacity * TWELL_CHUNK * sizeof(float));
+    poison(ffn->counters, twell_counter_bytes());
     poison(y, (size_t)ffn->tw.rows * ffn->D * sizeof(bf16));
     if (gate == 0) {
         poison(g_scratch, (size_t)ffn->tw.rows * ffn->tw.cols * sizeof(bf16));
@@ -265,27 +261,22 @@ static void test_case(const Case& c, bool has_wgmma) {
     double e_dense = rel_err(to_float(download(y, (size_t)M * D)), y_ref, D);
     CHECK(e_dense < 1e-2, "%s dense cuBLAS FFN rel err %g", c.name, e_dense);
 
-    TwellFFN ffn = twell_ffn_create(M, D, H, c.slots, M * ((H + TWELL_TILE - 1) / TWELL_TILE),
-                                    twell_chunk_capacity_for(M, H, 4.0 * active / M + 16.0));
+    TwellFFN ffn = twell_ffn_create(M, D, H, c.slots, M * ((H + TWELL_TILE - 1) / TWELL_TILE));
     std::vector<float> base_gate;
     TwellStatus needed[2] = {};
     for (int gate = 0; gate < (has_wgmma ? 2 : 1); gate++) {
         const char* gate_name = gate == 0 ? "cublas+pack" : "fused wgmma";
         sparse_run(&ffn, y, g, f, wg, wu, wdT, gate);
         TwellStatus st = twell_ffn_status(&ffn);
-        CHECK(st.ok && st.path == TWELL_SPARSE, "%s %s: buffers too small (records %lld, chunks %lld)", c.name,
-              gate_name, st.records_needed, st.chunks_needed);
+        CHECK(st.ok && st.path == TWELL_SPARSE, "%s %s: record buffer too small (%lld needed)", c.name, gate_name,
+              st.records_needed);
         Packed packed = download_packed(&ffn);
         std::vector<float> gate_values = unpack(packed, &ffn.tw);
         std::vector<float> y1 = to_float(download(y, (size_t)M * D));
         CHECK(format_errors(packed, gate_values, &ffn.tw) == 0, "%s %s: %d format errors", c.name, gate_name,
               format_errors(packed, gate_values, &ffn.tw));
-        long long cpu_chunks = twell_chunks_needed_cpu(packed.words.data(), &ffn.tw, TWELL_GROUP_ROWS,
-                                                       TWELL_STAGE_TILES, TWELL_CHUNK);
         long long word0 = 0;
         for (size_t b = 0; b < packed.words.size(); b += twell_words_per_block(&ffn.tw)) { word0 += packed.words[b]; }
-        CHECK(st.chunks_needed == cpu_chunks, "%s %s: chunks needed %lld, CPU count %lld", c.name, gate_name,
-              st.chunks_needed, cpu_chunks);
         CHECK(llround(st.active_per_row * M) == word0, "%s %s: active per row %g, words 0 say %g", c.name, gate_name,
               st.active_per_row, (double)word0 / M);
         if (gate == 0) {
@@ -309,20 +300,7 @@ static void test_case(const Case& c, bool has_wgmma) {
         needed[gate] = st;
         double e = rel_err(y1, y_ref, D);
         CHECK(e < 1e-2, "%s %s sparse FFN rel err %g", c.name, gate_name, e);
-        printf("  %-15s y rel err %.2e (dense %.2e), records %lld, chunks %lld (%.0f%% of slots used)\n", gate_name, e,
-               e_dense, st.records_needed, st.chunks_needed, 100.0 * active / fmax(1.0, 16.0 * st.chunks_needed));
-
-        // up + down fused by rows, from the same packed gate
-        poison(y, (size_t)M * D * sizeof(bf16));
-        twell_up_down_rows(&ffn, y, f, wu, wdT);
-        std::vector<float> y_rows = to_float(download(y, (size_t)M * D));
-        double e_rows = rel_err(y_rows, y_ref, D);
-        CHECK(e_rows < 1e-2, "%s %s fused rows: rel err %g", c.name, gate_name, e_rows);
-        poison(y, (size_t)M * D * sizeof(bf16));
-        twell_up_down_rows(&ffn, y, f, wu, wdT);
-        CHECK(memcmp(y_rows.data(), to_float(download(y, (size_t)M * D)).data(), y_rows.size() * sizeof(float)) == 0,
-              "%s %s fused rows: y differs between runs", c.name, gate_name);
-        printf("  %-15s fused rows: y rel err %.2e\n", gate_name, e_rows);
+        printf("  %-15s y rel err %.2e (dense %.2e), records %lld\n", gate_name, e, e_dense, st.records_needed);
 
         // a second run gives the same bits
         sparse_run(&ffn, y, g, f, wg, wu, wdT, gate);
@@ -338,8 +316,7 @@ static void test_case(const Case& c, bool has_wgmma) {
 
     // twell_ffn_forward: sparse while nothing is measured, then the path dense_above or choice says
     {
-        TwellFFN fw = twell_ffn_create(M, D, H, c.slots, M * ((H + TWELL_TILE - 1) / TWELL_TILE),
-                                       twell_chunk_capacity_for(M, H, 4.0 * active / M + 16.0));
+        TwellFFN fw = twell_ffn_create(M, D, H, c.slots, M * ((H + TWELL_TILE - 1) / TWELL_TILE));
         poison(y, (size_t)M * D * sizeof(bf16));
         TwellPath path = twell_ffn_forward(&fw, y, f, wg, wu, wdT, scratch);
         TwellStatus st = twell_ffn_status(&fw);
@@ -351,7 +328,7 @@ static void test_case(const Case& c, bool has_wgmma) {
         fw.dense_above = st.active_per_row - 0.5; // the activity measured is above it: dense
         poison(y, (size_t)M * D * sizeof(bf16));
         poison(scratch, (size_t)2 * M * H * sizeof(bf16));
-        poison(fw.counters, twell_counter_bytes(&fw));
+        poison(fw.counters, twell_counter_bytes());
         path = twell_ffn_forward(&fw, y, f, wg, wu, wdT, scratch);
         TwellStatus dense_st = twell_ffn_status(&fw);
         e = rel_err(to_float(download(y, (size_t)M * D)), y_ref, D);
@@ -371,69 +348,49 @@ static void test_case(const Case& c, bool has_wgmma) {
         twell_ffn_free(&fw);
     }
 
-    // buffers too small: NaN exactly on the rows concerned, the status says exactly
-    // what was needed, and buffers of those sizes are ok and exact
+    // a record buffer too small: exactly the rows that lost a record are NaN, the
+    // status says exactly how many records were needed, and a buffer of that size
+    // is ok and exact
     const int gate = has_wgmma ? 1 : 0;
-    long long small_records = needed[gate].records_needed / 2, small_chunks = needed[gate].chunks_needed / 2;
-    if (small_records < needed[gate].records_needed || (small_chunks > 0 && small_chunks < needed[gate].chunks_needed)) {
-        small_chunks = std::max(small_chunks, 1ll);
-        TwellFFN small = twell_ffn_create(M, D, H, c.slots, (int)small_records, (int)small_chunks);
+    long long small_records = needed[gate].records_needed / 2;
+    if (small_records < needed[gate].records_needed) {
+        TwellFFN small = twell_ffn_create(M, D, H, c.slots, (int)small_records);
         sparse_run(&small, y, g, f, wg, wu, wdT, gate);
         TwellStatus st = twell_ffn_status(&small);
         std::vector<float> ys = to_float(download(y, (size_t)M * D));
-        std::vector<int> nan_row(M, 0);
-        int partial_nan_rows = 0, nan_rows = 0;
-        for (int m = 0; m < M; m++) {
-            int nans = 0;
-            for (int d = 0; d < D; d++) { nans += isnan(ys[(size_t)m * D + d]); }
-            nan_row[m] = nans > 0;
-            nan_rows += nans > 0;
-            partial_nan_rows += nans > 0 && nans < D;
-        }
-        CHECK(!st.ok && st.records_needed == needed[gate].records_needed && st.chunks_needed == needed[gate].chunks_needed,
-              "%s small buffers: status ok %d, records needed %lld (%lld), chunks needed %lld (%lld)", c.name, st.ok,
-              st.records_needed, needed[gate].records_needed, st.chunks_needed, needed[gate].chunks_needed);
-        CHECK(nan_rows > 0 && partial_nan_rows == 0, "%s small buffers: %d NaN rows, %d partly NaN", c.name, nan_rows,
-              partial_nan_rows);
-        double e = rel_err(ys, y_ref, D, &nan_row);
-        CHECK(e < 1e-2, "%s small buffers: rows not NaN have rel err %g", c.name, e);
-        // the fused rows path needs no work list: exactly the rows with a lost record are NaN
         std::vector<int> lost_row(M, 0);
-        {
-            Packed packed = download_packed(&small);
-            for (int m = 0; m < M; m++) {
-                for (int t = 0; t < small.tw.tiles; t++) {
-                    const uint32_t* block = &packed.words[((size_t)m * small.tw.tiles + t) * twell_words_per_block(&small.tw)];
-                    lost_row[m] |= block[0] > (uint32_t)c.slots && block[1] == TWELL_RECORD_LOST;
-                }
+        Packed packed = download_packed(&small);
+        for (int m = 0; m < M; m++) {
+            for (int t = 0; t < small.tw.tiles; t++) {
+                const uint32_t* block = &packed.words[((size_t)m * small.tw.tiles + t) * twell_words_per_block(&small.tw)];
+                lost_row[m] |= block[0] > (uint32_t)c.slots && block[1] == TWELL_RECORD_LOST;
             }
         }
-        poison(y, (size_t)M * D * sizeof(bf16));
-        twell_up_down_rows(&small, y, f, wu, wdT);
-        std::vector<float> yr = to_float(download(y, (size_t)M * D));
         int wrong_nan_rows = 0, lost_rows = 0;
         for (int m = 0; m < M; m++) {
             int nans = 0;
-            for (int d = 0; d < D; d++) { nans += isnan(yr[(size_t)m * D + d]); }
+            for (int d = 0; d < D; d++) { nans += isnan(ys[(size_t)m * D + d]); }
             wrong_nan_rows += lost_row[m] ? nans != D : nans != 0;
             lost_rows += lost_row[m];
         }
-        CHECK(wrong_nan_rows == 0, "%s small buffers, fused rows: %d rows NaN where no record was lost or not NaN where one was",
-              c.name, wrong_nan_rows);
-        e = rel_err(yr, y_ref, D, &lost_row);
-        CHECK(e < 1e-2, "%s small buffers, fused rows: rows without a lost record have rel err %g", c.name, e);
-        printf("  buffers halved, fused rows: %d of %d rows lost a record and are NaN; the rest rel err %.2e\n",
-               lost_rows, M, e);
+        CHECK(!st.ok && st.records_needed == needed[gate].records_needed,
+              "%s small record buffer: status ok %d, records needed %lld (%lld)", c.name, st.ok, st.records_needed,
+              needed[gate].records_needed);
+        CHECK(lost_rows > 0 && wrong_nan_rows == 0,
+              "%s small record buffer: %d rows lost a record, %d rows NaN where none was lost or not NaN where one was",
+              c.name, lost_rows, wrong_nan_rows);
+        double e = rel_err(ys, y_ref, D, &lost_row);
+        CHECK(e < 1e-2, "%s small record buffer: rows without a lost record have rel err %g", c.name, e);
         twell_ffn_free(&small);
-        TwellFFN grown = twell_ffn_create(M, D, H, c.slots, (int)st.records_needed, (int)std::max(st.chunks_needed, 1ll));
+        TwellFFN grown = twell_ffn_create(M, D, H, c.slots, (int)st.records_needed);
         sparse_run(&grown, y, g, f, wg, wu, wdT, gate);
         TwellStatus grown_st = twell_ffn_status(&grown);
         std::vector<float> yg = to_float(download(y, (size_t)M * D));
         e = rel_err(yg, y_ref, D);
-        CHECK(grown_st.ok, "%s grown buffers: status not ok (records %lld, chunks %lld)", c.name,
-              grown_st.records_needed, grown_st.chunks_needed);
-        CHECK(e < 1e-2, "%s grown buffers: rel err %g, %d NaN values", c.name, e, nan_values(yg));
-        printf("  buffers halved: %d of %d rows NaN; grown to the status' counts: rel err %.2e\n", nan_rows, M, e);
+        CHECK(grown_st.ok, "%s grown record buffer: status not ok (%lld records needed)", c.name, grown_st.records_needed);
+        CHECK(e < 1e-2, "%s grown record buffer: rel err %g, %d NaN values", c.name, e, nan_values(yg));
+        printf("  records halved: %d of %d rows lost a record and are NaN; grown to the status' count: rel err %.2e\n",
+               lost_rows, M, e);
         twell_ffn_free(&grown);
     }
 
