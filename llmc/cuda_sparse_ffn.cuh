@@ -11,8 +11,8 @@
      down, df    a CTA per (row, column slice), a thread per 8 columns: y_m (df_m) = sum_e a_e A[n_e]
                  (+ b_e B[n_e])
      transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order)
-     weights     a CTA per (unit, column slice), fp32 sums in registers added once to the gradient:
-                 dWu[n], dWg[n], dWdT[n]
+     weights     a warp per (unit, column slice), a CTA for a unit with many entries, fp32 sums in
+                 registers added once to the gradient: dWu[n], dWg[n], dWdT[n]
 
  Deterministic: the same inputs give the same bits (fixed slot, entry and
  summation orders, no float atomics). Nothing here waits for the host; the
@@ -414,72 +414,163 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseS
 }
 
 // ----------------------------------------------------------------------------
-// weight gradients: a CTA per (unit n, slice of 256 columns), slices outermost,
-// so that the CTAs at work gather from one slice of f and dy (16 MB at M 16384):
-// L2 holds it, where whole rows (128 MB) would come from memory. The CTA's 8
-// warps take every 8th of the unit's entries (many for a unit that fires often) (tokens in order), lane l columns
-// 8l..8l+7 of the slice; the warps' sums are added in warp order, then once to
-// the gradient.
+// weight gradients: per unit n and slice of 256 columns, sums over the unit's
+// entries e (tokens in order) of du_e f[token], dg_e f[token], h_e dy[token],
+// added once to dWu[n], dWg[n], dWdT[n]. Slices outermost, so that the CTAs at
+// work gather from one slice of f and dy (16 MB at M 16384): L2 holds it, where
+// whole rows (128 MB) would come from memory. Lane l takes columns 8l..8l+7.
+// - a unit with at most WGRAD_HOT entries (at k = 30 a unit has ~90): one warp,
+//   8 units per CTA; the lanes load 32 entries at a time and pass them round
+//   by shuffles, so no warp waits on another;
+// - a hot unit (one that fires in many tokens, as the realistic pattern's do):
+//   a CTA of 8 warps taking every 8th entry, the warps' sums added in warp
+//   order; the hot units are listed first (in any order: each one's sums do
+//   not depend on where it is computed), and both kinds of CTA are one launch,
+//   so that a slice's CTAs run together.
+// One warp per unit everywhere made the hot units a long tail; 8 warps
+// everywhere spent more on the cross-warp sum than it saved (dev/NOTES.md).
 
 constexpr int WGRAD_WARPS = 8;
 constexpr int WGRAD_SLICE = 256;
+constexpr int WGRAD_HOT = 128;        // entries above which a unit gets a CTA
+// CTAs per slice that share the hot units: enough to fill the GPU with one
+// slice (fewer let the CTAs at work spread over several slices, more than L2 holds)
+constexpr int WGRAD_HOT_CTAS = 1024;
 
-__global__ void __launch_bounds__(WGRAD_WARPS * 32)
-sparse_weight_grads_kernel(float* dwu, float* dwg, float* dwdT, SparsePattern<bf16> p, SparseTransposed t,
-                           const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
+// the three products of one entry added to a lane's sums
+__device__ __forceinline__ void wgrad_add(float (&acc)[3][8], const bf16* f_row, const bf16* dy_row, float du, float dg,
+                                          float h) {
+    Bf16x8 fv = load_bf16x8(f_row), dv = load_bf16x8(dy_row);
+    #pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float fk = __bfloat162float(fv.v[k]);
+        acc[0][k] += du * fk;
+        acc[1][k] += dg * fk;
+        acc[2][k] += h * __bfloat162float(dv.v[k]);
+    }
+}
+
+// h_e = bf16(g_e u_e), as the dense path rounds h
+__device__ __forceinline__ float entry_h(const SparsePattern<bf16>& p, int e) {
+    return __bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(p.u[e])));
+}
+
+// the gradients += the sums, 8 columns from col
+__device__ __forceinline__ void wgrad_store(float* dwu, float* dwg, float* dwdT, const float (&acc)[3][8], int n,
+                                            int col, int D) {
+    float* grads[3] = {dwu, dwg, dwdT};
+    #pragma unroll
+    for (int r = 0; r < 3; r++) {
+        float* out = grads[r] + (size_t)n * D + col;
+        #pragma unroll
+        for (int k = 0; k < 8; k++) { out[k] += acc[r][k]; }
+    }
+}
+
+__global__ void sparse_hot_units_kernel(SparseTransposed t) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < t.H && t.unit_start[n + 1] - t.unit_start[n] > WGRAD_HOT) {
+        t.hot_units[1 + atomicAdd(&t.hot_units[0], 1)] = n;
+    }
+}
+
+// units blockIdx.x * 8 + warp, a warp each (those with at most WGRAD_HOT entries)
+__device__ __forceinline__ void wgrad_by_warps(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
+                                               const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
+                                               const bf16* dy, int D) {
+    const int n = blockIdx.x * WGRAD_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= p.H) { return; }
+    const int col = blockIdx.y * WGRAD_SLICE + lane * 8, start = t.unit_start[n], end = t.unit_start[n + 1];
+    if (start == end || end - start > WGRAD_HOT) { return; }
+    float acc[3][8] = {};
+    for (int i0 = start; i0 < end; i0 += 32) {
+        const int cnt = min(32, end - i0);
+        int token = 0;
+        float du_e = 0.0f, dg_e = 0.0f, h_e = 0.0f;
+        if (lane < cnt) {
+            int e = t.entry[i0 + lane];
+            token = t.token[i0 + lane];
+            du_e = __bfloat162float(du[e]);
+            dg_e = __bfloat162float(dg[e]);
+            h_e = entry_h(p, e);
+        }
+        #pragma unroll 4
+        for (int j = 0; j < cnt; j++) {
+            size_t row = (size_t)__shfl_sync(0xffffffffu, token, j) * D + col;
+            float a = __shfl_sync(0xffffffffu, du_e, j), b = __shfl_sync(0xffffffffu, dg_e, j);
+            float c = __shfl_sync(0xffffffffu, h_e, j);
+            if (col < D) { wgrad_add(acc, f + row, dy + row, a, b, c); }
+        }
+    }
+    if (col < D) { wgrad_store(dwu, dwg, dwdT, acc, n, col, D); }
+}
+
+// the hot units, a CTA each: CTA c of the hot ones takes hot units c, c + hot_ctas, ...
+__device__ __forceinline__ void wgrad_hot(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
+                                          const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
+                                          const bf16* dy, int D, int c) {
     __shared__ int s_token[SPARSE_STAGE];
     __shared__ float s_du[SPARSE_STAGE], s_dg[SPARSE_STAGE], s_h[SPARSE_STAGE];
     __shared__ float s_sum[WGRAD_WARPS - 1][3][WGRAD_SLICE];
-    const int n = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int col = blockIdx.y * WGRAD_SLICE + lane * 8;
-    const int start = t.unit_start[n], end = t.unit_start[n + 1];
-    if (start == end) { return; }
-    float acc[3][8] = {};
-    for (int i0 = start; i0 < end; i0 += SPARSE_STAGE) {
-        int cnt = min(SPARSE_STAGE, end - i0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
-            int e = t.entry[i0 + i];
-            s_token[i] = t.token[i0 + i];
-            s_du[i] = __bfloat162float(du[e]);
-            s_dg[i] = __bfloat162float(dg[e]);
-            s_h[i] = __bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(p.u[e])));
-        }
-        __syncthreads();
-        if (col >= D) { continue; }
-        #pragma unroll 4
-        for (int i = warp; i < cnt; i += WGRAD_WARPS) {
-            Bf16x8 fv = load_bf16x8(f + (size_t)s_token[i] * D + col);
-            Bf16x8 dv = load_bf16x8(dy + (size_t)s_token[i] * D + col);
-            for (int k = 0; k < 8; k++) {
-                float fk = __bfloat162float(fv.v[k]);
-                acc[0][k] += s_du[i] * fk;
-                acc[1][k] += s_dg[i] * fk;
-                acc[2][k] += s_h[i] * __bfloat162float(dv.v[k]);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
+    for (int h = c; h < t.hot_units[0]; h += WGRAD_HOT_CTAS) {
+        const int n = t.hot_units[1 + h], start = t.unit_start[n], end = t.unit_start[n + 1];
+        float acc[3][8] = {};
+        for (int i0 = start; i0 < end; i0 += SPARSE_STAGE) {
+            int cnt = min(SPARSE_STAGE, end - i0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+                int e = t.entry[i0 + i];
+                s_token[i] = t.token[i0 + i];
+                s_du[i] = __bfloat162float(du[e]);
+                s_dg[i] = __bfloat162float(dg[e]);
+                s_h[i] = entry_h(p, e);
+            }
+            __syncthreads();
+            if (col >= D) { continue; }
+            #pragma unroll 4
+            for (int i = warp; i < cnt; i += WGRAD_WARPS) {
+                size_t row = (size_t)s_token[i] * D + col;
+                wgrad_add(acc, f + row, dy + row, s_du[i], s_dg[i], s_h[i]);
             }
         }
-    }
-    if (warp > 0) {
-        for (int r = 0; r < 3; r++) {
-            for (int k = 0; k < 8; k++) { s_sum[warp - 1][r][lane * 8 + k] = acc[r][k]; }
+        __syncthreads(); // the last unit's s_sum has been read
+        if (warp > 0) {
+            for (int r = 0; r < 3; r++) {
+                for (int k = 0; k < 8; k++) { s_sum[warp - 1][r][lane * 8 + k] = acc[r][k]; }
+            }
+        }
+        __syncthreads();
+        if (warp == 0 && col < D) {
+            for (int r = 0; r < 3; r++) {
+                for (int w = 0; w < WGRAD_WARPS - 1; w++) {
+                    for (int k = 0; k < 8; k++) { acc[r][k] += s_sum[w][r][lane * 8 + k]; }
+                }
+            }
+            wgrad_store(dwu, dwg, dwdT, acc, n, col, D);
         }
     }
-    __syncthreads();
-    if (warp > 0 || col >= D) { return; }
-    float* grads[3] = {dwu, dwg, dwdT};
-    for (int r = 0; r < 3; r++) {
-        for (int w = 0; w < WGRAD_WARPS - 1; w++) {
-            for (int k = 0; k < 8; k++) { acc[r][k] += s_sum[w][r][lane * 8 + k]; }
-        }
-        float* out = grads[r] + (size_t)n * D + col;
-        for (int k = 0; k < 8; k++) { out[k] += acc[r][k]; }
+}
+
+// one launch for both, so that the CTAs of one slice, warp units first, then hot units, run together
+__global__ void __launch_bounds__(WGRAD_WARPS * 32, 4)
+sparse_weight_grads_kernel(float* dwu, float* dwg, float* dwdT, SparsePattern<bf16> p, SparseTransposed t,
+                           const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
+    const int warp_ctas = (p.H + WGRAD_WARPS - 1) / WGRAD_WARPS;
+    if ((int)blockIdx.x < warp_ctas) {
+        wgrad_by_warps(dwu, dwg, dwdT, p, t, du, dg, f, dy, D);
+    } else {
+        wgrad_hot(dwu, dwg, dwdT, p, t, du, dg, f, dy, D, blockIdx.x - warp_ctas);
     }
 }
 
 void sparse_weight_grads(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>* p, const SparseTransposed* t,
                          const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
     if (D % 8 != 0) { fatal("sparse_weight_grads: D %d must be a multiple of 8 on the GPU", D); }
-    dim3 grid(p->H, ceil_div(D, WGRAD_SLICE));
+    cudaCheck(cudaMemsetAsync(t->hot_units, 0, sizeof(int), main_stream));
+    sparse_hot_units_kernel<<<ceil_div(p->H, 256), 256, 0, main_stream>>>(*t);
+    cudaCheck(cudaGetLastError());
+    dim3 grid(ceil_div(p->H, WGRAD_WARPS) + WGRAD_HOT_CTAS, ceil_div(D, WGRAD_SLICE));
     sparse_weight_grads_kernel<<<grid, WGRAD_WARPS * 32, 0, main_stream>>>(dwu, dwg, dwdT, *p, *t, du, dg, f, dy, D);
     cudaCheck(cudaGetLastError());
 }

@@ -65,6 +65,7 @@ typedef struct {
     int* unit_start; // [H + 1]
     int* token;      // [entries]
     int* entry;      // [entries]
+    int* hot_units;  // [H + 1] GPU: [0] how many units have many entries, then which (for the weight gradients)
 } SparseTransposed;
 
 // device scratch of the GPU kernels (the CPU ones need none)
@@ -137,12 +138,14 @@ static inline void sparse_transposed_alloc(SparseTransposed* t, int H, size_t en
     t->unit_start = (int*)device_malloc((H + 1) * sizeof(int), device);
     t->token = (int*)device_malloc(entries * sizeof(int) + 1, device);
     t->entry = (int*)device_malloc(entries * sizeof(int) + 1, device);
+    t->hot_units = device == DEVICE_CUDA ? (int*)device_malloc((H + 1) * sizeof(int), device) : NULL;
 }
 
 static inline void sparse_transposed_free(SparseTransposed* t, Device device) {
     device_free(t->unit_start, device);
     device_free(t->token, device);
     device_free(t->entry, device);
+    device_free(t->hot_units, device);
     memset(t, 0, sizeof(*t));
 }
 
