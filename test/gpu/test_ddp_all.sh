@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Data parallelism on every GPU of this machine (N >= 3; test_ddp.sh covers 2):
+# an N-GPU run follows 1-GPU runs of the same global batch (one micro-batch,
+# and N accumulated ones) within bf16 noise, and an N-GPU checkpoint resumes on
+# 2 GPUs (re-sharded optimizer state) and follows the N-GPU run.
+set -u
+cd "$(dirname "$0")/../.."
+passed=0; failed=0
+check() {
+    local what=$1; shift
+    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL ddp_all: $what"; fi
+}
+n=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$n" -lt 3 ]; then
+    echo "ddp_all: needs 3 or more GPUs, this machine has $n: nothing run"
+    echo "ddp_all: 0 passed, 0 failed"
+    exit 0
+fi
+export NCCL_NVLS_ENABLE=0
+work=$(mktemp -d /tmp/test_ddp_all_XXXXXX)
+trap 'rm -rf "$work"' EXIT
+ffn=${FFN:-dense}
+tokens=$((n * 128))
+small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -u 5 -l 3e-3 -s 0 -m 4 -a 1e-2 -x 20 -v 10 -n 10 --ffn "$ffn")
+echo "ddp_all: $n GPUs, FFN path $ffn, $tokens tokens per step"
+losses() { grep '"type":"train"' "$1/log.jsonl" | sed -E 's/.*"step":([0-9]+).*"loss":([-0-9.e+]+).*/\1 \2/'; }
+max_diff() { join <(losses "$1") <(losses "$2") | awk '{d = $2 - $3; if (d < 0) d = -d; if (d > m) m = d} END {printf "%.5f", m + 0}'; }
+below() { awk -v a="$1" -v b="$2" 'BEGIN {exit !(a < b)}'; }
+
+scripts/launch_local.sh "$n" "${small[@]}" -b 1 -o "$work/all" > "$work/all.txt" 2>&1
+check "$n-GPU run exits 0" test $? -eq 0
+check "$n processes are announced" grep -q "processes: $n (from environment), one GPU each" "$work/all.txt"
+check "$n-GPU log has 20 steps" test "$(losses "$work/all" | wc -l)" -eq 20
+./train_gpt_sparse "${small[@]}" -b "$n" -o "$work/one" > "$work/one.txt" 2>&1
+check "1-GPU run (one micro-batch of $n) exits 0" test $? -eq 0
+./train_gpt_sparse "${small[@]}" -b 1 -d "$tokens" -o "$work/acc" > "$work/acc.txt" 2>&1
+check "1-GPU run ($n accumulated micro-batches) exits 0" test $? -eq 0
+d_one=$(max_diff "$work/all" "$work/one"); d_acc=$(max_diff "$work/all" "$work/acc")
+echo "ddp_all: max |loss difference| over 20 steps: $n GPUs vs 1 GPU 1x$n: $d_one, vs 1 GPU ${n}x1: $d_acc"
+check "$n GPUs follow 1 GPU with one micro-batch ($d_one)" below "$d_one" 0.02
+check "$n GPUs follow 1 GPU with accumulation ($d_acc)" below "$d_acc" 0.01
+
+if [ $((n % 2)) -eq 0 ]; then # the same tokens per step on 2 GPUs
+    mkdir -p "$work/to_two"
+    cp "$work/all"/model_00000010.bin "$work/all"/state_00000010_* "$work/all"/log.jsonl "$work/to_two/"
+    check "the $n-GPU checkpoint has a state file per rank" test "$(ls "$work/all"/state_00000010_* | wc -l)" -eq "$n"
+    scripts/launch_local.sh 2 "${small[@]}" -b $((n / 2)) -o "$work/to_two" -y 1 > "$work/to_two.txt" 2>&1
+    check "$n-GPU checkpoint resumes on 2 GPUs" test $? -eq 0
+    check "the re-sharding is announced" grep -q "resuming $n processes' optimizer state on 2: re-sharded" "$work/to_two.txt"
+    d=$(max_diff "$work/to_two" "$work/all")
+    echo "ddp_all: resumed on 2 GPUs from step 10: max |loss difference| to the $n-GPU run $d"
+    check "$n -> 2 GPU resume follows the $n-GPU run ($d)" below "$d" 0.01
+fi
+echo "ddp_all: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
