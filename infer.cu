@@ -29,9 +29,10 @@
  token limit or max_seq_len.
 
  --bench measures prefill tokens/ms and decode tokens/s of the dense and the
- TwELL GPU paths in one run (and energy per token from NVML when the driver
- has it), on a checkpoint or on a random model of a preset shape, by default
- with the synthetic-sparse gates of llmc/cuda_infer.cuh (benchmark only).
+ TwELL GPU paths in one run, three rounds of each in turn, medians (and energy
+ per token from NVML when the driver has it), on a checkpoint or on a random
+ model of a preset shape, by default with the synthetic-sparse gates of
+ llmc/cuda_infer.cuh (benchmark only).
 */
 #include <cuda_runtime.h>
 #include <time.h>
@@ -442,6 +443,19 @@ static BenchResult bench_path(GpuModel* m, InferFFN ffn, const int* tokens, cons
     return r;
 }
 
+static double median3(double a, double b, double c) { return fmax(fmin(a, b), fmin(fmax(a, b), c)); }
+
+// each field's median over three runs
+static BenchResult bench_median(const BenchResult (&r)[3]) {
+    BenchResult m;
+    m.prefill_ms = median3(r[0].prefill_ms, r[1].prefill_ms, r[2].prefill_ms);
+    m.decode_s = median3(r[0].decode_s, r[1].decode_s, r[2].decode_s);
+    m.prefill_j = median3(r[0].prefill_j, r[1].prefill_j, r[2].prefill_j);
+    m.decode_j = median3(r[0].decode_j, r[1].decode_j, r[2].decode_j);
+    m.active = median3(r[0].active, r[1].active, r[2].active);
+    return m;
+}
+
 // the median time of fn over 20 runs on the model's stream, in microseconds
 template <typename F>
 static double time_us(F fn) {
@@ -499,8 +513,14 @@ static void bench(GpuModel* m, int B, int T, int steps, const char* what, uint64
     cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
     Nvml nvml;
     int have_nvml = nvml_open(&nvml, bus);
-    BenchResult dense = bench_path(m, INFER_FFN_DENSE, tokens, lens, B, T, steps, &nvml, have_nvml);
-    BenchResult twell = bench_path(m, INFER_FFN_TWELL, tokens, lens, B, T, steps, &nvml, have_nvml);
+    // three rounds of dense then TwELL, the median of each field: the GPU's clock
+    // drops as it heats, so the paths are timed side by side, not one after the other
+    BenchResult runs[2][3];
+    for (int round = 0; round < 3; round++) {
+        runs[0][round] = bench_path(m, INFER_FFN_DENSE, tokens, lens, B, T, steps, &nvml, have_nvml);
+        runs[1][round] = bench_path(m, INFER_FFN_TWELL, tokens, lens, B, T, steps, &nvml, have_nvml);
+    }
+    BenchResult dense = bench_median(runs[0]), twell = bench_median(runs[1]);
     printf("bench: %s, batch %d x %d prompt tokens, %d decode steps%s\n", what, B, T, steps,
            m->sparse_prefill_ok ? "" : " (TwELL prefill unsupported for this shape: dense)");
     if (twell.active >= 0) {

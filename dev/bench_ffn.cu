@@ -206,8 +206,10 @@ int main(int argc, char** argv) {
         double err_y = rel_err(y_sparse, y_dense, MD), err_df = rel_err(df_sparse, df_dense, MD), err_dw = 0;
         for (int i = 0; i < 3; i++) { err_dw = fmax(err_dw, rel_err(grads[1][i], grads[0][i], HD)); }
 
-        float t_df = median_ms(dense_fwd), t_dfb = median_ms([&] { dense_fwd(); dense_bwd(); });
-        float t_sf = median_ms(sparse_fwd), t_sfb = median_ms([&] { sparse_fwd(); sparse_bwd(); });
+        // side by side (the clock drops as the GPU heats)
+        std::vector<float> side = median_ms_interleaved({dense_fwd, sparse_fwd, [&] { dense_fwd(); dense_bwd(); },
+                                                      [&] { sparse_fwd(); sparse_bwd(); }});
+        float t_df = side[0], t_sf = side[1], t_dfb = side[2], t_sfb = side[3];
         float st[9] = {
             median_ms(gate_pack),
             scratch.gate_words ? median_ms([&] { sparse_pack_twell(&p, active, fired, sparse_gate_records(&scratch, g), &scratch); }) : 0.0f,

@@ -8,8 +8,9 @@
  (sigma 1.5) scaled to mean k/H, capped at 0.5, 30% of units never firing
  (realistic, k = 30 and 100).
  Per pattern, in one run:
- - dense: g = f Wg^T and u = f Wu^T as two GEMMs or as one [2H, D] GEMM, the
-   relu * mul kernel, y = h WdT; the faster of the two is "dense";
+ - dense: g = f Wg^T and u = f Wu^T as two GEMMs, as one batched product (our
+   dense path, ffn_dense_forward) or as one [2H, D] GEMM, the relu * mul
+   kernel, y = h WdT; the fastest of the three is "dense";
  - the gate GEMM alone (cuBLAS, bf16 g);
  - gate + packing: (a) cuBLAS g then the packer, (c) fused wgmma (compute
    capability 9.0);
@@ -21,13 +22,17 @@
    max|y_sparse - y_dense| / max|y_dense|.
  Each time is the median of `iters` runs between two cudaEvents, each run
  after 256 MB of writes that push the previous run's data out of L2, after 3
- warm-up runs. Buffers start with a capacity from k and grow (and the pattern
+ warm-up runs; dense, sparse and auto are timed in turn, round by round, so
+ that the GPU's clock (it drops as the card heats) is the same for all three. Buffers start with a capacity from k and grow (and the pattern
  runs again) if the status asks for more.
- usage: build/dev/bench_twell [iters (default 20)]
+ usage: build/dev/bench_twell [iters (default 20)]; BENCH_ONLY="uniform k=30" runs that pattern only
 */
 #include <algorithm>
+#include <functional>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <vector>
 #include "llmc/cuda_twell.cuh"
 #include "llmc/rng.h"
@@ -36,27 +41,37 @@ static const int M = 16384, D = 2048, H = 5632;
 static unsigned char* l2_flush = NULL;
 static const size_t l2_flush_bytes = 256u << 20;
 
-// median over `iters` runs of fn, in ms, after 3 warm-up runs; L2 flushed before each run
-template <typename F>
-static float time_ms(F fn, int iters) {
+// the medians over `iters` rounds of each of fns, in ms, after 3 warm-up runs
+// of each, L2 flushed before each run. A round runs every fn once, in turn: the
+// GPU's clock drops as it heats (a dense FFN timed again 10 s into a pattern took
+// 8% longer on an H100), so only times taken side by side are compared.
+static std::vector<float> time_interleaved(const std::vector<std::function<void()>>& fns, int iters) {
     cudaEvent_t start, stop;
     cudaCheck(cudaEventCreate(&start));
     cudaCheck(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; i++) { fn(); }
-    std::vector<float> times(iters);
+    for (const auto& fn : fns) { for (int i = 0; i < 3; i++) { fn(); } }
+    std::vector<std::vector<float>> times(fns.size(), std::vector<float>(iters));
     for (int i = 0; i < iters; i++) {
-        cudaCheck(cudaMemsetAsync(l2_flush, i & 0xff, l2_flush_bytes, main_stream));
-        cudaCheck(cudaEventRecord(start, main_stream));
-        fn();
-        cudaCheck(cudaEventRecord(stop, main_stream));
-        cudaCheck(cudaEventSynchronize(stop));
-        cudaCheck(cudaEventElapsedTime(&times[i], start, stop));
+        for (size_t k = 0; k < fns.size(); k++) {
+            cudaCheck(cudaMemsetAsync(l2_flush, i & 0xff, l2_flush_bytes, main_stream));
+            cudaCheck(cudaEventRecord(start, main_stream));
+            fns[k]();
+            cudaCheck(cudaEventRecord(stop, main_stream));
+            cudaCheck(cudaEventSynchronize(stop));
+            cudaCheck(cudaEventElapsedTime(&times[k][i], start, stop));
+        }
     }
     cudaCheck(cudaEventDestroy(start));
     cudaCheck(cudaEventDestroy(stop));
-    std::sort(times.begin(), times.end());
-    return times[iters / 2];
+    std::vector<float> medians;
+    for (auto& t : times) {
+        std::sort(t.begin(), t.end());
+        medians.push_back(t[iters / 2]);
+    }
+    return medians;
 }
+
+static float time_ms(const std::function<void()>& fn, int iters) { return time_interleaved({fn}, iters)[0]; }
 
 // the dense FFN's elementwise step on the stacked product gu [M, 2H]: h = relu(g) * u
 __global__ void relu_mul_stacked_kernel(bf16* h, const bf16* gu, int M, int H) {
@@ -161,7 +176,9 @@ int main(int argc, char** argv) {
                                 {"realistic k=100", 100, true}};
     std::vector<Row> rows;
     const double gate_flops = 2.0 * M * (double)D * H;
+    const char* only = getenv("BENCH_ONLY"); // run only the patterns of this name, e.g. "uniform k=30"
     for (const Pattern& pat : patterns) {
+        if (only && strcmp(pat.name, only) != 0) { continue; }
         std::vector<double> p = firing_probabilities(pat.k, pat.realistic, 5);
         for (int n = 0; n < H; n++) {
             wg[(size_t)n * D + D - 1] = __float2bfloat16_rn((float)-(p[n] > 0 ? normal_tail_inverse(p[n]) : 40.0));
@@ -175,16 +192,22 @@ int main(int argc, char** argv) {
         snprintf(r.name, sizeof(r.name), "%s", pat.name);
         printf("\n%s\n", pat.name);
 
-        float dense_two = time_ms([&] { ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); }, iters);
-        float dense_stacked = time_ms([&] {
+        auto dense_batched = [&] { ffn_dense_forward(y_dense, gu_d, gu_d + (size_t)M * H, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); };
+        auto dense_two = [&] {
+            gemm(g_d, f_d, wg_d, M, H, D, 0, 1, 0);
+            gemm(u_d, f_d, wu_d, M, H, D, 0, 1, 0);
+            size_t n8 = (size_t)M * H / 8;
+            twell_detail::relu_mul_kernel<<<(unsigned int)((n8 + 255) / 256), 256, 0, main_stream>>>(g_d, g_d, u_d, n8, NULL);
+            cudaCheck(cudaGetLastError());
+            gemm(y_dense, g_d, wdT_d, M, D, H, 0, 0, 0);
+        };
+        auto dense_stacked = [&] {
             gemm(gu_d, f_d, wgu_d, M, 2 * H, D, 0, 1, 0);
             relu_mul_stacked_kernel<<<(unsigned int)(((size_t)M * H / 8 + 255) / 256), 256, 0, main_stream>>>(g_d, gu_d, M, H);
             cudaCheck(cudaGetLastError());
             gemm(y_dense, g_d, wdT_d, M, D, H, 0, 0, 0);
-        }, iters);
-        r.dense = std::min(dense_two, dense_stacked);
+        };
         r.gate_cublas = time_ms([&] { gemm(g_d, f_d, wg_d, M, H, D, 0, 1, 0); }, iters);
-        printf("  dense FFN: gate and up as two GEMMs %.3f ms, as one [2H, D] GEMM %.3f ms\n", dense_two, dense_stacked);
         printf("  gate GEMM alone (cuBLAS, bf16 g) %.3f ms, %.0f TFLOP/s\n", r.gate_cublas,
                gate_flops / (r.gate_cublas * 1e-3) / 1e12);
         ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); // the reference y
@@ -219,12 +242,6 @@ int main(int argc, char** argv) {
         gate();
         r.up_down = time_ms([&] { twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); }, iters);
         printf("  up + down %.3f ms\n", r.up_down);
-        r.sparse = time_ms([&] {
-            gate();
-            twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
-        }, iters);
-        printf("  sparse total %.3f ms: %.2fx dense; max|y - y_dense| / max|y_dense| = %.2e\n", r.sparse,
-               r.dense / r.sparse, r.err);
 
         // twell_ffn_forward choosing its path from what twell_ffn_status measured
         ffn.choice = TWELL_AUTO;
@@ -233,7 +250,18 @@ int main(int argc, char** argv) {
             if (!twell_ffn_status(&ffn).ok) { fatal("bench_twell: the buffers grown above are too small now"); }
         }
         r.dense_above = (float)ffn.dense_above;
-        r.auto_ms = time_ms([&] { r.auto_path = twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d); }, iters);
+        // dense, sparse and auto side by side
+        std::vector<float> t = time_interleaved({dense_two, dense_batched, dense_stacked,
+                                                 [&] { gate(); twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); },
+                                                 [&] { r.auto_path = twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d); }},
+                                                iters);
+        r.dense = std::min(t[0], std::min(t[1], t[2]));
+        r.sparse = t[3];
+        r.auto_ms = t[4];
+        printf("  dense FFN: gate and up as two GEMMs %.3f ms, as one batched product (ours) %.3f ms, as one [2H, D] GEMM"
+               " %.3f ms\n", t[0], t[1], t[2]);
+        printf("  sparse total %.3f ms: %.2fx dense; max|y - y_dense| / max|y_dense| = %.2e\n", r.sparse,
+               r.dense / r.sparse, r.err);
         double auto_err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
         printf("  auto (twell_ffn_forward) %.3f ms, %s path (dense above %.1f active per row): %.2fx dense; "
                "rel diff %.2e\n", r.auto_ms, r.auto_path == TWELL_DENSE ? "dense" : "sparse", r.dense_above,

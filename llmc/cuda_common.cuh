@@ -107,6 +107,43 @@ __device__ __forceinline__ void store_bf16x8(bf16* p, const Bf16x8& x) {
     *reinterpret_cast<int4*>(p) = bits;
 }
 
+// L2 eviction priorities (sm_80+): rows gathered many times (weights) marked
+// evict_last stay in L2 while rows streamed once (activations) marked
+// evict_first leave it first
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// 16 bytes (16-byte aligned) under an L2 policy
+__device__ __forceinline__ uint4 load_16_policy(const void* p, uint64_t policy) {
+    uint4 v;
+    asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
+    return v;
+}
+
+__device__ __forceinline__ Bf16x8 load_bf16x8_policy(const bf16* p, uint64_t policy) {
+    uint4 bits = load_16_policy(p, policy);
+    Bf16x8 x;
+    memcpy(&x, &bits, sizeof(bits));
+    return x;
+}
+
+__device__ __forceinline__ void store_bf16x8_policy(bf16* p, const Bf16x8& x, uint64_t policy) {
+    uint4 bits;
+    memcpy(&bits, &x, sizeof(bits));
+    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                 ::"l"(p), "r"(bits.x), "r"(bits.y), "r"(bits.z), "r"(bits.w), "l"(policy) : "memory");
+}
+
 // the operations of the reductions below
 struct Sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
 struct Max { template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; } };

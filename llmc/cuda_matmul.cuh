@@ -24,7 +24,8 @@ static inline void cublas_check(cublasStatus_t status, const char* file, int lin
 static const size_t cublaslt_workspace_bytes = 32 << 20;
 
 typedef struct {
-    int M, N, K, trans_a, trans_b, accumulate;
+    int M, N, K, trans_a, trans_b, accumulate, batch;
+    long long stride_b, stride_c;
     cudaDataType_t c_type;
     cublasLtMatmulAlgo_t algo;
 } CachedMatmulAlgo;
@@ -52,8 +53,11 @@ static inline void cublaslt_free(void) {
     memset(&cublaslt, 0, sizeof(cublaslt));
 }
 
+// batch products C_i = op(A) op(B_i), B_i = B + i stride_b, C_i = C + i stride_c
+// (elements; A is shared: stride 0)
 static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, const bf16* B, int M, int N, int K,
-                                 int trans_a, int trans_b, int accumulate) {
+                                 int trans_a, int trans_b, int accumulate, int batch = 1, long long stride_b = 0,
+                                 long long stride_c = 0) {
     cublaslt_init();
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -66,12 +70,23 @@ static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, 
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, trans_a ? M : K));
     cublasCheck(cublasLtMatrixLayoutCreate(&layout_c, c_type, N, M, N));
+    if (batch > 1) {
+        const long long stride_a = 0;
+        cublasLtMatrixLayout_t layouts[3] = {layout_b, layout_a, layout_c};
+        const long long strides[3] = {stride_b, stride_a, stride_c};
+        for (int i = 0; i < 3; i++) {
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &strides[i], sizeof(strides[i])));
+        }
+    }
 
     CachedMatmulAlgo* hit = NULL;
     for (int i = 0; i < cublaslt.cache_size; i++) {
         CachedMatmulAlgo* e = &cublaslt.cache[i];
         if (e->M == M && e->N == N && e->K == K && e->trans_a == trans_a && e->trans_b == trans_b &&
-            e->accumulate == accumulate && e->c_type == c_type) { hit = e; break; }
+            e->accumulate == accumulate && e->c_type == c_type && e->batch == batch && e->stride_b == stride_b &&
+            e->stride_c == stride_c) { hit = e; break; }
     }
     if (hit == NULL) {
         cublasLtMatmulPreference_t pref;
@@ -91,7 +106,7 @@ static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, 
             cublaslt.cache = (CachedMatmulAlgo*)reallocCheck(cublaslt.cache, cublaslt.cache_capacity * sizeof(CachedMatmulAlgo));
         }
         hit = &cublaslt.cache[cublaslt.cache_size++];
-        *hit = (CachedMatmulAlgo){M, N, K, trans_a, trans_b, accumulate, c_type, result.algo};
+        *hit = (CachedMatmulAlgo){M, N, K, trans_a, trans_b, accumulate, batch, stride_b, stride_c, c_type, result.algo};
     }
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasCheck(cublasLtMatmul(cublaslt.handle, desc, &alpha, B, layout_b, A, layout_a, &beta, C, layout_c, C, layout_c,
@@ -109,6 +124,23 @@ static inline void gemm(bf16* C, const bf16* A, const bf16* B, int M, int N, int
 
 static inline void gemm(float* C, const bf16* A, const bf16* B, int M, int N, int K, int trans_a, int trans_b, int accumulate) {
     gemm_cublaslt(C, CUDA_R_32F, A, B, M, N, K, trans_a, trans_b, accumulate);
+}
+
+// C1 = A B1^T and C2 = A B2^T ([M, K] times two [N, K]) as one batched product:
+// one launch with twice the tiles, which fills the GPU's last wave better than
+// two (the dense FFN's gate and up: its forward at M 16384, D 2048, H 5632 took
+// 1.66 ms against 1.71 with two products and 1.68 with one [2H, D] product on an
+// H100). Falls back to two products when B and C are not equally ordered in memory.
+static inline void gemm_pair(bf16* C1, bf16* C2, const bf16* A, const bf16* B1, const bf16* B2, int M, int N, int K) {
+    // distances between separate allocations, as integers (no pointer arithmetic across objects)
+    long long stride_b = ((long long)(uintptr_t)B2 - (long long)(uintptr_t)B1) / (long long)sizeof(bf16);
+    long long stride_c = ((long long)(uintptr_t)C2 - (long long)(uintptr_t)C1) / (long long)sizeof(bf16);
+    if (stride_b <= 0 || stride_c <= 0) {
+        gemm(C1, A, B1, M, N, K, 0, 1, 0);
+        gemm(C2, A, B2, M, N, K, 0, 1, 0);
+        return;
+    }
+    gemm_cublaslt(C1, CUDA_R_16BF, A, B1, M, N, K, 0, 1, 0, 2, stride_b, stride_c);
 }
 
 // uniform values in [-1, 1) from a hash of the index: random enough that the

@@ -355,9 +355,12 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
 //      dense path's rounding of u and h;
 //   4. down: thread t adds a WdT[n][8t + 2048 i .. +7] over the listed units, in
 //      list order, to fp32 sums; y_m = bf16(sums) after the last stage.
-// h lives in shared memory only; the weight rows come from L2 (both matrices,
-// 46 MB at the standard point, mostly stay there). Each row adds its true count
-// to the active-unit counter. COLS: columns of D per thread (D <= 256 COLS).
+// h lives in shared memory only; the weight rows are gathered through L2, whose
+// bandwidth bounds the kernel (46 MB for both matrices at the standard point:
+// about half the gathers hit). The weight loads are marked evict_last and f,
+// the words and y evict_first, which keeps a little more of the weights there.
+// Each row adds its true count to the active-unit counter. COLS: columns of D
+// per thread (D <= 256 COLS).
 constexpr int ROWS_THREADS = 256;
 constexpr int ROWS_STAGE = 512;       // listed units per stage
 constexpr int ROWS_MAX_TILES = 64;    // H <= 16384
@@ -375,8 +378,15 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
     const int m = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, block_words = S + 1;
     uint32_t* s_words = reinterpret_cast<uint32_t*>(s_f + D / 8);
     const uint32_t* row_words = words + (size_t)m * T * block_words;
-    for (int i = threadIdx.x; i < D / 8; i += ROWS_THREADS) { s_f[i] = reinterpret_cast<const uint4*>(f + (size_t)m * D)[i]; }
-    for (int i = threadIdx.x; i < T * block_words; i += ROWS_THREADS) { s_words[i] = row_words[i]; }
+    const uint64_t keep = l2_policy_evict_last(), stream = l2_policy_evict_first();
+    for (int i = threadIdx.x; i < D / 8; i += ROWS_THREADS) { s_f[i] = load_16_policy(f + (size_t)m * D + 8 * i, stream); }
+    if (block_words % 4 == 0) { // the standard S = 31: 16-byte pieces
+        for (int i = threadIdx.x; i < T * block_words / 4; i += ROWS_THREADS) {
+            reinterpret_cast<uint4*>(s_words)[i] = load_16_policy(row_words + 4 * i, stream);
+        }
+    } else {
+        for (int i = threadIdx.x; i < T * block_words; i += ROWS_THREADS) { s_words[i] = row_words[i]; }
+    }
     __syncthreads();
     if (warp == 0) { // the blocks' list lengths (a lost record lists one NaN entry), then their prefix
         int carry = 0;
@@ -445,7 +455,7 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
             float dot1 = 0.0f, dot2 = 0.0f;
             #pragma unroll 4
             for (int c = lane * 8; c < D; c += 256) {
-                Bf16x8 a = load_bf16x8(w1 + c), b = load_bf16x8(w2 + c);
+                Bf16x8 a = load_bf16x8_policy(w1 + c, keep), b = load_bf16x8_policy(w2 + c, keep);
                 const bf16* x = reinterpret_cast<const bf16*>(&s_f[c / 8]);
                 #pragma unroll
                 for (int e = 0; e < 8; e++) {
@@ -469,7 +479,7 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
             if (col >= D) { continue; }
             #pragma unroll 8
             for (int j = 0; j < count; j++) {
-                Bf16x8 w = load_bf16x8(wdT + (size_t)s_unit[j] * D + col);
+                Bf16x8 w = load_bf16x8_policy(wdT + (size_t)s_unit[j] * D + col, keep);
                 float a = s_value[j];
                 #pragma unroll
                 for (int e = 0; e < 8; e++) { acc[i][e] += a * __bfloat162float(w.v[e]); }
@@ -484,7 +494,7 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
         Bf16x8 out;
         #pragma unroll
         for (int e = 0; e < 8; e++) { out.v[e] = __float2bfloat16_rn(acc[i][e]); }
-        store_bf16x8(y + (size_t)m * D + col, out);
+        store_bf16x8_policy(y + (size_t)m * D + col, out, stream);
     }
 }
 
@@ -536,8 +546,8 @@ typedef struct {
     TwellPath path;                // of the last run
     double active_per_row;         // measured by the last twell_ffn_status (-1: not yet)
     double dense_above;            // until measured: H / 44 (see dev/NOTES.md)
-    float ms_gate, ms_dense, ms_per_active; // fastest gate, fastest dense, last sparse up + down per unit (0: none yet)
-    cudaEvent_t events[3];         // a forward's start, end of its gate, end
+    float ms_gate, ms_dense, ms_per_active; // fastest packing gate, fastest dense, last sparse up + down per unit (0: none yet)
+    cudaEvent_t events[3];         // a forward's start, end of its packing gate (start again when dense), end
     int timed;                     // the events hold a forward twell_ffn_status has not read yet
 } TwellFFN;
 
@@ -595,11 +605,11 @@ static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
         float gate_ms = 0.0f, rest_ms = 0.0f;
         cudaCheck(cudaEventElapsedTime(&gate_ms, ffn->events[0], ffn->events[1]));
         cudaCheck(cudaEventElapsedTime(&rest_ms, ffn->events[1], ffn->events[2]));
-        ffn->ms_gate = ffn->ms_gate > 0.0f ? fminf(ffn->ms_gate, gate_ms) : gate_ms;
         if (st.path == TWELL_DENSE) {
             ffn->ms_dense = ffn->ms_dense > 0.0f ? fminf(ffn->ms_dense, gate_ms + rest_ms) : gate_ms + rest_ms;
-        } else if (st.active_per_row > 0.0) {
-            ffn->ms_per_active = (float)(rest_ms / st.active_per_row);
+        } else {
+            ffn->ms_gate = ffn->ms_gate > 0.0f ? fminf(ffn->ms_gate, gate_ms) : gate_ms;
+            if (st.active_per_row > 0.0) { ffn->ms_per_active = (float)(rest_ms / st.active_per_row); }
         }
         if (ffn->ms_per_active > 0.0f) {
             float dense = ffn->ms_dense > 0.0f ? ffn->ms_dense : TWELL_DENSE_PER_GATE * ffn->ms_gate;
@@ -725,28 +735,22 @@ static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf
     cudaCheck(cudaGetLastError());
 }
 
-// the dense FFN after its gate g = f Wg^T: u = f Wu^T, h = relu(g) * u over g,
-// y = h WdT; `active` (if not NULL) gets the number of g > 0
-static inline void ffn_dense_after_gate(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wu, const bf16* wdT,
-                                        int M, int D, int H, unsigned long long* active) {
+// the dense gated FFN (the reference, and the path for layers too active for
+// sparsity): g = f Wg^T and u = f Wu^T as one batched product, h = relu(g) * u
+// over g, y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets
+// the number of g > 0
+static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
+                                     const bf16* wdT, int M, int D, int H, unsigned long long* active) {
     static int num_sms = 0;
+    if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
     if (num_sms == 0) { num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount); }
-    gemm(u, f, wu, M, H, D, 0, 1, 0);
+    gemm_pair(g, u, f, wg, wu, M, H, D);
     size_t n8 = (size_t)M * H / 8, blocks = (n8 + twell_detail::RELU_MUL_THREADS - 1) / twell_detail::RELU_MUL_THREADS;
     blocks = blocks < (size_t)num_sms * 8 ? blocks : (size_t)num_sms * 8;
     twell_detail::relu_mul_kernel<<<(unsigned int)blocks, twell_detail::RELU_MUL_THREADS, 0, main_stream>>>(g, g, u, n8,
                                                                                                           active);
     cudaCheck(cudaGetLastError());
     gemm(y, g, wdT, M, D, H, 0, 0, 0);
-}
-
-// the dense gated FFN (the reference, and the path for layers too active for
-// sparsity): g and u [M, H] are scratch, h overwrites g
-static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
-                                     const bf16* wdT, int M, int D, int H, unsigned long long* active) {
-    if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
-    gemm(g, f, wg, M, H, D, 0, 1, 0);
-    ffn_dense_after_gate(y, g, u, f, wu, wdT, M, D, H, active);
 }
 
 // The FFN forward, sparse or dense (check twell_ffn_status before trusting y):
@@ -762,10 +766,8 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
     cudaCheck(cudaEventRecord(ffn->events[0], main_stream));
     if (dense) {
         twell_reset_counters(ffn);
-        bf16 *g = scratch, *u = scratch + (size_t)M * H;
-        gemm(g, f, wg, M, H, ffn->D, 0, 1, 0);
         cudaCheck(cudaEventRecord(ffn->events[1], main_stream));
-        ffn_dense_after_gate(y, g, u, f, wu, wdT, M, ffn->D, H, &ffn->counters[TWELL_ACTIVE]);
+        ffn_dense_forward(y, scratch, scratch + (size_t)M * H, f, wg, wu, wdT, M, ffn->D, H, &ffn->counters[TWELL_ACTIVE]);
     } else {
         twell_gate(ffn, f, wg, scratch);
         cudaCheck(cudaEventRecord(ffn->events[1], main_stream));

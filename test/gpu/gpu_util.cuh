@@ -6,6 +6,7 @@
 #define TEST_GPU_GPU_UTIL_CUH
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 #include "llmc/cuda_common.cuh"
 #include "llmc/rng.h"
@@ -37,26 +38,39 @@ static inline TokenBatch upload_random_batch(int M, int vocab, uint64_t seed) {
     return b;
 }
 
-// the median time of `reps` runs of fn on main_stream, in ms, after `warmup` runs
-template <typename F>
-static float median_ms(F fn, int reps = 20, int warmup = 1) {
+// the median times of `reps` rounds of fns on main_stream, in ms, after `warmup`
+// runs of each; a round runs every fn once, in turn: the GPU's clock drops as
+// it heats, so only times taken side by side are compared
+static inline std::vector<float> median_ms_interleaved(const std::vector<std::function<void()>>& fns, int reps = 20,
+                                                       int warmup = 1) {
     cudaEvent_t start, stop;
     cudaCheck(cudaEventCreate(&start));
     cudaCheck(cudaEventCreate(&stop));
-    for (int i = 0; i < warmup; i++) { fn(); }
+    for (const auto& fn : fns) { for (int i = 0; i < warmup; i++) { fn(); } }
     cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> ms(reps);
+    std::vector<std::vector<float>> ms(fns.size(), std::vector<float>(reps));
     for (int r = 0; r < reps; r++) {
-        cudaCheck(cudaEventRecord(start, main_stream));
-        fn();
-        cudaCheck(cudaEventRecord(stop, main_stream));
-        cudaCheck(cudaEventSynchronize(stop));
-        cudaCheck(cudaEventElapsedTime(&ms[r], start, stop));
+        for (size_t k = 0; k < fns.size(); k++) {
+            cudaCheck(cudaEventRecord(start, main_stream));
+            fns[k]();
+            cudaCheck(cudaEventRecord(stop, main_stream));
+            cudaCheck(cudaEventSynchronize(stop));
+            cudaCheck(cudaEventElapsedTime(&ms[k][r], start, stop));
+        }
     }
     cudaCheck(cudaEventDestroy(start));
     cudaCheck(cudaEventDestroy(stop));
-    std::sort(ms.begin(), ms.end());
-    return ms[reps / 2];
+    std::vector<float> medians;
+    for (auto& m : ms) {
+        std::sort(m.begin(), m.end());
+        medians.push_back(m[reps / 2]);
+    }
+    return medians;
+}
+
+// the median time of `reps` runs of fn on main_stream, in ms, after `warmup` runs
+static inline float median_ms(const std::function<void()>& fn, int reps = 20, int warmup = 1) {
+    return median_ms_interleaved({fn}, reps, warmup)[0];
 }
 
 #endif // TEST_GPU_GPU_UTIL_CUH

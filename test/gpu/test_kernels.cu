@@ -1,5 +1,6 @@
 /*
- The GPU's non-matmul, non-attention kernels against the CPU reference (llmc/cpu_ops.h, llmc/adamw.h).
+ The GPU's non-attention kernels against the CPU reference (llmc/cpu_ops.h, llmc/adamw.h), and of the
+ matmuls the batched pair (gemm_pair) against fp64 sums.
  Every check draws fresh seeded random inputs; bf16 inputs are rounded once and the same values, as
  doubles, feed the reference (as floats where the reference must add in fp32 in the GPU's order).
  Every output buffer is poisoned with NaN bytes (0xFF) before a GPU run; outputs that accumulate are
@@ -34,6 +35,7 @@
 #include "llmc/cuda_classifier.cuh"
 #include "llmc/cuda_encoder.cuh"
 #include "llmc/cuda_gate.cuh"
+#include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_rmsnorm.cuh"
 #include "llmc/cuda_rope.cuh"
 #include "test/gpu/gpu_util.cuh"
@@ -148,6 +150,44 @@ static void check_exact(const char* kernel, const char* what, const char* shape,
 
 static void check_deterministic(const char* kernel, const char* what, const char* shape, bool same) {
     CHECK(same, "%s %s (%s): a second run gave different bits", kernel, what, shape);
+}
+
+// ----------------------------------------------------------------------------
+// the batched pair of products of the dense FFN: C1 = A B1^T, C2 = A B2^T, with
+// B2 after B1 in one allocation (one batched call) and before it (two calls)
+
+static void test_gemm_pair(int M, int N, int K) {
+    char shape[64];
+    snprintf(shape, sizeof(shape), "M %d, N %d, K %d", M, N, K);
+    const size_t NK = (size_t)N * K, MN = (size_t)M * N;
+    std::vector<bf16> a = random_bf16((size_t)M * K, 0, 1), b = random_bf16(2 * NK, 0, 1);
+    std::vector<double> ref(2 * MN, 0.0); // ref[i MN + m N + n] = A_m . B_i[n]
+    for (int i = 0; i < 2; i++) {
+        for (int m = 0; m < M; m++) {
+            for (int n = 0; n < N; n++) {
+                double acc = 0;
+                for (int k = 0; k < K; k++) { acc += as_double(a[(size_t)m * K + k]) * as_double(b[i * NK + (size_t)n * K + k]); }
+                ref[i * MN + (size_t)m * N + n] = acc;
+            }
+        }
+    }
+    bf16 *d_a = upload(a), *d_b = upload(b);
+    for (int order = 0; order < 2; order++) { // 0: B2 = B1 + NK (batched), 1: B2 = B1 - NK (two products)
+        bf16* d_c = poisoned<bf16>(2 * MN);
+        const bf16* b1 = d_b + (order == 0 ? 0 : NK);
+        const bf16* b2 = d_b + (order == 0 ? NK : 0);
+        gemm_pair(d_c, d_c + MN, d_a, b1, b2, M, N, K);
+        std::vector<bf16> c = download(d_c, 2 * MN);
+        std::vector<double> expected(2 * MN);
+        for (size_t j = 0; j < MN; j++) {
+            expected[j] = ref[(order == 0 ? 0 : MN) + j];
+            expected[MN + j] = ref[(order == 0 ? MN : 0) + j];
+        }
+        check_close("gemm_pair", order == 0 ? "C (batched)" : "C (two products)", shape, c, expected, 1e-2);
+        cuda_free(d_c);
+    }
+    cuda_free(d_a);
+    cuda_free(d_b);
 }
 
 // ----------------------------------------------------------------------------
@@ -625,6 +665,10 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s\n", prop.name);
+
+    test_gemm_pair(1, 8, 16);
+    test_gemm_pair(77, 136, 64);
+    test_gemm_pair(256, 5632, 256); // the FFN's width
 
     for (int M : {1, 7, 1000}) {
         for (int D : {64, 768, 2048}) { test_encoder(M, D, 1000); }
