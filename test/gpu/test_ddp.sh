@@ -21,13 +21,9 @@ export NCCL_NVLS_ENABLE=0
 work=$(mktemp -d /tmp/test_ddp_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 ffn=${FFN:-dense}
-small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -u 5 -l 3e-3 -s 0 -m 4 -a 1e-2 -x 20 -v 10 -n 10 --ffn "$ffn")
+source test/gpu/ddp_lib.sh
 echo "ddp: FFN path $ffn"
 strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//; s/,"mfu":[^,]*,"mem_gib":[^,]*//' "$1"; }
-losses() { grep '"type":"train"' "$1/log.jsonl" | sed -E 's/.*"step":([0-9]+).*"loss":([-0-9.e+]+).*/\1 \2/'; }
-# the largest |a - b| of the losses of the steps both logs have
-max_diff() { join <(losses "$1") <(losses "$2") | awk '{d = $2 - $3; if (d < 0) d = -d; if (d > m) m = d} END {printf "%.5f", m + 0}'; }
-below() { awk -v a="$1" -v b="$2" 'BEGIN {exit !(a < b)}'; }
 two() { scripts/launch_local.sh 2 "$@"; }
 copy_ckpt() { mkdir -p "$2"; cp "$1"/model_00000010.bin "$1"/state_00000010_* "$1"/log.jsonl "$2/"; }
 

@@ -21,11 +21,8 @@ work=$(mktemp -d /tmp/test_ddp_all_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 ffn=${FFN:-dense}
 tokens=$((n * 128))
-small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -u 5 -l 3e-3 -s 0 -m 4 -a 1e-2 -x 20 -v 10 -n 10 --ffn "$ffn")
+source test/gpu/ddp_lib.sh
 echo "ddp_all: $n GPUs, FFN path $ffn, $tokens tokens per step"
-losses() { grep '"type":"train"' "$1/log.jsonl" | sed -E 's/.*"step":([0-9]+).*"loss":([-0-9.e+]+).*/\1 \2/'; }
-max_diff() { join <(losses "$1") <(losses "$2") | awk '{d = $2 - $3; if (d < 0) d = -d; if (d > m) m = d} END {printf "%.5f", m + 0}'; }
-below() { awk -v a="$1" -v b="$2" 'BEGIN {exit !(a < b)}'; }
 
 scripts/launch_local.sh "$n" "${small[@]}" -b 1 -o "$work/all" > "$work/all.txt" 2>&1
 check "$n-GPU run exits 0" test $? -eq 0
