@@ -36,39 +36,20 @@
 #include <vector>
 #include "llmc/cuda_twell.cuh"
 #include "llmc/rng.h"
+#include "test/gpu/gpu_util.cuh"
 
 static const int M = 16384, D = 2048, H = 5632;
 static unsigned char* l2_flush = NULL;
 static const size_t l2_flush_bytes = 256u << 20;
 
 // the medians over `iters` rounds of each of fns, in ms, after 3 warm-up runs
-// of each, L2 flushed before each run. A round runs every fn once, in turn: the
-// GPU's clock drops as it heats (a dense FFN timed again 10 s into a pattern took
-// 8% longer on an H100), so only times taken side by side are compared.
+// of each, L2 flushed before each run; rounds run every fn in turn, since the
+// GPU's clock drops as it heats (a dense FFN timed again 10 s into a pattern
+// took 8% longer on an H100), so only times taken side by side are compared
 static std::vector<float> time_interleaved(const std::vector<std::function<void()>>& fns, int iters) {
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    for (const auto& fn : fns) { for (int i = 0; i < 3; i++) { fn(); } }
-    std::vector<std::vector<float>> times(fns.size(), std::vector<float>(iters));
-    for (int i = 0; i < iters; i++) {
-        for (size_t k = 0; k < fns.size(); k++) {
-            cudaCheck(cudaMemsetAsync(l2_flush, i & 0xff, l2_flush_bytes, main_stream));
-            cudaCheck(cudaEventRecord(start, main_stream));
-            fns[k]();
-            cudaCheck(cudaEventRecord(stop, main_stream));
-            cudaCheck(cudaEventSynchronize(stop));
-            cudaCheck(cudaEventElapsedTime(&times[k][i], start, stop));
-        }
-    }
-    cudaCheck(cudaEventDestroy(start));
-    cudaCheck(cudaEventDestroy(stop));
-    std::vector<float> medians;
-    for (auto& t : times) {
-        std::sort(t.begin(), t.end());
-        medians.push_back(t[iters / 2]);
-    }
-    return medians;
+    return median_ms_interleaved(fns, iters, 3, [](int round) {
+        cudaCheck(cudaMemsetAsync(l2_flush, round & 0xff, l2_flush_bytes, main_stream));
+    });
 }
 
 static float time_ms(const std::function<void()>& fn, int iters) { return time_interleaved({fn}, iters)[0]; }

@@ -40,9 +40,11 @@ static inline TokenBatch upload_random_batch(int M, int vocab, uint64_t seed) {
 
 // the median times of `reps` rounds of fns on main_stream, in ms, after `warmup`
 // runs of each; a round runs every fn once, in turn: the GPU's clock drops as
-// it heats, so only times taken side by side are compared
+// it heats, so only times taken side by side are compared. before_run(round),
+// if given, is queued untimed before each timed run (e.g. a flush of L2).
 static inline std::vector<float> median_ms_interleaved(const std::vector<std::function<void()>>& fns, int reps = 20,
-                                                       int warmup = 1) {
+                                                       int warmup = 1,
+                                                       const std::function<void(int)>& before_run = nullptr) {
     cudaEvent_t start, stop;
     cudaCheck(cudaEventCreate(&start));
     cudaCheck(cudaEventCreate(&stop));
@@ -51,6 +53,7 @@ static inline std::vector<float> median_ms_interleaved(const std::vector<std::fu
     std::vector<std::vector<float>> ms(fns.size(), std::vector<float>(reps));
     for (int r = 0; r < reps; r++) {
         for (size_t k = 0; k < fns.size(); k++) {
+            if (before_run) { before_run(r); }
             cudaCheck(cudaEventRecord(start, main_stream));
             fns[k]();
             cudaCheck(cudaEventRecord(stop, main_stream));
