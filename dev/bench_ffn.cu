@@ -11,7 +11,7 @@
  the synthetic-sparse initialisation of llmc/gpt.h (benchmark-only), --ffn
  dense against --ffn sparse on the same micro-batch: tok/s and device memory.
 
- usage: build/dev/bench_ffn [M D H]
+ usage: build/dev/bench_ffn [M D H]      BENCH_ONLY="uniform k=30" runs that pattern only
         build/dev/bench_ffn model PRESET B T [steps] [k]     e.g. model 1.5b 8 2048 5 30
 */
 #include <time.h>
@@ -143,7 +143,11 @@ int main(int argc, char** argv) {
     uint64_t rng = 5;
     for (float& x : hdy) { x = (float)rng_normal(&rng); }
     cudaCheck(cudaMemcpy(dy, to_bf16(hdy).data(), MD * 2, cudaMemcpyHostToDevice));
+    const char* only = getenv("BENCH_ONLY"); // run only the patterns of this name, e.g. "uniform k=30"
     for (auto cs : cases) {
+        char name[32];
+        snprintf(name, sizeof(name), "%s k=%g", cs.realistic ? "realistic" : "uniform", cs.k);
+        if (only && strcmp(name, only) != 0) { continue; }
         sparse_synthetic_ffn(hf.data(), hwg.data(), hwu.data(), hwdT.data(), M, D, H, cs.k, cs.realistic, 1);
         cudaCheck(cudaMemcpy(f, to_bf16(hf).data(), MD * 2, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(wg, to_bf16(hwg).data(), HD * 2, cudaMemcpyHostToDevice));

@@ -123,28 +123,7 @@ template <> struct WgmmaTiles<128> {
 };
 
 // ----------------------------------------------------------------------------
-// PTX wrappers: cp.async, ldmatrix, mma.sync, wgmma
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, asynchronously; zeros when !valid
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_address(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(smem_address(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// waits until at most N of this thread's groups are still in flight
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+// PTX wrappers: ldmatrix, mma.sync, wgmma (cp.async: llmc/cuda_common.cuh)
 
 // four 8x8 bf16 matrices; lane i gives the address of row i % 8 of matrix i / 8
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {

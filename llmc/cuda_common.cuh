@@ -144,6 +144,29 @@ __device__ __forceinline__ void store_bf16x8_policy(bf16* p, const Bf16x8& x, ui
                  ::"l"(p), "r"(bits.x), "r"(bits.y), "r"(bits.z), "r"(bits.w), "l"(policy) : "memory");
 }
 
+// cp.async (compute capability 8.0): global -> shared without passing through registers
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, asynchronously; zeros when !valid
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_address(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_address(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// waits until at most N of this thread's groups are still in flight
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
 // the operations of the reductions below
 struct Sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
 struct Max { template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; } };

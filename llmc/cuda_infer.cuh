@@ -70,24 +70,30 @@ namespace infer_detail {
 // ----------------------------------------------------------------------------
 // prefill: RoPE at each row's own position (the rope_kernel's angle and
 // rounding), then the row's k and v into the cache of its sequence. One thread
-// per (row, q or k head, pair i). (Decode does this inside its attention.)
+// per (row, pair i), as rope_kernel: the angle once, then pair i of every q and
+// k head (a thread per head as well computed each angle 64 times: 0.40 ms per
+// layer at 16384 rows). (Decode does this inside its attention.)
 __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const int* row_slot, const int* row_pos,
                                   int M, int NH, int NKV, int hd, int cache_len, float theta) {
-    const int half = hd / 2, heads = NH + NKV;
+    const int half = hd / 2, KVD = NKV * hd;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)M * heads * half) { return; }
-    const int i = (int)(idx % half), h = (int)(idx / half % heads), m = (int)(idx / half / heads);
-    const int pos = row_pos[m], KVD = NKV * hd;
+    if (idx >= (size_t)M * half) { return; }
+    const int i = (int)(idx % half), m = (int)(idx / half), pos = row_pos[m];
     float sin_a, cos_a;
     rope_angle(pos, i, hd, theta, &sin_a, &cos_a);
-    bf16* x = qkv + (size_t)m * (NH + 2 * NKV) * hd + h * hd + i;
-    rope_turn(&x[0], &x[half], __bfloat162float(x[0]), __bfloat162float(x[half]), sin_a, cos_a);
-    if (h >= NH) {
-        size_t c = ((size_t)row_slot[m] * cache_len + pos) * KVD + (h - NH) * hd + i;
-        k_cache[c] = x[0];
-        k_cache[c + half] = x[half];
-        v_cache[c] = x[NKV * hd];
-        v_cache[c + half] = x[NKV * hd + half];
+    bf16* x = qkv + (size_t)m * (NH + 2 * NKV) * hd + i;
+    bf16 *kc = k_cache + ((size_t)row_slot[m] * cache_len + pos) * KVD + i, *vc = v_cache + (kc - k_cache);
+    #pragma unroll 4
+    for (int h = 0; h < NH + NKV; h++) {
+        bf16* xh = x + h * hd;
+        rope_turn(&xh[0], &xh[half], __bfloat162float(xh[0]), __bfloat162float(xh[half]), sin_a, cos_a);
+        if (h >= NH) {
+            const int c = (h - NH) * hd;
+            kc[c] = xh[0];
+            kc[c + half] = xh[half];
+            vc[c] = xh[KVD];
+            vc[c + half] = xh[KVD + half];
+        }
     }
 }
 
@@ -867,11 +873,14 @@ static void gpu_model_layers(GpuModel* m, int M, FFN ffn, const int* seq_rows, c
             infer_detail::decode_attention(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, kc, vc, m->row_pos,
                                            M, NH, NKV, hd, m->cache_len, c->rope_theta);
         } else {
-            infer_detail::rope_cache_kernel<<<ceil_div(M * (NH + NKV) * (hd / 2), 256), 256, 0, main_stream>>>(
+            infer_detail::rope_cache_kernel<<<ceil_div(M * (hd / 2), 256), 256, 0, main_stream>>>(
                 m->qkv, kc, vc, m->row_slot, m->row_pos, M, NH, NKV, hd, m->cache_len, c->rope_theta);
             cudaCheck(cudaGetLastError());
-            for (int s = 0; s < nseq; s++) { // a prompt starts at position 0: causal attention over its own rows
-                attention_forward(m->att + (size_t)seq_rows[s] * D, m->lse, m->qkv + (size_t)seq_rows[s] * QKV, 1,
+            // a prompt starts at position 0: causal attention over its own rows; consecutive prompts
+            // of one length go as one batch (16 launches of 1024 rows took 0.37 ms per layer)
+            for (int s = 0, e; s < nseq; s = e) {
+                for (e = s + 1; e < nseq && seq_lens[e] == seq_lens[s]; e++) {}
+                attention_forward(m->att + (size_t)seq_rows[s] * D, m->lse, m->qkv + (size_t)seq_rows[s] * QKV, e - s,
                                   seq_lens[s], NH, NKV, hd);
             }
         }

@@ -65,9 +65,7 @@ enum { TWELL_RECORDS_NEEDED, TWELL_ACTIVE, TWELL_NUM_COUNTERS };
 namespace twell_detail {
 
 // ----------------------------------------------------------------------------
-// PTX wrappers
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// bf16 bits
 
 __device__ __forceinline__ uint32_t bf16_bits(float x) { return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float bf16_bits_to_float(uint32_t b) { return __uint_as_float(b << 16); }
@@ -138,26 +136,26 @@ constexpr int WG_A_BYTES = WG_BM * WG_BK * 2, WG_B_BYTES = WG_BN * WG_BK * 2;
 constexpr size_t WG_SMEM = 1024 + (size_t)WG_STAGES * (WG_A_BYTES + WG_B_BYTES) + 2 * WG_STAGES * sizeof(uint64_t);
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
 // waits until the phase of the given parity has completed
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned int parity) {
     unsigned int done;
     do {
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+                     : "=r"(done) : "r"(smem_address(bar)), "r"(parity) : "memory");
     } while (!done);
 }
 // the box at (x = column, y = row) of a 2D tensor map into shared memory, completing on bar
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
-                 ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y) : "memory");
+                 ::"r"(smem_address(dst)), "l"(map), "r"(smem_address(bar)), "r"(x), "r"(y) : "memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -265,7 +263,7 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
     // the swizzle repeats every 1024 bytes: stages start on a 1024-byte boundary
-    uint8_t* a_s = wg_smem_raw + ((1024 - (smem_u32(wg_smem_raw) & 1023)) & 1023);
+    uint8_t* a_s = wg_smem_raw + ((1024 - (smem_address(wg_smem_raw) & 1023)) & 1023);
     uint8_t* b_s = a_s + WG_STAGES * WG_A_BYTES;
     uint64_t* full = reinterpret_cast<uint64_t*>(b_s + WG_STAGES * WG_B_BYTES);
     uint64_t* empty = full + WG_STAGES;
@@ -305,7 +303,7 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
                 int s = it % WG_STAGES;
                 mbar_wait(&full[s], (it / WG_STAGES) & 1);
                 wgmma_fence();
-                uint32_t a_addr = smem_u32(a_s + s * WG_A_BYTES + c * 64 * 128), b_addr = smem_u32(b_s + s * WG_B_BYTES);
+                uint32_t a_addr = smem_address(a_s + s * WG_A_BYTES + c * 64 * 128), b_addr = smem_address(b_s + s * WG_B_BYTES);
                 #pragma unroll
                 for (int ks = 0; ks < WG_BK / 16; ks++) {
                     wgmma_m64n256(acc, wgmma_desc(a_addr + ks * 32), wgmma_desc(b_addr + ks * 32), kb > 0 || ks > 0);

@@ -249,7 +249,7 @@ struct Script {
 
 static Script cpu_script(const GPTConfig* c, const std::vector<float>& params, int steps, uint64_t* rng) {
     Script s;
-    s.lens = {5, 17, 1};
+    s.lens = {5, 17, 17, 1}; // the two of 17 are one batch of the prefill's attention
     int nseq = (int)s.lens.size(), Vp = c->padded_vocab_size;
     for (int l : s.lens) { for (int t = 0; t < l; t++) { s.tokens.push_back((int)rng_below(rng, c->vocab_size)); } }
     GPT<float, float> model;
@@ -309,7 +309,7 @@ static void test_model(const char* name, bool synthetic) {
     const int steps = 4;
     uint64_t rng = synthetic ? 404 : 303;
     GpuModel m;
-    gpu_model_create(&m, &c, 3, 64, c.max_seq_len);
+    gpu_model_create(&m, &c, 4, 64, c.max_seq_len);
     m.twell_min_rows = 0; // TwELL prefills of any size (the default runs a few rows dense)
     std::vector<float> params(num_parameters(&c));
     if (synthetic) { // the GPU's synthetic-sparse init, calibrated by one prefill, then read back
