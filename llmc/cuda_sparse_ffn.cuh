@@ -7,7 +7,8 @@
                  gives the tail slots in row order, a warp per row writes its entries in unit order;
                  on Hopper the wgmma gate packs g into TwELL blocks from its registers instead, and
                  the count and write read those (g [M, H] is never written)
-     up, dh      a warp per row: one D-long dot product per entry (f . Wu[n] or dy . WdT[n])
+     up, dh      a warp per row, and for a row in the tail one per further W of its entries: one
+                 D-long dot product per entry (f . Wu[n] or dy . WdT[n])
      down, df    a CTA per (row, column slice), a thread per 8 columns: y_m (df_m) = sum_e a_e A[n_e]
                  (+ b_e B[n_e])
      transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order)
@@ -65,7 +66,10 @@ __device__ int sparse_row_slot(const SparsePattern<bf16>& p, int m, const int* r
     int slot = row_flag[m] ? row_prefix[m] : -1;
     if (m == p.M - 1 && threadIdx.x % 32 == 0) { *p.tail_used = row_prefix[m] + row_flag[m]; }
     if (slot >= p.tail_capacity) { slot = SPARSE_ROW_LOST; }
-    if (threadIdx.x % 32 == 0) { p.tail_slot[m] = slot; }
+    if (threadIdx.x % 32 == 0) {
+        p.tail_slot[m] = slot;
+        if (slot >= 0) { p.tail_row[slot] = m; }
+    }
     return slot;
 }
 
@@ -208,30 +212,44 @@ bool sparse_gate_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, b
 }
 
 // ----------------------------------------------------------------------------
-// up and dh: a D-long dot product per entry, a warp per row
+// up and dh: a D-long dot product per entry, a warp per row (and per further chunk of a tail row)
 
 enum { SPARSE_UP, SPARSE_DH };
 
-// UP:  u_e = x_m . A[n_e] (A = Wu, x = f), row_l1[m] = sum |bf16(g_e u_e)| (NaN for a lost row)
+// UP:  u_e = x_m . A[n_e] (A = Wu, x = f); row_l1[m] = sum |bf16(g_e u_e)| by the
+//      row's warp where the row has one (not in the tail; NaN for a lost row)
 // DH:  d = x_m . A[n_e] + l1_scale sign(h_e) (A = WdT, x = dy), du_e = d g_e, dg_e = d u_e
-// Four entries at a time, so that each lane has four weight loads in flight per x load.
+// A warp per chunk of at most W entries of a row (W the ELL width): first a
+// warp per row for its first W, then, for the rows in the tail, a warp per
+// further chunk (chunk k of tail slot s is warp M + s (chunks - 1) + k - 1),
+// so that a row firing ten times the mean does not hold up the kernel. Four
+// entries at a time, so that each lane has four weight loads in flight per x load.
 constexpr int DOT_ENTRIES = 4;
+
+static inline int sparse_dot_chunks(const SparsePattern<bf16>* p) { return ceil_div(p->H, p->W); }
 
 template <int MODE>
 __global__ void sparse_dot_kernel(SparsePattern<bf16> p, float* row_l1, bf16* du, bf16* dg, const bf16* x,
-                                  const bf16* A, float l1_scale, int D) {
-    const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (m >= p.M) { return; }
+                                  const bf16* A, float l1_scale, int D, int chunks) {
+    const int warp = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    int m = warp, chunk = 0;
+    if (warp >= p.M) { // a later chunk of a tail row
+        if (chunks < 2) { return; }
+        const int s = (warp - p.M) / (chunks - 1);
+        chunk = (warp - p.M) % (chunks - 1) + 1;
+        if (s >= min(*p.tail_used, p.tail_capacity)) { return; }
+        m = p.tail_row[s];
+    }
     const int slot = p.tail_slot[m];
     if (slot == SPARSE_ROW_LOST) {
         if (MODE == SPARSE_UP && lane == 0) { row_l1[m] = NAN; }
         return;
     }
     const size_t e0 = row_base(p, m, slot);
-    const int c = p.count[m];
+    const int c = min(p.count[m], (chunk + 1) * p.W);
     const bf16* xm = x + (size_t)m * D;
     float l1 = 0.0f;
-    for (int j0 = 0; j0 < c; j0 += DOT_ENTRIES) {
+    for (int j0 = chunk * p.W; j0 < c; j0 += DOT_ENTRIES) {
         const int nj = min(DOT_ENTRIES, c - j0);
         const bf16* a[DOT_ENTRIES];
         #pragma unroll
@@ -265,21 +283,45 @@ __global__ void sparse_dot_kernel(SparsePattern<bf16> p, float* row_l1, bf16* du
             }
         }
     }
-    if (MODE == SPARSE_UP && lane == 0) { row_l1[m] = l1; }
+    if (MODE == SPARSE_UP && slot < 0 && lane == 0) { row_l1[m] = l1; }
+}
+
+// row_l1 of the rows in the tail (their chunks ran on several warps): a warp per tail slot
+__global__ void sparse_tail_l1_kernel(float* row_l1, SparsePattern<bf16> p) {
+    const int s = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (s >= min(*p.tail_used, p.tail_capacity)) { return; }
+    const int m = p.tail_row[s];
+    const size_t e0 = row_base(p, m, s);
+    float l1 = 0.0f;
+    for (int j = lane; j < p.count[m]; j += 32) {
+        l1 += fabsf(__bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e0 + j]) * __bfloat162float(p.u[e0 + j]))));
+    }
+    l1 = warp_reduce<Sum>(l1);
+    if (lane == 0) { row_l1[m] = l1; }
+}
+
+template <int MODE>
+static void sparse_dot(const SparsePattern<bf16>* p, float* row_l1, bf16* du, bf16* dg, const bf16* x, const bf16* A,
+                       float l1_scale, int D) {
+    if (D % 8 != 0) { fatal("sparse FFN: D %d must be a multiple of 8 on the GPU", D); }
+    const int chunks = sparse_dot_chunks(p);
+    const long warps = p->M + (long)p->tail_capacity * (chunks - 1);
+    if (warps > INT_MAX) { fatal("sparse FFN: %ld warps for the tail's chunks exceed int32", warps); }
+    sparse_dot_kernel<MODE><<<ceil_div((int)warps, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
+        *p, row_l1, du, dg, x, A, l1_scale, D, chunks);
+    cudaCheck(cudaGetLastError());
 }
 
 void sparse_up(SparsePattern<bf16>* p, float* row_l1, const bf16* f, const bf16* wu, int D) {
-    if (D % 8 != 0) { fatal("sparse_up: D %d must be a multiple of 8 on the GPU", D); }
-    sparse_dot_kernel<SPARSE_UP><<<ceil_div(p->M, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
-        *p, row_l1, (bf16*)NULL, (bf16*)NULL, f, wu, 0.0f, D);
-    cudaCheck(cudaGetLastError());
+    sparse_dot<SPARSE_UP>(p, row_l1, (bf16*)NULL, (bf16*)NULL, f, wu, 0.0f, D);
+    if (p->tail_capacity > 0) {
+        sparse_tail_l1_kernel<<<ceil_div(p->tail_capacity, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(row_l1, *p);
+        cudaCheck(cudaGetLastError());
+    }
 }
 
 void sparse_dh(bf16* du, bf16* dg, const SparsePattern<bf16>* p, const bf16* dy, const bf16* wdT, float l1_scale, int D) {
-    if (D % 8 != 0) { fatal("sparse_dh: D %d must be a multiple of 8 on the GPU", D); }
-    sparse_dot_kernel<SPARSE_DH><<<ceil_div(p->M, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
-        *p, (float*)NULL, du, dg, dy, wdT, l1_scale, D);
-    cudaCheck(cudaGetLastError());
+    sparse_dot<SPARSE_DH>(p, (float*)NULL, du, dg, dy, wdT, l1_scale, D);
 }
 
 // ----------------------------------------------------------------------------

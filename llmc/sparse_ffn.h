@@ -54,6 +54,7 @@ struct SparsePattern {
     int tail_capacity; // rows the tail holds
     int* count;        // [M] units with g > 0
     int* tail_slot;    // [M] -1 (ELL part), the tail slot, or SPARSE_ROW_LOST
+    int* tail_row;     // [tail_capacity] the row in each tail slot (those below tail_used)
     int* tail_used;    // [1] rows that asked for a tail slot (may exceed the capacity); the caller's
     uint16_t* unit;    // [entries] hidden unit of each entry
     T* g;              // [entries] g at the entry (> 0)
@@ -117,6 +118,7 @@ void sparse_pattern_alloc(SparsePattern<T>* p, int M, int H, int W, int tail_cap
     p->M = M, p->H = H, p->W = W, p->tail_capacity = tail_capacity;
     p->count = (int*)device_malloc(M * sizeof(int), device);
     p->tail_slot = (int*)device_malloc(M * sizeof(int), device);
+    p->tail_row = (int*)device_malloc(tail_capacity * sizeof(int) + 1, device);
     p->tail_used = tail_used;
     p->unit = (uint16_t*)device_malloc(n * sizeof(uint16_t) + 1, device);
     p->g = (T*)device_malloc(n * sizeof(T) + 1, device);
@@ -127,6 +129,7 @@ template <typename T>
 void sparse_pattern_free(SparsePattern<T>* p, Device device) {
     device_free(p->count, device);
     device_free(p->tail_slot, device);
+    device_free(p->tail_row, device);
     device_free(p->unit, device);
     device_free(p->g, device);
     device_free(p->u, device);
@@ -173,6 +176,7 @@ void sparse_pack(SparsePattern<T>* p, int* row_active, uint8_t* fired, const T* 
             int slot = used++;
             p->tail_slot[m] = slot < p->tail_capacity ? slot : SPARSE_ROW_LOST;
             if (slot >= p->tail_capacity) { continue; }
+            p->tail_row[slot] = m;
         }
         size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
         for (int n = 0; n < H; n++) {

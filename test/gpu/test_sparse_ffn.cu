@@ -271,7 +271,9 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
                 size_t e = sparse_row_base(M, H, W, m, slot[m]);
                 for (int j = 0; j < count[m]; j++) { entries_same &= unit[e + j] == cp.unit[e + j] && pg[e + j] == cp.g[e + j]; }
             }
-            CHECK(same, "%s: counts and tail slots equal the CPU reference's", what);
+            std::vector<int> tail_row = download(p.tail_row, tail);
+            for (int m = 0; m < M; m++) { same &= slot[m] < 0 || tail_row[slot[m]] == m; }
+            CHECK(same, "%s: counts, tail slots and their rows equal the CPU reference's", what);
             CHECK(entries_same, "%s: entries equal the CPU reference's", what);
             CHECK(download(c.d_fired, H) == ref_fired, "%s: fired marks", what);
             std::vector<int> us = download(t.unit_start, H + 1);
