@@ -104,7 +104,7 @@ static inline int sparse_choose_tail(int needed, int M) {
 
 // the bytes a pattern keeps for the backward
 static inline size_t sparse_pattern_bytes(int M, int H, int W, int tail_capacity, size_t value_bytes) {
-    return (2 * (size_t)M + 1) * sizeof(int) + sparse_entries(M, H, W, tail_capacity) * (sizeof(uint16_t) + 2 * value_bytes);
+    return (2 * (size_t)M + tail_capacity + 1) * sizeof(int) + sparse_entries(M, H, W, tail_capacity) * (sizeof(uint16_t) + 2 * value_bytes);
 }
 
 // tail_used is the caller's counter (so that one copy can read those of many patterns)
