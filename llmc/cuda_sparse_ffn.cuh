@@ -393,7 +393,7 @@ void sparse_df(bf16* df, const SparsePattern<bf16>* p, const bf16* du, const bf1
 // ----------------------------------------------------------------------------
 // the transposed pattern: per block of SPARSE_ROW_BLOCK rows a histogram of
 // units (shared memory), one scan over [unit, block] (unit-major), then each
-// block's warp 0 walks its rows in order, so a unit's tokens come out sorted.
+// block's warps fill their rows in order, so a unit's tokens come out sorted.
 
 __global__ void sparse_unit_count_kernel(int* block_counts, SparsePattern<bf16> p, int blocks) {
     extern __shared__ int s_hist[];
@@ -410,29 +410,58 @@ __global__ void sparse_unit_count_kernel(int* block_counts, SparsePattern<bf16> 
     for (int n = threadIdx.x; n < p.H; n += blockDim.x) { block_counts[(size_t)n * blocks + blockIdx.x] = s_hist[n]; }
 }
 
-__global__ void sparse_unit_fill_kernel(SparseTransposed t, SparsePattern<bf16> p, const int* block_counts,
-                                        const int* block_offsets, int blocks) {
-    extern __shared__ int s_cursor[];
+// Warp w fills rows [w R, (w + 1) R) of the block (R = SPARSE_ROW_BLOCK / warps), so a
+// block of busy rows (the realistic pattern's first 1%) is walked by all warps,
+// not one. A unit's place among the block's tokens is its block offset plus the
+// tokens of the warps before (a byte per warp and unit: at most R <= 255).
+constexpr int SPARSE_FILL_WARPS = 8;
+constexpr int SPARSE_FILL_ROWS = SPARSE_ROW_BLOCK / SPARSE_FILL_WARPS;
+static_assert(SPARSE_FILL_ROWS * SPARSE_FILL_WARPS == SPARSE_ROW_BLOCK && SPARSE_FILL_ROWS < 256, "fill rows");
+
+static inline size_t sparse_fill_smem(int H) { return (size_t)H * (sizeof(int) + SPARSE_FILL_WARPS); }
+
+__global__ void __launch_bounds__(SPARSE_FILL_WARPS * 32)
+    sparse_unit_fill_kernel(SparseTransposed t, SparsePattern<bf16> p, const int* block_counts,
+                            const int* block_offsets, int blocks) {
+    extern __shared__ int s_base[];                                    // [H] the block's first position per unit
+    uint8_t* s_cursor = (uint8_t*)(s_base + p.H);                      // [warps][H] the warp's place per unit
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int n = threadIdx.x; n < p.H; n += blockDim.x) {
-        s_cursor[n] = block_offsets[(size_t)n * blocks + blockIdx.x];
-        if (blockIdx.x == 0) { t.unit_start[n] = s_cursor[n]; }
+        s_base[n] = block_offsets[(size_t)n * blocks + blockIdx.x];
+        if (blockIdx.x == 0) { t.unit_start[n] = s_base[n]; }
+        for (int w = 0; w < SPARSE_FILL_WARPS; w++) { s_cursor[w * p.H + n] = 0; }
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         size_t last = (size_t)p.H * blocks - 1;
         t.unit_start[p.H] = block_offsets[last] + block_counts[last];
     }
     __syncthreads();
-    if (threadIdx.x >= 32) { return; }
-    const int lane = threadIdx.x;
-    for (int r = 0; r < SPARSE_ROW_BLOCK; r++) {
-        int m = blockIdx.x * SPARSE_ROW_BLOCK + r;
-        if (m >= p.M) { break; }
+    const int first = blockIdx.x * SPARSE_ROW_BLOCK + warp * SPARSE_FILL_ROWS;
+    const int last = min(first + SPARSE_FILL_ROWS, p.M);
+    uint8_t* cursor = s_cursor + warp * p.H;
+    // the units of a row are distinct, so the lanes never share a byte's update
+    for (int m = first; m < last; m++) {
         if (p.tail_slot[m] == SPARSE_ROW_LOST) { continue; }
         size_t e0 = row_base(p, m, p.tail_slot[m]);
-        // the units of a row are distinct, so the lanes never share a cursor
+        for (int j = lane; j < p.count[m]; j += 32) { cursor[p.unit[e0 + j]]++; }
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int n = threadIdx.x; n < p.H; n += blockDim.x) {
+        int before = 0;
+        for (int w = 0; w < SPARSE_FILL_WARPS; w++) {
+            int c = s_cursor[w * p.H + n];
+            s_cursor[w * p.H + n] = (uint8_t)before;
+            before += c;
+        }
+    }
+    __syncthreads();
+    for (int m = first; m < last; m++) {
+        if (p.tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e0 = row_base(p, m, p.tail_slot[m]);
         for (int j = lane; j < p.count[m]; j += 32) {
             int n = p.unit[e0 + j];
-            int pos = s_cursor[n]++;
+            int pos = s_base[n] + cursor[n]++;
             t.token[pos] = m;
             t.entry[pos] = (int)(e0 + j);
         }
@@ -444,14 +473,17 @@ static inline int sparse_row_blocks(int M) { return ceil_div(M, SPARSE_ROW_BLOCK
 
 void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseScratch* s) {
     const int blocks = sparse_row_blocks(p->M);
-    const size_t smem = (size_t)p->H * sizeof(int);
-    cudaCheck(cudaFuncSetAttribute(sparse_unit_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    cudaCheck(cudaFuncSetAttribute(sparse_unit_fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    sparse_unit_count_kernel<<<blocks, 256, smem, main_stream>>>(s->block_counts, *p, blocks);
+    const size_t count_smem = (size_t)p->H * sizeof(int), fill_smem = sparse_fill_smem(p->H);
+    cudaCheck(cudaFuncSetAttribute(sparse_unit_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)count_smem));
+    cudaCheck(cudaFuncSetAttribute(sparse_unit_fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)fill_smem));
+    sparse_unit_count_kernel<<<blocks, 256, count_smem, main_stream>>>(s->block_counts, *p, blocks);
     cudaCheck(cudaGetLastError());
     cudaCheck(cub::DeviceScan::ExclusiveSum(s->scan_temp, s->scan_temp_bytes, s->block_counts, s->block_offsets,
                                             p->H * blocks, main_stream));
-    sparse_unit_fill_kernel<<<blocks, 256, smem, main_stream>>>(*t, *p, s->block_counts, s->block_offsets, blocks);
+    sparse_unit_fill_kernel<<<blocks, SPARSE_FILL_WARPS * 32, fill_smem, main_stream>>>(*t, *p, s->block_counts,
+                                                                                        s->block_offsets, blocks);
     cudaCheck(cudaGetLastError());
 }
 
