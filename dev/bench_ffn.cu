@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
         sparse_pattern_alloc(&p, M, H, W, tail, tail_used, DEVICE_CUDA);
         size_t n = sparse_entries(M, H, W, tail);
         SparseTransposed t;
-        sparse_transposed_alloc(&t, H, n, DEVICE_CUDA);
+        sparse_transposed_alloc(&t, H, D, n, DEVICE_CUDA);
         bf16 *du = (bf16*)cuda_malloc(n * 2 + 16), *dg = (bf16*)cuda_malloc(n * 2 + 16);
         auto cublas_gate_pack = [&] {
             gemm(g, f, wg, M, H, D, 0, 1, 0);

@@ -494,22 +494,29 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseS
 // work gather from one slice of f and dy (16 MB at M 16384): L2 holds it, where
 // whole rows (128 MB) would come from memory. Lane l takes columns 8l..8l+7.
 // - a unit with at most WGRAD_HOT entries (at k = 30 a unit has ~90): one warp,
-//   8 units per CTA; the lanes load 32 entries at a time and pass them round
-//   by shuffles, so no warp waits on another;
+//   8 units per CTA, the units in decreasing count (a counting sort), so that a
+//   CTA's warps finish together however uneven the units are, biggest first;
+//   the lanes load 32 entries at a time and pass them round by shuffles, so no
+//   warp waits on another;
 // - a hot unit (one that fires in many tokens, as the realistic pattern's do):
-//   a CTA of 8 warps taking every 8th entry, the warps' sums added in warp
-//   order; the hot units are listed first (in any order: each one's sums do
-//   not depend on where it is computed), and both kinds of CTA are one launch,
-//   so that a slice's CTAs run together.
+//   CTAs of 8 warps, one per part of SPARSE_HOT_PART entries (the warps take
+//   every 8th entry; their sums added in warp order), the parts' sums added in
+//   part order by the CTA that finishes the unit's last part. A unit whose parts
+//   find no free slot for their sums has them all summed by one CTA, in the
+//   same order: the same bits either way. The items are listed first (in any
+//   order: a unit's sums do not depend on where they are computed), and both
+//   kinds of CTA are one launch, so that a slice's CTAs run together.
 // One warp per unit everywhere made the hot units a long tail; 8 warps
-// everywhere spent more on the cross-warp sum than it saved (dev/NOTES.md).
+// everywhere spent more on the cross-warp sum than it saved; a CTA per hot unit
+// left the busiest (thousands of entries) as the tail (dev/NOTES.md).
 
 constexpr int WGRAD_WARPS = 8;
-constexpr int WGRAD_SLICE = 256;
-constexpr int WGRAD_HOT = 128;        // entries above which a unit gets a CTA
-// CTAs per slice that share the hot units: enough to fill the GPU with one
+constexpr int WGRAD_SLICE = SPARSE_WGRAD_SLICE;
+constexpr int WGRAD_HOT = 128;        // entries above which a unit gets CTAs
+// CTAs per slice that share the hot items: enough to fill the GPU with one
 // slice (fewer let the CTAs at work spread over several slices, more than L2 holds)
 constexpr int WGRAD_HOT_CTAS = 1024;
+static_assert(SPARSE_HOT_PART % SPARSE_STAGE == 0, "a part is whole stages");
 
 // the three products of one entry added to a lane's sums
 __device__ __forceinline__ void wgrad_add(float (&acc)[3][8], const bf16* f_row, const bf16* dy_row, float du, float dg,
@@ -541,21 +548,59 @@ __device__ __forceinline__ void wgrad_store(float* dwu, float* dwg, float* dwdT,
     }
 }
 
-__global__ void sparse_hot_units_kernel(SparseTransposed t) {
-    int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n < t.H && t.unit_start[n + 1] - t.unit_start[n] > WGRAD_HOT) {
-        t.hot_units[1 + atomicAdd(&t.hot_units[0], 1)] = n;
+// The work lists, one CTA of WGRAD_LIST_THREADS: the units of 1..WGRAD_HOT
+// entries in decreasing count (ties in any order), and the hot units' items:
+// one per part where the unit's parts get slots for their sums, else one for
+// the whole unit (part -1)
+constexpr int WGRAD_LIST_THREADS = 1024;
+__global__ void __launch_bounds__(WGRAD_LIST_THREADS) sparse_wgrad_lists_kernel(SparseTransposed t) {
+    __shared__ int s_place[WGRAD_HOT + 1]; // per count: its units, then the next place for one
+    int *warp_units = t.hot + 3, *items = t.hot + 3 + t.H;
+    for (int c = threadIdx.x; c <= WGRAD_HOT; c += blockDim.x) { s_place[c] = 0; }
+    __syncthreads();
+    for (int n = threadIdx.x; n < t.H; n += blockDim.x) {
+        const int count = t.unit_start[n + 1] - t.unit_start[n];
+        if (count == 0) { continue; }
+        if (count <= WGRAD_HOT) { atomicAdd(&s_place[count], 1); continue; }
+        const int parts = (count + SPARSE_HOT_PART - 1) / SPARSE_HOT_PART;
+        int slot = -1;
+        if (parts > 1) {
+            slot = atomicAdd(&t.hot[1], parts);
+            if (slot + parts > SPARSE_PART_SLOTS) { slot = -1; }
+        }
+        const int n_items = slot < 0 ? 1 : parts;
+        int* item = items + 4 * (size_t)atomicAdd(&t.hot[0], n_items);
+        for (int i = 0; i < n_items; i++, item += 4) {
+            item[0] = n, item[1] = slot < 0 ? -1 : i, item[2] = parts, item[3] = slot;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { // counts WGRAD_HOT down to 1: lane l sums its run of them, then a prefix over the lanes
+        constexpr int RUN = (WGRAD_HOT + 31) / 32;
+        const int lane = threadIdx.x, top = WGRAD_HOT - lane * RUN;
+        int sum = 0;
+        for (int c = top; c > top - RUN && c >= 1; c--) { sum += s_place[c]; }
+        int place = warp_inclusive_sum(sum) - sum;
+        for (int c = top; c > top - RUN && c >= 1; c--) {
+            int units = s_place[c];
+            s_place[c] = place;
+            place += units;
+        }
+        if (lane == 31) { t.hot[2] = place; }
+    }
+    __syncthreads();
+    for (int n = threadIdx.x; n < t.H; n += blockDim.x) {
+        const int count = t.unit_start[n + 1] - t.unit_start[n];
+        if (count >= 1 && count <= WGRAD_HOT) { warp_units[atomicAdd(&s_place[count], 1)] = n; }
     }
 }
 
-// units blockIdx.x * 8 + warp, a warp each (those with at most WGRAD_HOT entries)
-__device__ __forceinline__ void wgrad_by_warps(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
-                                               const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
-                                               const bf16* dy, int D) {
-    const int n = blockIdx.x * WGRAD_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (n >= p.H) { return; }
-    const int col = blockIdx.y * WGRAD_SLICE + lane * 8, start = t.unit_start[n], end = t.unit_start[n + 1];
-    if (start == end || end - start > WGRAD_HOT) { return; }
+// one warp: unit n's sums over its entries [start, end), added to the gradients
+__device__ __forceinline__ void wgrad_warp_unit(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
+                                                const SparseTransposed& t, const bf16* du, const bf16* dg,
+                                                const bf16* f, const bf16* dy, int D, int n, int col, int start,
+                                                int end) {
+    const int lane = threadIdx.x % 32;
     float acc[3][8] = {};
     for (int i0 = start; i0 < end; i0 += 32) {
         const int cnt = min(32, end - i0);
@@ -579,54 +624,120 @@ __device__ __forceinline__ void wgrad_by_warps(float* dwu, float* dwg, float* dw
     if (col < D) { wgrad_store(dwu, dwg, dwdT, acc, n, col, D); }
 }
 
-// the hot units, a CTA each: CTA c of the hot ones takes hot units c, c + hot_ctas, ...
-__device__ __forceinline__ void wgrad_hot(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
-                                          const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
-                                          const bf16* dy, int D, int c) {
+// the units with at most WGRAD_HOT entries, a warp each: warp w of CTA b takes
+// the (8 b + w)-th of the list
+__device__ __forceinline__ void wgrad_by_warps(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
+                                               const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
+                                               const bf16* dy, int D) {
+    const int i = blockIdx.x * WGRAD_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (i >= t.hot[2]) { return; }
+    const int n = t.hot[3 + i], start = t.unit_start[n], end = t.unit_start[n + 1];
+    wgrad_warp_unit(dwu, dwg, dwdT, p, t, du, dg, f, dy, D, n, blockIdx.y * WGRAD_SLICE + lane * 8, start, end);
+}
+
+// total[r][col] += the sums over entries [start, end) of the transposed pattern,
+// for warp 0's columns (lane: 8 of the slice); the warps take every 8th entry of
+// each stage, and their sums are added in warp order
+__device__ void wgrad_part(float (*total)[WGRAD_SLICE], const SparsePattern<bf16>& p, const SparseTransposed& t,
+                           const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D, int start, int end) {
     __shared__ int s_token[SPARSE_STAGE];
     __shared__ float s_du[SPARSE_STAGE], s_dg[SPARSE_STAGE], s_h[SPARSE_STAGE];
     __shared__ float s_sum[WGRAD_WARPS - 1][3][WGRAD_SLICE];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
-    for (int h = c; h < t.hot_units[0]; h += WGRAD_HOT_CTAS) {
-        const int n = t.hot_units[1 + h], start = t.unit_start[n], end = t.unit_start[n + 1];
-        float acc[3][8] = {};
-        for (int i0 = start; i0 < end; i0 += SPARSE_STAGE) {
-            int cnt = min(SPARSE_STAGE, end - i0);
-            __syncthreads();
-            for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
-                int e = t.entry[i0 + i];
-                s_token[i] = t.token[i0 + i];
-                s_du[i] = __bfloat162float(du[e]);
-                s_dg[i] = __bfloat162float(dg[e]);
-                s_h[i] = entry_h(p, e);
-            }
-            __syncthreads();
-            if (col >= D) { continue; }
-            #pragma unroll 4
-            for (int i = warp; i < cnt; i += WGRAD_WARPS) {
-                size_t row = (size_t)s_token[i] * D + col;
-                wgrad_add(acc, f + row, dy + row, s_du[i], s_dg[i], s_h[i]);
-            }
-        }
-        __syncthreads(); // the last unit's s_sum has been read
-        if (warp > 0) {
-            for (int r = 0; r < 3; r++) {
-                for (int k = 0; k < 8; k++) { s_sum[warp - 1][r][lane * 8 + k] = acc[r][k]; }
-            }
+    float acc[3][8] = {};
+    for (int i0 = start; i0 < end; i0 += SPARSE_STAGE) {
+        int cnt = min(SPARSE_STAGE, end - i0);
+        __syncthreads(); // the last stage (or part) is done with the staged entries
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
+            int e = t.entry[i0 + i];
+            s_token[i] = t.token[i0 + i];
+            s_du[i] = __bfloat162float(du[e]);
+            s_dg[i] = __bfloat162float(dg[e]);
+            s_h[i] = entry_h(p, e);
         }
         __syncthreads();
-        if (warp == 0 && col < D) {
+        if (col >= D) { continue; }
+        #pragma unroll 4
+        for (int i = warp; i < cnt; i += WGRAD_WARPS) {
+            size_t row = (size_t)s_token[i] * D + col;
+            wgrad_add(acc, f + row, dy + row, s_du[i], s_dg[i], s_h[i]);
+        }
+    }
+    if (warp > 0) {
+        for (int r = 0; r < 3; r++) {
+            for (int k = 0; k < 8; k++) { s_sum[warp - 1][r][lane * 8 + k] = acc[r][k]; }
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        for (int r = 0; r < 3; r++) {
+            for (int k = 0; k < 8; k++) {
+                float v = acc[r][k];
+                for (int w = 0; w < WGRAD_WARPS - 1; w++) { v += s_sum[w][r][lane * 8 + k]; }
+                total[r][lane * 8 + k] += v;
+            }
+        }
+    }
+    __syncthreads(); // s_sum has been read
+}
+
+// warp 0: the gradients += total (its columns)
+__device__ __forceinline__ void wgrad_store_total(float* dwu, float* dwg, float* dwdT, const float (*total)[WGRAD_SLICE],
+                                                  int n, int D) {
+    const int lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
+    if (threadIdx.x >= 32 || col >= D) { return; }
+    float acc[3][8];
+    for (int r = 0; r < 3; r++) {
+        for (int k = 0; k < 8; k++) { acc[r][k] = total[r][lane * 8 + k]; }
+    }
+    wgrad_store(dwu, dwg, dwdT, acc, n, col, D);
+}
+
+// the hot items, a CTA each: CTA c of the hot ones takes items c, c + WGRAD_HOT_CTAS, ...
+__device__ __forceinline__ void wgrad_hot(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
+                                          const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
+                                          const bf16* dy, int D, int c) {
+    __shared__ float s_total[3][WGRAD_SLICE]; // warp 0's, a lane's 8 columns
+    const int lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
+    for (int it = c; it < t.hot[0]; it += WGRAD_HOT_CTAS) {
+        const int* item = t.hot + 3 + t.H + 4 * (size_t)it;
+        const int n = item[0], part = item[1], parts = item[2], slot = item[3];
+        const int start = t.unit_start[n], end = t.unit_start[n + 1];
+        if (threadIdx.x < 32) {
             for (int r = 0; r < 3; r++) {
-                for (int w = 0; w < WGRAD_WARPS - 1; w++) {
-                    for (int k = 0; k < 8; k++) { acc[r][k] += s_sum[w][r][lane * 8 + k]; }
+                for (int k = 0; k < 8; k++) { s_total[r][lane * 8 + k] = 0.0f; }
+            }
+        }
+        for (int q = part < 0 ? 0 : part; q < (part < 0 ? parts : part + 1); q++) { // all parts, or this one
+            int a = start + q * SPARSE_HOT_PART;
+            wgrad_part(s_total, p, t, du, dg, f, dy, D, a, min(a + SPARSE_HOT_PART, end));
+        }
+        bool last = true;
+        if (part >= 0) { // the part's sums out; the unit's last part to finish adds them all in order
+            float* mine = t.part_sums + (size_t)(slot + part) * 3 * D;
+            if (threadIdx.x < 32 && col < D) {
+                for (int r = 0; r < 3; r++) {
+                    for (int k = 0; k < 8; k++) { mine[(size_t)r * D + col + k] = s_total[r][lane * 8 + k]; }
                 }
             }
-            wgrad_store(dwu, dwg, dwdT, acc, n, col, D);
+            last = block_arrives_last(t.part_arrivals + (size_t)slot * gridDim.y + blockIdx.y, parts);
+            if (last && threadIdx.x < 32 && col < D) {
+                for (int r = 0; r < 3; r++) {
+                    for (int k = 0; k < 8; k++) {
+                        float v = 0.0f;
+                        for (int q = 0; q < parts; q++) {
+                            v += __ldcg(t.part_sums + ((size_t)(slot + q) * 3 + r) * D + col + k);
+                        }
+                        s_total[r][lane * 8 + k] = v;
+                    }
+                }
+            }
         }
+        if (last) { wgrad_store_total(dwu, dwg, dwdT, s_total, n, D); }
     }
 }
 
-// one launch for both, so that the CTAs of one slice, warp units first, then hot units, run together
+// one launch for both, so that the CTAs of one slice, warp units first, then hot items, run together
 __global__ void __launch_bounds__(WGRAD_WARPS * 32, 4)
 sparse_weight_grads_kernel(float* dwu, float* dwg, float* dwdT, SparsePattern<bf16> p, SparseTransposed t,
                            const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
@@ -641,8 +752,8 @@ sparse_weight_grads_kernel(float* dwu, float* dwg, float* dwdT, SparsePattern<bf
 void sparse_weight_grads(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>* p, const SparseTransposed* t,
                          const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
     if (D % 8 != 0) { fatal("sparse_weight_grads: D %d must be a multiple of 8 on the GPU", D); }
-    cudaCheck(cudaMemsetAsync(t->hot_units, 0, sizeof(int), main_stream));
-    sparse_hot_units_kernel<<<ceil_div(p->H, 256), 256, 0, main_stream>>>(*t);
+    cudaCheck(cudaMemsetAsync(t->hot, 0, 2 * sizeof(int), main_stream));
+    sparse_wgrad_lists_kernel<<<1, WGRAD_LIST_THREADS, 0, main_stream>>>(*t);
     cudaCheck(cudaGetLastError());
     dim3 grid(ceil_div(p->H, WGRAD_WARPS) + WGRAD_HOT_CTAS, ceil_div(D, WGRAD_SLICE));
     sparse_weight_grads_kernel<<<grid, WGRAD_WARPS * 32, 0, main_stream>>>(dwu, dwg, dwdT, *p, *t, du, dg, f, dy, D);

@@ -271,7 +271,7 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
 template <typename T, typename G>
 static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
     SparseFfnLayer<T>* f = &model->ffn[l];
-    int M = model->B * model->T_, H = model->config.hidden;
+    int M = model->B * model->T_, H = model->config.hidden, D = model->config.channels;
     if (f->p.M == 0 || f->p.W != f->W || f->p.tail_capacity != f->tail_capacity) {
         sparse_pattern_free(&f->p, model->device);
         sparse_pattern_alloc(&f->p, M, H, f->W, f->tail_capacity, model->tail_used + l, model->device);
@@ -281,7 +281,7 @@ static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
         sparse_transposed_free(&model->transposed, model->device);
         device_free(model->sparse_du, model->device);
         device_free(model->sparse_dg, model->device);
-        sparse_transposed_alloc(&model->transposed, H, entries, model->device);
+        sparse_transposed_alloc(&model->transposed, H, D, entries, model->device);
         model->sparse_du = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
         model->sparse_dg = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
         model->sparse_scratch_entries = entries;

@@ -61,12 +61,23 @@ struct SparsePattern {
     T* u;              // [entries] u at the entry
 };
 
+// The GPU's weight gradients sum a unit with many entries in parts of
+// SPARSE_HOT_PART entries, each part a CTA of its own where a slot for its sums
+// is free (SPARSE_PART_SLOTS of them), so one busy unit does not hold a CTA for
+// the kernel's length; per slice of SPARSE_WGRAD_SLICE columns
+constexpr int SPARSE_HOT_PART = 1024, SPARSE_PART_SLOTS = 256, SPARSE_WGRAD_SLICE = 256;
+
 typedef struct {
     int H;
-    int* unit_start; // [H + 1]
-    int* token;      // [entries]
-    int* entry;      // [entries]
-    int* hot_units;  // [H + 1] GPU: [0] how many units have many entries, then which (for the weight gradients)
+    int* unit_start;    // [H + 1]
+    int* token;         // [entries]
+    int* entry;         // [entries]
+    // GPU only (the weight gradients of the units with many entries):
+    int* hot;           // [3 + H + 4 (H + SPARSE_PART_SLOTS)]: items, part slots taken, units of a warp,
+                        // those units (most entries first), then per item (unit, part or -1 for all,
+                        // parts, first slot or -1)
+    float* part_sums;   // [SPARSE_PART_SLOTS][3][D] a part's sums until the unit's last part adds them
+    int* part_arrivals; // [SPARSE_PART_SLOTS][slices] parts done (0 between launches)
 } SparseTransposed;
 
 // device scratch of the GPU kernels (the CPU ones need none)
@@ -136,19 +147,29 @@ void sparse_pattern_free(SparsePattern<T>* p, Device device) {
     memset(p, 0, sizeof(*p));
 }
 
-static inline void sparse_transposed_alloc(SparseTransposed* t, int H, size_t entries, Device device) {
+static inline void sparse_transposed_alloc(SparseTransposed* t, int H, int D, size_t entries, Device device) {
+    memset(t, 0, sizeof(*t));
     t->H = H;
     t->unit_start = (int*)device_malloc((H + 1) * sizeof(int), device);
     t->token = (int*)device_malloc(entries * sizeof(int) + 1, device);
     t->entry = (int*)device_malloc(entries * sizeof(int) + 1, device);
-    t->hot_units = device == DEVICE_CUDA ? (int*)device_malloc((H + 1) * sizeof(int), device) : NULL;
+    if (device == DEVICE_CUDA) { // an item per unit, more only for the parts that take slots
+        const int slices = (D + SPARSE_WGRAD_SLICE - 1) / SPARSE_WGRAD_SLICE;
+        t->hot = (int*)device_malloc((3 + (size_t)H + 4 * ((size_t)H + SPARSE_PART_SLOTS)) * sizeof(int), device);
+        t->part_sums = (float*)device_malloc((size_t)SPARSE_PART_SLOTS * 3 * D * sizeof(float), device);
+        size_t arrivals = (size_t)SPARSE_PART_SLOTS * slices * sizeof(int);
+        t->part_arrivals = (int*)device_malloc(arrivals, device);
+        device_zero(t->part_arrivals, arrivals, device);
+    }
 }
 
 static inline void sparse_transposed_free(SparseTransposed* t, Device device) {
     device_free(t->unit_start, device);
     device_free(t->token, device);
     device_free(t->entry, device);
-    device_free(t->hot_units, device);
+    device_free(t->hot, device);
+    device_free(t->part_sums, device);
+    device_free(t->part_arrivals, device);
     memset(t, 0, sizeof(*t));
 }
 

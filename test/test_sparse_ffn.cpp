@@ -95,7 +95,7 @@ static void test_ffn(int M, int H, int D, int W, int tail_capacity) {
     sparse_pattern_alloc(&p, M, H, W, tail_capacity, &tail_used, DEVICE_CPU);
     size_t entries = sparse_entries(M, H, W, tail_capacity);
     SparseTransposed t;
-    sparse_transposed_alloc(&t, H, entries, DEVICE_CPU);
+    sparse_transposed_alloc(&t, H, D, entries, DEVICE_CPU);
     std::vector<real> s_l1(M), s_y(MD), s_du(entries + 1), s_dg(entries + 1), s_df(MD);
     std::vector<real> s_dwu(HD, 0.5), s_dwg(HD, -0.5), s_dwdT(HD, 0.25);
     std::vector<int> s_active(M);

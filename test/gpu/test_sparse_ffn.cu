@@ -2,8 +2,9 @@
  The sparse FFN of training on the GPU (llmc/cuda_sparse_ffn.cuh), on fresh
  synthetic-sparse inputs (SPARSE.md) at k = 8, 30, 100, 300 uniform and k = 30
  realistic, with ELL width 64 (so the k = 100 and 300 rows and the realistic
- hot rows overflow into the tail), plus odd shapes and M = 70000 (token
- indices past 16 bits):
+ hot rows overflow into the tail), realistic units of thousands of entries
+ (weight gradients summed in parts), odd shapes and M = 70000 (token indices
+ past 16 bits):
  - the pattern (counts, tail slots, units, g) and the transposed pattern equal
    the CPU reference's (llmc/sparse_ffn.h) on the same g, bit for bit;
  - y, l1, df and the three weight gradients equal the dense GPU path's
@@ -225,7 +226,7 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
     sparse_pack(&cp, cpu_active.data(), (uint8_t*)NULL, g.data(), (SparseScratch*)NULL);
     SparseTransposed ct;
     size_t entries = sparse_entries(M, H, W, cap);
-    sparse_transposed_alloc(&ct, H, entries, DEVICE_CPU);
+    sparse_transposed_alloc(&ct, H, D, entries, DEVICE_CPU);
     sparse_transpose(&ct, &cp, (SparseScratch*)NULL);
 
     SparseScratch s;
@@ -238,7 +239,7 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
         sparse_pattern_alloc(&p, M, H, W, tail, tail_used, DEVICE_CUDA);
         size_t n = sparse_entries(M, H, W, tail);
         SparseTransposed t;
-        sparse_transposed_alloc(&t, H, n, DEVICE_CUDA);
+        sparse_transposed_alloc(&t, H, D, n, DEVICE_CUDA);
         bf16* du = (bf16*)cuda_malloc(n * sizeof(bf16) + 16);
         bf16* dg = (bf16*)cuda_malloc(n * sizeof(bf16) + 16);
         reset_grads(&c);
@@ -351,6 +352,7 @@ int main(void) {
     for (double k : {8.0, 30.0, 100.0, 300.0}) { run_case(M, D, H, W, k, 0); }
     run_case(M, D, H, W, 30, 1);
     run_case(1024, 256, 1024, 32, 300, 0); // H % 256 == 0: the fused gate's records in g, every tile one
+    run_case(8192, 256, 512, 64, 30, 1); // units of thousands of entries: weight gradients by parts, in slots or whole
     run_case(1000, 200, 96, 16, 6, 1); // shapes not multiples of the tiles (D/8 = 25 threads)
     run_case(70000, 64, 64, 8, 4, 1);  // token indices past 16 bits
     test_dead_reinit();
