@@ -708,7 +708,8 @@ __device__ __forceinline__ void wgrad_hot(float* dwu, float* dwg, float* dwdT, c
                 for (int k = 0; k < 8; k++) { s_total[r][lane * 8 + k] = 0.0f; }
             }
         }
-        for (int q = part < 0 ? 0 : part; q < (part < 0 ? parts : part + 1); q++) { // all parts, or this one
+        const int first_part = part < 0 ? 0 : part, end_part = part < 0 ? parts : part + 1; // all, or this one
+        for (int q = first_part; q < end_part; q++) {
             int a = start + q * SPARSE_HOT_PART;
             wgrad_part(s_total, p, t, du, dg, f, dy, D, a, min(a + SPARSE_HOT_PART, end));
         }
