@@ -87,6 +87,17 @@ static void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_
     cudaCheck(cudaLaunchKernelEx(&config, kernel, ((Params)args)...));
 }
 
+// An SM divides its on-chip memory between L1 and shared memory when blocks
+// land on it, by what they ask for, and a block that needs more shared memory
+// than the current split gives cannot join the blocks already there. In a chain
+// of early launches whose kernels need different amounts (a GEMV's few KB, then
+// an attention's 35) the next kernel stays off the SMs until they drain, unless
+// the kernels of the chain ask for the largest split.
+template <typename Kernel>
+static void prefer_shared_memory(Kernel kernel) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
 // ----------------------------------------------------------------------------
 // device helpers shared by the kernels
 

@@ -105,7 +105,11 @@ __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const
 // in the cache for later steps. Block (head h, sequence b, split j) takes
 // positions 128 j .. 128 j + 127 (those <= pos[b]):
 // a thread scores one key, then groups of threads sum p v over the split's
-// positions; the split leaves its max m_j, sum l_j = sum exp(s - m_j) and
+// positions (the keys and values come into shared memory by cp.async before
+// the wait: at 40 registers a thread, not 168 with them in registers, the
+// blocks fit beside a block of the qkv GEMV, so they are resident with their
+// cache loaded before it ends);
+// the split leaves its max m_j, sum l_j = sum exp(s - m_j) and
 // o_j = sum exp(s - m_j) v. The last of a head's splits to finish (a counter
 // per head and sequence) combines them, in split order:
 //     m = max_j m_j,  out = sum_j exp(m_j - m) o_j / sum_j exp(m_j - m) l_j
@@ -127,16 +131,24 @@ __device__ void decode_attention_combine(bf16* out, const float* part_o, const f
     }
 }
 
+// the split's keys and values in shared memory: a key row padded by 16 bytes so
+// that the threads of a quarter warp, each reading its own key, hit every bank
+template <int HD> __host__ __device__ constexpr int decode_key_stride() { return HD + 8; }
+template <int HD> constexpr size_t decode_attention_smem() {
+    return (size_t)DECODE_SPLIT * (decode_key_stride<HD>() + HD) * sizeof(bf16);
+}
+
 template <int HD>
 __global__ void __launch_bounds__(DECODE_SPLIT)
 decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv,
                               bf16* k_cache, bf16* v_cache, const int* pos, int NH, int NKV, int cache_len, int splits,
                               float scale, float theta) {
-    constexpr int VECS = HD / 8, GROUPS = DECODE_SPLIT / VECS, HALF = HD / 2;
+    constexpr int VECS = HD / 8, GROUPS = DECODE_SPLIT / VECS, HALF = HD / 2, KS = decode_key_stride<HD>();
     __shared__ float q[HD];
     __shared__ float p[DECODE_SPLIT];
     __shared__ float part[GROUPS][HD];
-    __shared__ __align__(16) bf16 k_new[HD];
+    extern __shared__ __align__(16) bf16 kv[];
+    bf16 *ks = kv, *vs = kv + DECODE_SPLIT * KS; // [DECODE_SPLIT][KS], [DECODE_SPLIT][HD]
     const int h = blockIdx.x, b = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
     // pos comes from the host before the step and the cache before the new position
     // n - 1 from earlier steps: both are read before waiting for the kernels before
@@ -147,51 +159,50 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     const bf16* kb = k_cache + (size_t)b * cache_len * KVD + kvh * HD;
     const bf16* vb = v_cache + (size_t)b * cache_len * KVD + kvh * HD;
     const int v = tid % VECS, grp = tid / VECS;
-    Bf16x8 k[VECS], vals[VECS]; // vals[i]: position t0 + grp + i GROUPS
-    #pragma unroll
-    for (int e = 0; e < VECS; e++) {
-        if (t0 + tid < n - 1) { k[e] = load_bf16x8(kb + (size_t)(t0 + tid) * KVD + e * 8); }
-        if (t0 + grp + e * GROUPS < n - 1) { vals[e] = load_bf16x8(vb + (size_t)(t0 + grp + e * GROUPS) * KVD + v * 8); }
+    if (t0 + tid < n - 1) { // thread tid brings position t0 + tid
+        #pragma unroll
+        for (int e = 0; e < VECS; e++) {
+            cp_async_16(ks + tid * KS + e * 8, kb + (size_t)(t0 + tid) * KVD + e * 8, true);
+            cp_async_16(vs + tid * HD + e * 8, vb + (size_t)(t0 + tid) * KVD + e * 8, true);
+        }
     }
+    cp_async_commit();
     float sin_a = 0.0f, cos_a = 0.0f;
     if (tid < HALF) { rope_angle(n - 1, tid, HD, theta, &sin_a, &cos_a); }
     grid_dependents_launch();
     grid_dependency_wait();
     const bf16* row = qkv + (size_t)b * (NH + 2 * NKV) * HD;
     const bf16 *k_row = row + (NH + kvh) * HD, *v_row = row + (NH + NKV + kvh) * HD;
-    #pragma unroll
-    for (int e = 0; e < VECS; e++) {
-        if (t0 + grp + e * GROUPS == n - 1) { vals[e] = load_bf16x8(v_row + v * 8); }
-    }
     if (tid < HALF) {
         bf16 r1, r2;
         rope_turn(&r1, &r2, __bfloat162float(row[h * HD + tid]), __bfloat162float(row[h * HD + tid + HALF]), sin_a, cos_a);
         q[tid] = __bfloat162float(r1) * scale;
         q[tid + HALF] = __bfloat162float(r2) * scale;
-        if (has_new) {
+        if (has_new) { // the new position's key (turned) and value, into the split's rows and the cache
+            bf16 *k_new = ks + (n - 1 - t0) * KS, *v_new = vs + (n - 1 - t0) * HD;
             rope_turn(&k_new[tid], &k_new[tid + HALF], __bfloat162float(k_row[tid]), __bfloat162float(k_row[tid + HALF]),
                       sin_a, cos_a);
+            v_new[tid] = v_row[tid];
+            v_new[tid + HALF] = v_row[tid + HALF];
             if (h % (NH / NKV) == 0) {
                 const size_t c = ((size_t)b * cache_len + n - 1) * KVD + kvh * HD + tid;
                 k_cache[c] = k_new[tid];
                 k_cache[c + HALF] = k_new[tid + HALF];
-                v_cache[c] = v_row[tid];
-                v_cache[c + HALF] = v_row[tid + HALF];
+                v_cache[c] = v_new[tid];
+                v_cache[c + HALF] = v_new[tid + HALF];
             }
         }
     }
+    cp_async_wait<0>();
     __syncthreads();
-    if (t0 + tid == n - 1) {
-        #pragma unroll
-        for (int e = 0; e < VECS; e++) { k[e] = load_bf16x8(k_new + e * 8); }
-    }
     float s = -INFINITY;
     if (t0 + tid < n) {
         s = 0.0f;
         #pragma unroll
         for (int c = 0; c < VECS; c++) {
+            const Bf16x8 k = load_bf16x8(ks + tid * KS + c * 8);
             #pragma unroll
-            for (int e = 0; e < 8; e++) { s += q[c * 8 + e] * __bfloat162float(k[c].v[e]); }
+            for (int e = 0; e < 8; e++) { s += q[c * 8 + e] * __bfloat162float(k.v[e]); }
         }
     }
     const float mx = block_reduce<Max>(s);
@@ -203,8 +214,9 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     for (int i = 0; i < VECS; i++) {
         int t = grp + i * GROUPS;
         if (t0 + t < n) { // never past the end: the cache there is not written
+            const Bf16x8 val = load_bf16x8(vs + t * HD + v * 8);
             #pragma unroll
-            for (int e = 0; e < 8; e++) { acc[e] += p[t] * __bfloat162float(vals[i].v[e]); }
+            for (int e = 0; e < 8; e++) { acc[e] += p[t] * __bfloat162float(val.v[e]); }
         }
     }
     #pragma unroll
@@ -230,19 +242,34 @@ static inline int decode_splits(int cache_len) { return ceil_div(cache_len, DECO
 // the head sizes the decode attention is built for
 static inline bool decode_attention_supports(int hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128; }
 
+template <int HD>
+static void decode_attention_launch(dim3 grid, bf16* out, float* part_o, float* part_ml, int* splits_done,
+                                    const bf16* qkv, bf16* k_cache, bf16* v_cache, const int* pos, int NH, int NKV,
+                                    int cache_len, int splits, float theta) {
+    const size_t smem = decode_attention_smem<HD>(); // 68 KB at HD 128: past the default 48
+    static bool configured = false;
+    if (!configured) {
+        cudaCheck(cudaFuncSetAttribute(decode_attention_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+        prefer_shared_memory(decode_attention_split_kernel<HD>);
+        configured = true;
+    }
+    launch_early(decode_attention_split_kernel<HD>, grid, DECODE_SPLIT, smem, out, part_o, part_ml, splits_done, qkv,
+                 k_cache, v_cache, pos, NH, NKV, cache_len, splits, 1.0f / sqrtf((float)HD), theta);
+}
+
 // out [B, NH hd] from the new rows qkv [B, QKV] (q and k not yet turned) and the
 // cache, where the new k and v go (position pos[b] of sequence b); part_o, part_ml:
 // scratch of B NH splits (hd + 2) floats; splits_done: B NH zeros (left zero)
 static void decode_attention(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv, bf16* k_cache,
                              bf16* v_cache, const int* pos, int B, int NH, int NKV, int hd, int cache_len, float theta) {
-    int splits = decode_splits(cache_len);
-    dim3 grid(NH, B, splits);
-    float scale = 1.0f / sqrtf((float)hd);
+    const int splits = decode_splits(cache_len);
+    const dim3 grid(NH, B, splits);
     switch (hd) {
-    case 16: launch_early(decode_attention_split_kernel<16>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
-    case 32: launch_early(decode_attention_split_kernel<32>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
-    case 64: launch_early(decode_attention_split_kernel<64>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
-    case 128: launch_early(decode_attention_split_kernel<128>, grid, DECODE_SPLIT, 0, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, scale, theta); break;
+    case 16: decode_attention_launch<16>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
+    case 32: decode_attention_launch<32>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
+    case 64: decode_attention_launch<64>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
+    case 128: decode_attention_launch<128>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
     default: fatal("decode attention: head size %d, built for 16, 32, 64, 128", hd);
     }
 }
@@ -331,6 +358,8 @@ gemv_kernel(Epilogue epilogue, const bf16* x, const bf16* w, int N, int K) {
 // the product with `epilogue` per row of W [N, K] for B <= 8 rows of x
 template <int B, typename Epilogue>
 static void gemv_launch(const Epilogue& epilogue, const bf16* x, const bf16* w, int N, int K) {
+    static bool configured = false;
+    if (!configured) { prefer_shared_memory(gemv_kernel<B, Epilogue>); configured = true; }
     launch_early(gemv_kernel<B, Epilogue>, ceil_div(N, GEMV_WARPS), GEMV_THREADS, (size_t)B * K * sizeof(bf16), epilogue,
                  x, w, N, K);
 }
@@ -563,6 +592,7 @@ static inline void sparse_down_allow_smem(int H) {
                                    (int)sparse_down_smem(H)));
     cudaCheck(cudaFuncSetAttribute(sparse_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
+    prefer_shared_memory(sparse_down_active_kernel);
 }
 
 // ----------------------------------------------------------------------------
