@@ -20,6 +20,12 @@
    twell_ffn_status that measure the activity and the costs it chooses from;
    the path it took; ratio = dense / auto; and the relative error
    max|y_sparse - y_dense| / max|y_dense|.
+ BENCH_HOT="256 512" adds, per count h, a probe of running the h most active
+ units of realistic k=30 as dense GEMMs: the pattern without them (their p_n
+ set to 0, so the sparse path does the rest), and the time of their part as
+ cuBLASLt would run it (u = f Wu[hot]^T, relu * mul, y += h WdT[hot] in fp32),
+ side by side with the sparse path: what that split could reach at best (the
+ merge of the two y's is not counted).
  Each time is the median of `iters` runs between two cudaEvents, each run
  after 256 MB of writes that push the previous run's data out of L2, after 3
  warm-up runs; dense, sparse and auto are timed in turn, round by round, so
@@ -150,17 +156,33 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMemcpy(wu_d, wu.data(), wu.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(wdT_d, wdT.data(), wdT.size() * sizeof(bf16), cudaMemcpyHostToDevice));
 
-    struct Pattern { const char* name; double k; bool realistic; };
-    const Pattern patterns[] = {{"uniform k=8", 8, false},    {"uniform k=30", 30, false},
-                                {"uniform k=100", 100, false}, {"uniform k=200", 200, false},
-                                {"uniform k=300", 300, false}, {"realistic k=30", 30, true},
-                                {"realistic k=100", 100, true}};
+    struct Pattern { char name[24]; double k; bool realistic; int hot; };
+    std::vector<Pattern> patterns = {{"uniform k=8", 8, false, 0},    {"uniform k=30", 30, false, 0},
+                                     {"uniform k=100", 100, false, 0}, {"uniform k=200", 200, false, 0},
+                                     {"uniform k=300", 300, false, 0}, {"realistic k=30", 30, true, 0},
+                                     {"realistic k=100", 100, true, 0}};
+    for (const char* h = getenv("BENCH_HOT"); h && *h;) {
+        char* end;
+        long hot = strtol(h, &end, 10);
+        if (end == h || hot < 1 || hot >= H) { fatal("BENCH_HOT: \"%s\" is not a list of unit counts 1..%d", h, H - 1); }
+        Pattern pat = {"", 30, true, (int)hot};
+        snprintf(pat.name, sizeof(pat.name), "realistic-%ld k=30", hot);
+        patterns.push_back(pat);
+        h = end + strspn(end, " ,");
+    }
     std::vector<Row> rows;
     const double gate_flops = 2.0 * M * (double)D * H;
     const char* only = getenv("BENCH_ONLY"); // run only the patterns of this name, e.g. "uniform k=30"
     for (const Pattern& pat : patterns) {
         if (only && strcmp(pat.name, only) != 0) { continue; }
         std::vector<double> p = firing_probabilities(pat.k, pat.realistic, 5);
+        double hot_share = 0, total = 0; // the hot units' share of the expected pairs
+        if (pat.hot) {
+            std::vector<int> order(H);
+            for (int n = 0; n < H; n++) { order[n] = n; total += p[n]; }
+            std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+            for (int i = 0; i < pat.hot; i++) { hot_share += p[order[i]] / total; p[order[i]] = 0.0; }
+        }
         for (int n = 0; n < H; n++) {
             wg[(size_t)n * D + D - 1] = __float2bfloat16_rn((float)-(p[n] > 0 ? normal_tail_inverse(p[n]) : 40.0));
         }
@@ -172,6 +194,7 @@ int main(int argc, char** argv) {
         Row r = {};
         snprintf(r.name, sizeof(r.name), "%s", pat.name);
         printf("\n%s\n", pat.name);
+        if (pat.hot) { printf("  the %d most active units (%.1f%% of the pairs) left out: the probe below\n", pat.hot, 100 * hot_share); }
 
         auto dense_batched = [&] { ffn_dense_forward(y_dense, gu_d, gu_d + (size_t)M * H, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); };
         auto dense_two = [&] {
@@ -247,7 +270,26 @@ int main(int argc, char** argv) {
         printf("  auto (twell_ffn_forward) %.3f ms, %s path (dense above %.1f active per row): %.2fx dense; "
                "rel diff %.2e\n", r.auto_ms, r.auto_path == TWELL_DENSE ? "dense" : "sparse", r.dense_above,
                r.dense / r.auto_ms, auto_err);
-        rows.push_back(r);
+        if (pat.hot) { // u_hot into g's second part, h_hot over g's first, y_hot (fp32) in u's buffer
+            bf16 *h_hot = g_d, *u_hot = g_d + (size_t)M * pat.hot;
+            float* y_hot = (float*)u_d;
+            auto hot_part = [&] {
+                gemm(u_hot, f_d, wu_d, M, pat.hot, D, 0, 1, 0);
+                size_t n8 = (size_t)M * pat.hot / 8;
+                twell_detail::relu_mul_kernel<<<(unsigned int)((n8 + 255) / 256), 256, 0, main_stream>>>(h_hot, h_hot,
+                                                                                                      u_hot, n8, NULL);
+                cudaCheck(cudaGetLastError());
+                gemm(y_hot, h_hot, wdT_d, M, D, pat.hot, 0, 0, 0);
+            };
+            std::vector<float> th = time_interleaved({dense_batched, hot_part, [&] {
+                gate();
+                twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
+            }}, iters);
+            printf("  probe: hot part %.3f ms + sparse rest %.3f = %.3f ms, %.2fx dense (%.3f ms)\n", th[1], th[2],
+                   th[1] + th[2], th[0] / (th[1] + th[2]), th[0]);
+        } else { // (a probe's pattern is not one of the standard point's)
+            rows.push_back(r);
+        }
         twell_ffn_free(&ffn);
     }
 
