@@ -204,9 +204,7 @@ int main(int argc, char** argv) {
         auto dense_two = [&] {
             gemm(g_d, f_d, wg_d, M, H, D, 0, 1, 0);
             gemm(u_d, f_d, wu_d, M, H, D, 0, 1, 0);
-            size_t n8 = (size_t)M * H / 8;
-            twell_detail::relu_mul_kernel<<<(unsigned int)((n8 + 255) / 256), 256, 0, main_stream>>>(g_d, g_d, u_d, n8, NULL);
-            cudaCheck(cudaGetLastError());
+            relu_mul(g_d, g_d, u_d, (size_t)M * H, NULL);
             gemm(y_dense, g_d, wdT_d, M, D, H, 0, 0, 0);
         };
         auto dense_stacked = [&] {
@@ -279,10 +277,7 @@ int main(int argc, char** argv) {
             float* y_hot = (float*)u_d;
             auto hot_part = [&] {
                 gemm(u_hot, f_d, wu_d, M, pat.hot, D, 0, 1, 0);
-                size_t n8 = (size_t)M * pat.hot / 8;
-                twell_detail::relu_mul_kernel<<<(unsigned int)((n8 + 255) / 256), 256, 0, main_stream>>>(h_hot, h_hot,
-                                                                                                      u_hot, n8, NULL);
-                cudaCheck(cudaGetLastError());
+                relu_mul(h_hot, h_hot, u_hot, (size_t)M * pat.hot, NULL);
                 gemm(y_hot, h_hot, wdT_d, M, D, pat.hot, 0, 0, 0);
             };
             std::vector<float> th = time_interleaved({dense_batched, hot_part, [&] {

@@ -943,10 +943,7 @@ static inline void gpu_ffn_dense_decode(GpuModel* m, int l, int B) {
     bf16 *g = m->gu, *u = m->gu + (size_t)B * H;
     infer_detail::decode_linear(g, m->normed, m->param[P_WG] + LH, B, H, D);
     infer_detail::decode_linear(u, m->normed, m->param[P_WU] + LH, B, H, D);
-    size_t n8 = (size_t)B * H / 8;
-    twell_detail::relu_mul_kernel<<<ceil_div((int)n8, twell_detail::RELU_MUL_THREADS), twell_detail::RELU_MUL_THREADS, 0,
-                                    main_stream>>>(g, g, u, n8, NULL);
-    cudaCheck(cudaGetLastError());
+    relu_mul(g, g, u, (size_t)B * H, NULL);
     gemm(m->proj, g, m->param[P_WDT] + LH, B, D, H, 0, 0, 0);
 }
 

@@ -785,21 +785,27 @@ static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf
     cudaCheck(cudaGetLastError());
 }
 
+// h = bf16(relu(g) * u) over n values (n % 8 == 0; h may be g), a grid of at
+// most 8 blocks per SM striding over them; `active` (if not NULL) gets the number of g > 0
+static inline void relu_mul(bf16* h, const bf16* g, const bf16* u, size_t n, unsigned long long* active) {
+    static int num_sms = 0;
+    if (num_sms == 0) { num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount); }
+    size_t n8 = n / 8, blocks = (n8 + twell_detail::RELU_MUL_THREADS - 1) / twell_detail::RELU_MUL_THREADS;
+    blocks = blocks < (size_t)num_sms * 8 ? blocks : (size_t)num_sms * 8;
+    twell_detail::relu_mul_kernel<<<(unsigned int)blocks, twell_detail::RELU_MUL_THREADS, 0, main_stream>>>(h, g, u, n8,
+                                                                                                          active);
+    cudaCheck(cudaGetLastError());
+}
+
 // the dense gated FFN (the reference, and the path for layers too active for
 // sparsity): g = f Wg^T and u = f Wu^T as one batched product, h = relu(g) * u
 // over g, y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets
 // the number of g > 0
 static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int M, int D, int H, unsigned long long* active) {
-    static int num_sms = 0;
     if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
-    if (num_sms == 0) { num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount); }
     gemm_pair(g, u, f, wg, wu, M, H, D);
-    size_t n8 = (size_t)M * H / 8, blocks = (n8 + twell_detail::RELU_MUL_THREADS - 1) / twell_detail::RELU_MUL_THREADS;
-    blocks = blocks < (size_t)num_sms * 8 ? blocks : (size_t)num_sms * 8;
-    twell_detail::relu_mul_kernel<<<(unsigned int)blocks, twell_detail::RELU_MUL_THREADS, 0, main_stream>>>(g, g, u, n8,
-                                                                                                          active);
-    cudaCheck(cudaGetLastError());
+    relu_mul(g, g, u, (size_t)M * H, active);
     gemm(y, g, wdT, M, D, H, 0, 0, 0);
 }
 
