@@ -16,7 +16,6 @@
  model with data parallelism and a sharded optimizer (llmc/zero.cuh).
 */
 #include <cuda_runtime.h>
-#include <dirent.h>
 #include <omp.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -48,24 +47,6 @@ static int cuda_device_count(void) {
         return 0;
     }
     return count;
-}
-
-// the largest step with a complete checkpoint in dir (llmc/checkpoint.h); -1 if none
-static int latest_checkpoint(const char* dir) {
-    DIR* d = opendir(dir);
-    if (d == NULL) { return -1; }
-    int best = -1;
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-        int step;
-        char tail;
-        if (sscanf(e->d_name, "model_%d.bi%c", &step, &tail) == 2 && tail == 'n' && step > best &&
-            checkpoint_complete(dir, step)) {
-            best = step;
-        }
-    }
-    closedir(d);
-    return best;
 }
 
 typedef struct {
@@ -202,14 +183,12 @@ double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, 
 static void save_checkpoint(const Options* o, int step, const float* params, const TrainState* state,
                             const DataLoaderState* loader_state, const float* m, const float* v, size_t owned,
                             const int32_t* ffn) {
-    char path[4096];
-    if (o->proc.rank == 0) {
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, step);
-        checkpoint_save_model(path, &o->config, params, step);
-    }
+    char path[4096], model[4096];
+    model_path(model, sizeof(model), o->out_dir, step);
+    if (o->proc.rank == 0) { checkpoint_save_model(model, &o->config, params, step); }
     state_path(path, sizeof(path), o->out_dir, step, o->proc.rank);
     checkpoint_save_state(path, &o->config, state, loader_state, sizeof(*loader_state), m, v, owned, ffn);
-    if (o->proc.rank == 0) { printf("checkpoint: %s/model_%08d.bin\n", o->out_dir, step); }
+    if (o->proc.rank == 0) { printf("checkpoint: %s\n", model); }
 }
 
 template <typename T>
@@ -264,7 +243,7 @@ void train(const Options* o, Device device) {
     if (o->resume && start_step < 0) { fatal("--resume 1, but %s holds no complete checkpoint", o->out_dir); }
     if (start_step >= 0) {
         GPTConfig ckpt_config;
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, start_step);
+        model_path(path, sizeof(path), o->out_dir, start_step);
         float* params = checkpoint_load_model(path, &ckpt_config, NULL);
         char msg[256];
         if (config_mismatch(&ckpt_config, config, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
@@ -293,7 +272,7 @@ void train(const Options* o, Device device) {
         dataloader_set_state(&train_loader, &loader_state);
         if (master) {
             log_truncate_after_step(log_path, start_step);
-            printf("resumed from %s/model_%08d.bin at step %d\n", o->out_dir, start_step, start_step);
+            printf("resumed from %s at step %d\n", path, start_step);
         }
     } else {
         if (o->synthetic_k > 0) {

@@ -23,6 +23,7 @@
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
 
+#include <dirent.h>
 #include <stdint.h>
 #include <unistd.h>
 #include "llmc/model.h"
@@ -152,6 +153,11 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     atomic_commit(fp, tmp, path);
 }
 
+// the files of the checkpoint of `step` in dir (see the top of the file)
+static inline void model_path(char* out, size_t len, const char* dir, int step) {
+    snprintf(out, len, "%s/model_%08d.bin", dir, step);
+}
+
 static inline void state_path(char* out, size_t len, const char* dir, int step, int rank) {
     snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, rank);
 }
@@ -260,7 +266,7 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
 // 1 if dir holds the model file of `step` and the state files of every process that wrote it
 static inline int checkpoint_complete(const char* dir, int step) {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
+    model_path(path, sizeof(path), dir, step);
     if (access(path, R_OK) != 0) { return 0; }
     state_path(path, sizeof(path), dir, step, 0);
     FILE* fp = fopen(path, "rb");
@@ -272,6 +278,24 @@ static inline int checkpoint_complete(const char* dir, int step) {
         ok = access(path, R_OK) == 0;
     }
     return ok;
+}
+
+// the largest step with a complete checkpoint in dir (found by its model file's name); -1 if none
+static inline int latest_checkpoint(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char tail;
+        if (sscanf(e->d_name, "model_%d.bi%c", &step, &tail) == 2 && tail == 'n' && step > best &&
+            checkpoint_complete(dir, step)) {
+            best = step;
+        }
+    }
+    closedir(d);
+    return best;
 }
 
 #endif // LLMC_CHECKPOINT_H
