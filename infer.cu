@@ -35,7 +35,6 @@
  llmc/cuda_infer.cuh (benchmark only).
 */
 #include <cuda_runtime.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "llmc/checkpoint.h"
@@ -46,12 +45,6 @@
 #include "llmc/nvml.h"
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // reads all of fp into a malloc'd, NUL-terminated buffer
 static char* read_all(FILE* fp, const char* name, size_t* len) {

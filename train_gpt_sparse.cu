@@ -18,7 +18,6 @@
 #include <cuda_runtime.h>
 #include <omp.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "llmc/adamw.h"
 #include "llmc/checkpoint.h"
@@ -30,12 +29,6 @@
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
 #include "llmc/watchdog.h"
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // number of CUDA GPUs; 0 when there is no GPU or no usable driver
 static int cuda_device_count(void) {

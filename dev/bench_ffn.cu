@@ -14,7 +14,6 @@
  usage: build/dev/bench_ffn [M D H]      BENCH_ONLY="uniform k=30" runs that pattern only
         build/dev/bench_ffn model PRESET B T [steps] [k]     e.g. model 1.5b 8 2048 5 30
 */
-#include <time.h>
 #include <vector>
 #include "llmc/cuda_gate.cuh"
 #include "llmc/cuda_matmul.cuh"
@@ -22,12 +21,6 @@
 #include "llmc/gpt.h"
 #include "llmc/optimizer.h"
 #include "test/gpu/gpu_util.cuh"
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double used_gib(void) {
     size_t free_b, total_b;
@@ -66,14 +59,14 @@ static int bench_model(int argc, char** argv) {
         set_params_from_fp32(&model, &opt, host);
         double t = 0;
         for (int i = 0; i < steps + 3; i++) {
-            double t0 = seconds();
+            double t0 = now_seconds();
             gpt_zero_grad(&model);
             gpt_stats_reset(&model);
             gpt_forward(&model, d_in, d_tg, B, T, 1.0f / M);
             gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
             optimizer_step(&opt, &model, &oc, 0.0f, i + 1);
             gpt_stats_read(&model, M);
-            if (i >= 3) { t += seconds() - t0; }
+            if (i >= 3) { t += now_seconds() - t0; }
         }
         tps[mode] = (double)M * steps / t;
         mem[mode] = used_gib() - base;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 // print "error: <message>" on one line and exit(1); for bad input and bad flags
@@ -92,6 +93,13 @@ static inline void* realloc_check(void* old, size_t size, const char* file, int 
     return ptr;
 }
 #define reallocCheck(old, size) realloc_check(old, size, __FILE__, __LINE__)
+
+// seconds on a monotonic clock (for durations)
+static inline double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 // size of an open file in bytes
 static inline long file_size(FILE* fp) {
