@@ -51,14 +51,6 @@
 #include "llmc/rng.h"
 #include "llmc/utils.h"
 
-// per-layer sparsity statistics over the forwards since gpt_stats_reset
-typedef struct {
-    double l1;       // mean over tokens of sum_n |h[m, n]|
-    double l0_mean;  // mean number of firing units per token
-    int l0_max;      // most firing units of any token
-    double dead;     // fraction of units that fired for no token
-} LayerStats;
-
 template <typename T, typename G>
 struct Activations {
     T* x_res;      // [L+1, M, D] residual stream entering each layer; [L] enters the final norm

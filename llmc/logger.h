@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include "llmc/gpt.h"
+#include "llmc/model.h"
 #include "llmc/utils.h"
 
 typedef struct {
