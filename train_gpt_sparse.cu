@@ -27,6 +27,7 @@
 #include "llmc/logger.h"
 #include "llmc/optimizer.h"
 #include "llmc/sampler.h"
+#include "llmc/synthetic.h"
 #include "llmc/tokenizer.h"
 #include "llmc/watchdog.h"
 
@@ -54,7 +55,7 @@ typedef struct {
     int resume, seed, recompute;
     float lambda;
     int ffn_mode;              // FfnMode (llmc/gpt.h)
-    int dead_reinit;           // 1: MODEL.md's dead-neuron re-initialisation after each step
+    int dead_reinit;           // 1: docs/MODEL.md's dead-neuron re-initialisation after each step
     float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
     ProcessInfo proc;          // this process of the data-parallel run
     const char* init_method;   // how the processes meet (llmc/zero.cuh)

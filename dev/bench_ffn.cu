@@ -1,5 +1,5 @@
 /*
- FFN benchmark of training at the standard point of SPARSE.md (M 16384, D 2048,
+ FFN benchmark of training at the standard point of docs/SPARSE.md (M 16384, D 2048,
  H 5632, synthetic sparsity): the dense cuBLASLt FFN (llmc/gpt.h's path) and the
  sparse one (llmc/cuda_sparse_ffn.cuh) on the same inputs, forward and forward +
  backward, per k and pattern, with the bytes each keeps for the backward, the
@@ -20,6 +20,7 @@
 #include "llmc/cuda_sparse_ffn.cuh"
 #include "llmc/gpt.h"
 #include "llmc/optimizer.h"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 
 static double used_gib(void) {

@@ -406,7 +406,7 @@ void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const
 }
 
 // ----------------------------------------------------------------------------
-// dead-neuron re-initialisation (MODEL.md): each of the `rows` rows j of a gate
+// dead-neuron re-initialisation (docs/MODEL.md): each of the `rows` rows j of a gate
 // matrix whose unit did not fire (fired[j] == 0) becomes
 // (1 - 0.1) W[j] + 0.1 N(0, 0.02^2), the noise a function of (seed, element).
 // master is NULL here (the parameters are the master weights).

@@ -41,6 +41,14 @@ static inline void cuda_free(void* ptr) {
 
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// an attribute of the current device (the number of SMs, the compute capability, ...)
+static inline int device_attribute(cudaDeviceAttr attr) {
+    int device = 0, value = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&value, attr, device));
+    return value;
+}
+
 // ----------------------------------------------------------------------------
 // programmatic dependent launch (compute capability 9.0): a kernel launched by
 // launch_early may start while the kernel before it in the stream still runs,
@@ -63,12 +71,8 @@ __device__ __forceinline__ void grid_dependents_launch() {
 }
 
 static inline bool early_launch_supported(void) {
-    static int major = -1;
-    if (major < 0) {
-        int device;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    }
+    static int major = -1; // a process drives one device
+    if (major < 0) { major = device_attribute(cudaDevAttrComputeCapabilityMajor); }
     return major >= 9;
 }
 

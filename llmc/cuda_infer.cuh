@@ -34,7 +34,7 @@
  A decode step is a CUDA graph (positions and tokens live in device memory), so
  the ~10 launches per layer cost the GPU's time, not the host's.
 
- Benchmark-only synthetic sparsity (SPARSE.md; never written to a checkpoint):
+ Benchmark-only synthetic sparsity (docs/SPARSE.md; never written to a checkpoint):
  our model has no biases, so a constant feature carries them. Channel D-1 of
  the residual stream is set to e = 0.02 in every embedding row, and nothing
  writes to it (row D-1 of Wo and column D-1 of WdT are 0; column D-1 of Wqkv
@@ -62,6 +62,7 @@
 #include "llmc/cuda_rope.cuh"
 #include "llmc/cuda_twell.cuh"
 #include "llmc/model.h"
+#include "llmc/synthetic.h"
 
 typedef enum { INFER_FFN_DENSE, INFER_FFN_TWELL } InferFFN;
 
@@ -790,16 +791,6 @@ static inline void gpu_model_upload(GpuModel* m, const float* params) {
     }
     cudaCheck(cudaStreamSynchronize(main_stream));
     cuda_free(staging);
-}
-
-// Phi^-1(q), by bisection on the normal CDF (host, once)
-static inline double normal_quantile(double q) {
-    double lo = -10, hi = 10;
-    for (int i = 0; i < 200; i++) {
-        double mid = 0.5 * (lo + hi);
-        if (0.5 * erfc(-mid / sqrt(2.0)) < q) { lo = mid; } else { hi = mid; }
-    }
-    return 0.5 * (lo + hi);
 }
 
 // A random model (every matrix N(0, 0.02), norms 1) with the synthetic-sparse

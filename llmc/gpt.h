@@ -183,25 +183,6 @@ static inline void init_params_random(float* params, const GPTConfig* c, uint64_
     }
 }
 
-// Benchmark-only (never written into a checkpoint): init_params_random, then
-// gates that are sparse from the start, about k of H units firing per token
-// in every layer (SPARSE.md's synthetic sparsity inside the model). The last
-// embedding channel becomes a constant 0.02, the scale of the others, so the
-// normed FFN input carries a feature of about 1; W_o and W_d are scaled by
-// 1e-3, so the residual stream stays the embedding and that feature survives
-// every layer; and the last column of W_g is -t sd(g), t = Phi^-1(1 - k/H).
-static inline void init_params_synthetic_sparse(float* params, const GPTConfig* c, double k, uint64_t seed) {
-    init_params_random(params, c, seed);
-    float* p[NUM_PARAM_TENSORS];
-    gpt_point_tensors(params, p, c);
-    size_t L = c->num_layers, D = c->channels, H = c->hidden;
-    for (int v = 0; v < c->vocab_size; v++) { p[P_WTE][(size_t)v * D + D - 1] = 0.02f; }
-    for (size_t i = 0; i < L * D * D; i++) { p[P_WO][i] *= 1e-3f; }
-    for (size_t i = 0; i < L * H * D; i++) { p[P_WDT][i] *= 1e-3f; }
-    float offset = (float)(-sparse_normal_quantile(1.0 - k / H) * 0.02 * sqrt((double)D - 1));
-    for (size_t r = 0; r < L * H; r++) { p[P_WG][r * D + D - 1] = offset; }
-}
-
 template <typename T, typename G>
 void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     const GPTConfig* c = &model->config;
@@ -424,7 +405,7 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
     free(fired);
 }
 
-// The dead-neuron re-initialisation of MODEL.md, after an optimizer step and
+// The dead-neuron re-initialisation of docs/MODEL.md, after an optimizer step and
 // its gpt_stats_read (the fired marks then cover that step's tokens): every
 // W_g row whose unit fired for no token is pulled a tenth of the way to fresh
 // N(0, 0.02^2) noise. master: the fp32 master weights in the model's flat order

@@ -9,7 +9,7 @@
  - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
-   units (SPARSE.md's carrier construction), D not a multiple of the kernel's
+   units (docs/SPARSE.md's carrier construction), D not a multiple of the kernel's
    256 columns: g given, then up (which lists g > 0) and down, batches 1, 3,
    8, 9, 64, the active counts exact; and for 1, 3, 8 the GEMV with the gate +
    up epilogue (every h written, poisoned before), then down from the nonzero h;
