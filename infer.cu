@@ -16,10 +16,11 @@
  with --analyze-out, written as JSON.
 
  Backends (--device): the CPU reference path (fp32) runs everywhere; the GPU
- path (llmc/cuda_infer.cuh, bf16) prefills every prompt at once and decodes
- all sequences together, one token each per step, with the FFN dense (cuBLAS)
- or sparse (--ffn twell, the default: TwELL in the prefill, a kernel that reads
- only the active units' weight rows in the decode).
+ path (bf16) runs the FFN dense (cuBLAS) or sparse (--ffn twell, the default:
+ TwELL in the prefill, a kernel that reads only the active units' weight rows
+ in the decode). Both run the cached forward of llmc/gpt.h: every prompt is
+ prefilled at once, then all sequences decode together, one token each per
+ step.
 
  Prompts: --prompt is one; --prompt-file holds one per line (a batch; empty
  lines are skipped; '-' reads stdin); piped stdin without either is one. One
@@ -32,18 +33,18 @@
  TwELL GPU paths in one run, three rounds of each in turn, medians (and energy
  per token from NVML when the driver has it), on a checkpoint or on a random
  model of a preset shape, by default with the synthetic-sparse gates of
- llmc/cuda_infer.cuh (benchmark only).
+ llmc/synthetic.h (benchmark only).
 */
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
-#include "llmc/cuda_infer.cuh"
 #include "llmc/dataloader.h"
 #include "llmc/gpt.h"
 #include "llmc/nvml.h"
 #include "llmc/sampler.h"
+#include "llmc/synthetic.h"
 #include "llmc/tokenizer.h"
 
 // reads all of fp into a malloc'd, NUL-terminated buffer
@@ -337,26 +338,11 @@ static bool take_token(Sequence* s, const float* logits, int V, int pos, const G
     return true;
 }
 
-// the CPU reference path: one sequence after the other
-static void generate_cpu(GPT<float, float>* model, Sequence* seqs, int nseq, const GenerateOptions* o, double* prefill_s) {
+// every prompt in one prefill, then one decode step per token for all sequences (either backend)
+template <typename T, typename G>
+static void generate(GPT<T, G>* model, InferState<T>* s, Sequence* seqs, int nseq, const GenerateOptions* o,
+                     double* prefill_s) {
     const GPTConfig* c = &model->config;
-    *prefill_s = 0;
-    for (int i = 0; i < nseq; i++) {
-        Sequence* s = &seqs[i];
-        InferState<float> state;
-        infer_state_alloc(&state, c, (int)s->n_ids);
-        double t0 = now_seconds();
-        gpt_forward_cached(model, &state, s->ids, (int)s->n_ids, 0);
-        *prefill_s += now_seconds() - t0;
-        int pos = (int)s->n_ids, token = 0;
-        while (take_token(s, state.logits, c->vocab_size, pos, o, &token)) { gpt_forward_cached(model, &state, &token, 1, pos++); }
-        infer_state_free(&state);
-    }
-}
-
-// the GPU path: every prompt in one prefill, then one decode step per token for all sequences
-static void generate_gpu(GpuModel* m, Sequence* seqs, int nseq, const GenerateOptions* o, double* prefill_s) {
-    const GPTConfig* c = &m->config;
     int Vp = c->padded_vocab_size, total = 0;
     int* lens = (int*)mallocCheck(nseq * sizeof(int));
     for (int i = 0; i < nseq; i++) { lens[i] = (int)seqs[i].n_ids; total += lens[i]; }
@@ -367,7 +353,7 @@ static void generate_gpu(GpuModel* m, Sequence* seqs, int nseq, const GenerateOp
     int* pos = (int*)mallocCheck(nseq * sizeof(int));
     int* step_pos = (int*)mallocCheck(nseq * sizeof(int));
     double t0 = now_seconds();
-    gpu_model_prefill(m, tokens, lens, nseq, logits);
+    gpt_prefill(model, s, tokens, lens, nseq, logits);
     *prefill_s = now_seconds() - t0;
     for (int i = 0; i < nseq; i++) { pos[i] = lens[i]; }
     for (;;) {
@@ -382,7 +368,7 @@ static void generate_gpu(GpuModel* m, Sequence* seqs, int nseq, const GenerateOp
         for (int i = 0; i < nseq; i++) {
             if (seqs[i].done) { next[i] = 0; step_pos[i] = 0; } else { step_pos[i] = pos[i]++; }
         }
-        gpu_model_decode(m, next, step_pos, nseq, logits);
+        gpt_decode(model, s, next, step_pos, nseq, logits);
     }
     free(step_pos);
     free(pos);
@@ -399,35 +385,35 @@ typedef struct {
     double prefill_ms, decode_s, prefill_j, decode_j, active;
 } BenchResult;
 
-static BenchResult bench_path(GpuModel* m, InferFFN ffn, const int* tokens, const int* lens, int B, int T, int steps,
-                              const Nvml* nvml, int have_nvml) {
+static BenchResult bench_path(GPT<bf16, float>* model, InferState<bf16>* s, int ffn_mode, const int* tokens,
+                              const int* lens, int B, int T, int steps, const Nvml* nvml, int have_nvml) {
     BenchResult r = {0, 0, -1, -1, -1};
-    m->ffn = ffn;
-    for (int i = 0; i < 2; i++) { gpu_model_prefill(m, tokens, lens, B, NULL); } // TwELL sizes its buffers and picks paths
+    model->ffn_mode = ffn_mode;
+    for (int i = 0; i < 2; i++) { gpt_prefill(model, s, tokens, lens, B, NULL); } // TwELL sizes its buffers and picks paths
     double t0 = now_seconds();
-    gpu_model_prefill(m, tokens, lens, B, NULL);
+    gpt_prefill(model, s, tokens, lens, B, NULL);
     double once = now_seconds() - t0;
     int reps = (int)ceil(0.5 / once);
     reps = reps < 3 ? 3 : reps > 100 ? 100 : reps;
     double e0 = have_nvml ? nvml_energy_joules(nvml) : 0;
     t0 = now_seconds();
-    for (int i = 0; i < reps; i++) { gpu_model_prefill(m, tokens, lens, B, NULL); }
+    for (int i = 0; i < reps; i++) { gpt_prefill(model, s, tokens, lens, B, NULL); }
     r.prefill_ms = (now_seconds() - t0) * 1e3 / reps;
     if (have_nvml) { r.prefill_j = (nvml_energy_joules(nvml) - e0) / reps; }
-    if (ffn == INFER_FFN_TWELL) {
+    if (ffn_mode == FFN_SPARSE) {
         double sum = 0;
-        for (int l = 0; l < m->config.num_layers; l++) { sum += m->layer_active[l]; }
-        r.active = sum / m->config.num_layers;
+        for (int l = 0; l < model->config.num_layers; l++) { sum += s->twell.layer_active[l]; }
+        r.active = sum / model->config.num_layers;
     }
     int* next = (int*)mallocCheck(B * sizeof(int));
     int* pos = (int*)mallocCheck(B * sizeof(int));
     for (int b = 0; b < B; b++) { next[b] = tokens[b * T + T - 1]; pos[b] = T; }
-    gpu_model_decode(m, next, pos, B, NULL); // the graph is made here
+    gpt_decode(model, s, next, pos, B, NULL); // the graph is made here
     e0 = have_nvml ? nvml_energy_joules(nvml) : 0;
     t0 = now_seconds();
     for (int i = 0; i < steps; i++) { // the model's step: the logits stay on the GPU (no copy, no sampling)
-        for (int b = 0; b < B; b++) { pos[b] = T + i; next[b] = (int)((tokens[b * T + i % T] + i) % m->config.vocab_size); }
-        gpu_model_decode(m, next, pos, B, NULL);
+        for (int b = 0; b < B; b++) { pos[b] = T + i; next[b] = (int)((tokens[b * T + i % T] + i) % model->config.vocab_size); }
+        gpt_decode(model, s, next, pos, B, NULL);
     }
     r.decode_s = now_seconds() - t0;
     if (have_nvml) { r.decode_j = nvml_energy_joules(nvml) - e0; }
@@ -474,32 +460,33 @@ static double time_us(F fn) {
 }
 
 // the parts of one decode step of B sequences (layer 0, the cache as the last step left it)
-static void bench_decode_parts(GpuModel* m, int B) {
-    using namespace infer_detail;
-    const GPTConfig* c = &m->config;
+static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int B) {
+    const GPTConfig* c = &model->config;
     int D = c->channels, H = c->hidden, QKV = qkv_dim(c);
-    double qkv = time_us([&] { decode_linear(m->qkv, m->normed, m->param[P_WQKV], B, QKV, D); });
+    bf16* const* param = model->param;
+    double qkv = time_us([&] { decode_linear(m->qkv, m->normed, param[P_WQKV], B, QKV, D); });
     double att = time_us([&] {
-        decode_attention(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, m->k_cache, m->v_cache, m->row_pos, B,
+        attention_decode(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, m->k_cache, m->v_cache, m->row_pos, B,
                          c->num_heads, c->num_kv_heads, head_size(c), m->cache_len, c->rope_theta);
     });
-    double gate = time_us([&] { decode_linear(m->gu, m->normed, m->param[P_WG], B, H, D); });
-    double gate_cublas = time_us([&] { gemm(m->gu, m->normed, m->param[P_WG], B, H, D, 0, 1, 0); });
-    double down = time_us([&] { gemm(m->proj, m->gu, m->param[P_WDT], B, D, H, 0, 0, 0); });
-    double logits = time_us([&] { decode_linear(m->logits, m->normed, m->param[P_WTE], B, c->padded_vocab_size, D); });
+    double gate = time_us([&] { decode_linear(m->gu, m->normed, param[P_WG], B, H, D); });
+    double gate_cublas = time_us([&] { gemm(m->gu, m->normed, param[P_WG], B, H, D, 0, 1, 0); });
+    double down = time_us([&] { gemm(m->proj, m->gu, param[P_WDT], B, D, H, 0, 0, 0); });
+    double logits = time_us([&] { decode_linear(m->logits, m->normed, param[P_WTE], B, c->padded_vocab_size, D); });
     printf("decode parts at batch %d (us, one layer): qkv %.1f, attention %.1f, gate (or up) %.1f (cuBLASLt: %.1f), "
            "dense down %.1f; logits %.1f; weights %.1f MB per layer dense\n", B, qkv, att, gate, gate_cublas, down,
            logits, (double)(QKV + D + 3 * H) * D * 2 / 1e6);
 }
 
-static void bench(GpuModel* m, int B, int T, int steps, const char* what, uint64_t seed) {
-    const GPTConfig* c = &m->config;
+static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double synthetic_k,
+                  const char* what, uint64_t seed) {
+    const GPTConfig* c = &model->config;
     int* tokens = (int*)mallocCheck((size_t)B * T * sizeof(int));
     int* lens = (int*)mallocCheck(B * sizeof(int));
     uint64_t rng = seed;
     for (int i = 0; i < B * T; i++) { tokens[i] = (int)rng_below(&rng, c->vocab_size); }
     for (int b = 0; b < B; b++) { lens[b] = T; }
-    if (m->calibrate_k > 0) { gpu_model_prefill(m, tokens, lens, B, NULL); } // sets the synthetic gate offsets
+    if (synthetic_k > 0) { synthetic_calibrate(model, s, tokens, lens, B, synthetic_k); }
     char bus[32];
     int device = 0;
     cudaCheck(cudaGetDevice(&device));
@@ -510,17 +497,17 @@ static void bench(GpuModel* m, int B, int T, int steps, const char* what, uint64
     // drops as it heats, so the paths are timed side by side, not one after the other
     BenchResult runs[2][3];
     for (int round = 0; round < 3; round++) {
-        runs[0][round] = bench_path(m, INFER_FFN_DENSE, tokens, lens, B, T, steps, &nvml, have_nvml);
-        runs[1][round] = bench_path(m, INFER_FFN_TWELL, tokens, lens, B, T, steps, &nvml, have_nvml);
+        runs[0][round] = bench_path(model, s, FFN_DENSE, tokens, lens, B, T, steps, &nvml, have_nvml);
+        runs[1][round] = bench_path(model, s, FFN_SPARSE, tokens, lens, B, T, steps, &nvml, have_nvml);
     }
     BenchResult dense = bench_median(runs[0]), twell = bench_median(runs[1]);
     printf("bench: %s, batch %d x %d prompt tokens, %d decode steps%s\n", what, B, T, steps,
-           m->sparse_prefill_ok ? "" : " (TwELL prefill unsupported for this shape: dense)");
+           twell_prefill_supports(c->channels) ? "" : " (TwELL prefill unsupported for this shape: dense)");
     if (twell.active >= 0) {
         printf("TwELL: %.1f active FFN units per token (mean over layers, of H = %d), %lld buffer growths\n", twell.active,
-               c->hidden, m->regrows);
+               c->hidden, s->twell.regrows);
     } else {
-        printf("TwELL: the prefill of %d tokens ran the dense FFN (--twell-min-rows %d)\n", B * T, m->twell_min_rows);
+        printf("TwELL: the prefill of %d tokens ran the dense FFN (--twell-min-rows %d)\n", B * T, s->twell.min_rows);
     }
     printf("%-6s %14s %14s %16s %16s\n", "ffn", "prefill tok/ms", "decode tok/s", "prefill mJ/tok", "decode mJ/tok");
     const BenchResult* rs[2] = {&dense, &twell};
@@ -534,7 +521,7 @@ static void bench(GpuModel* m, int B, int T, int steps, const char* what, uint64
     }
     printf("twell / dense: prefill %.2fx, decode %.2fx%s\n", dense.prefill_ms / twell.prefill_ms,
            dense.decode_s / twell.decode_s, have_nvml ? "" : " (energy: NVML unavailable)");
-    bench_decode_parts(m, B);
+    bench_decode_parts(model, s, B);
     free(lens);
     free(tokens);
 }
@@ -630,7 +617,7 @@ int main(int argc, char** argv) {
         fatal("--device %s: expected auto, cpu or cuda", device_name);
     }
     if (strcmp(ffn_name, "twell") != 0 && strcmp(ffn_name, "dense") != 0) { fatal("--ffn %s: expected twell or dense", ffn_name); }
-    InferFFN ffn = strcmp(ffn_name, "dense") == 0 ? INFER_FFN_DENSE : INFER_FFN_TWELL;
+    int ffn_mode = strcmp(ffn_name, "dense") == 0 ? FFN_DENSE : FFN_SPARSE;
 
     int gpus = 0;
     if (cudaGetDeviceCount(&gpus) != cudaSuccess) { gpus = 0; }
@@ -650,7 +637,8 @@ int main(int argc, char** argv) {
         if (!use_gpu) { fatal("--bench measures the GPU paths: no CUDA GPU here (or --device cpu)"); }
         GPTConfig config;
         char what[512];
-        GpuModel m;
+        GPT<bf16, float> model;
+        InferState<bf16> s;
         int steps = max_tokens;
         if (preset_name) {
             const ModelPreset* p = find_preset(preset_name);
@@ -664,11 +652,12 @@ int main(int argc, char** argv) {
             steps = config.max_seq_len - bench_length;
             if (steps < 1) { fatal("--length %d leaves no room to decode in max_seq_len %d", bench_length, config.max_seq_len); }
         }
-        gpu_model_create(&m, &config, bench_batch, bench_batch * bench_length, bench_length + steps);
-        m.use_graph = graph;
-        m.twell_min_rows = twell_min_rows;
+        gpt_build(&model, &config, DEVICE_CUDA);
+        infer_state_alloc(&s, &model, bench_batch, bench_batch * bench_length, bench_length + steps);
+        s.use_graph = graph;
+        s.twell.min_rows = twell_min_rows;
         if (preset_name) {
-            gpu_model_init_synthetic(&m, (uint32_t)seed, sparse_k);
+            init_params_synthetic_gpu(&model, (uint32_t)seed, sparse_k);
             if (sparse_k > 0) {
                 snprintf(what, sizeof(what), "random %s model (L %d, D %d, H %d) with the SYNTHETIC-SPARSE init (k = %g "
                          "target units per token; benchmark only, never written to a checkpoint) on %s", preset_name,
@@ -680,13 +669,14 @@ int main(int argc, char** argv) {
         } else {
             int step = 0;
             float* params = checkpoint_load_model(model_path, &config, &step);
-            gpu_model_upload(&m, params);
+            gpt_load_params(&model, params);
             free(params);
             snprintf(what, sizeof(what), "%s (step %d, L %d, D %d, H %d) on %s", model_path, step, config.num_layers,
                      config.channels, config.hidden, gpu_name);
         }
-        bench(&m, bench_batch, bench_length, steps, what, (uint64_t)seed);
-        gpu_model_free(&m);
+        bench(&model, &s, bench_batch, bench_length, steps, preset_name ? sparse_k : 0, what, (uint64_t)seed);
+        infer_state_free(&s, &model);
+        gpt_free(&model);
         return 0;
     }
 
@@ -703,7 +693,7 @@ int main(int argc, char** argv) {
     GPT<float, float> model;
     if (!use_gpu) {
         gpt_build(&model, &config, DEVICE_CPU);
-        memcpy(model.params, params, model.num_parameters * sizeof(float));
+        gpt_load_params(&model, params);
     }
     if (analyze_pattern) {
         free(params);
@@ -789,24 +779,34 @@ int main(int argc, char** argv) {
     o.stream = nseq == 1;
     if (o.stream && !quiet) { fwrite(texts[0], 1, text_lens[0], stdout); }
     double t0 = now_seconds(), prefill_s = 0;
+    long long cache_len = (long long)longest + max_tokens;
+    if (cache_len > config.max_seq_len) { cache_len = config.max_seq_len; }
     if (use_gpu) {
-        GpuModel m;
-        long long cache_len = (long long)longest + max_tokens;
-        gpu_model_create(&m, &config, nseq, total_tokens, cache_len < config.max_seq_len ? (int)cache_len : config.max_seq_len);
-        m.ffn = ffn;
-        m.use_graph = graph;
-        m.twell_min_rows = twell_min_rows;
-        gpu_model_upload(&m, params);
+        GPT<bf16, float> gpu;
+        InferState<bf16> s;
+        gpt_build(&gpu, &config, DEVICE_CUDA);
+        gpu.ffn_mode = ffn_mode;
+        infer_state_alloc(&s, &gpu, nseq, total_tokens, (int)cache_len);
+        s.use_graph = graph;
+        s.twell.min_rows = twell_min_rows;
+        gpt_load_params(&gpu, params);
         free(params);
         params = NULL;
         t0 = now_seconds();
-        generate_gpu(&m, seqs, nseq, &o, &prefill_s);
-        if (!quiet && m.regrows) { fprintf(stderr, "TwELL grew its buffers %lld times (each reran a layer)\n", m.regrows); }
-        gpu_model_free(&m);
+        generate(&gpu, &s, seqs, nseq, &o, &prefill_s);
+        if (!quiet && s.twell.regrows) {
+            fprintf(stderr, "TwELL grew its buffers %lld times (each reran a layer)\n", s.twell.regrows);
+        }
+        infer_state_free(&s, &gpu);
+        gpt_free(&gpu);
     } else {
+        InferState<float> s;
+        infer_state_alloc(&s, &model, nseq, total_tokens, (int)cache_len);
         free(params);
         params = NULL;
-        generate_cpu(&model, seqs, nseq, &o, &prefill_s);
+        t0 = now_seconds();
+        generate(&model, &s, seqs, nseq, &o, &prefill_s);
+        infer_state_free(&s, &model);
     }
     double decode_s = now_seconds() - t0 - prefill_s;
     int generated = 0;

@@ -75,11 +75,12 @@ typedef struct {
 } Sampler;
 
 static void print_sample(Sampler* s, const SamplerConfig* cfg, uint64_t* rng, int count) {
-    const GPT<float, float>* model = &s->model;
-    int token = s->tokenizer.eot_token;
+    GPT<float, float>* model = &s->model;
+    int token = s->tokenizer.eot_token, one = 1;
     printf("---\n");
     for (int pos = 0; pos < count && pos < model->config.max_seq_len; pos++) {
-        gpt_forward_cached(model, &s->state, &token, 1, pos);
+        if (pos == 0) { gpt_prefill(model, &s->state, &token, &one, 1, (float*)NULL); }
+        else { gpt_decode(model, &s->state, &token, &pos, 1, (float*)NULL); }
         token = sample_token(s->state.logits, model->config.vocab_size, cfg, rng, s->scratch);
         if (token == s->tokenizer.eot_token) { break; }
         size_t len = 0;
@@ -301,7 +302,7 @@ void train(const Options* o, Device device) {
             tokenizer_free(&sampler.tokenizer);
         } else {
             gpt_build(&sampler.model, config, DEVICE_CPU);
-            infer_state_alloc(&sampler.state, config, 1);
+            infer_state_alloc(&sampler.state, &sampler.model, 1, 1, config->max_seq_len);
             sampler.scratch = (ProbIndex*)mallocCheck(config->vocab_size * sizeof(ProbIndex));
         }
     }
@@ -394,7 +395,7 @@ void train(const Options* o, Device device) {
 
     if (zero) { cudaCheck(cudaStreamSynchronize(zero->stream)); } // the last all-gather, before anything is freed
     if (sampling) {
-        infer_state_free(&sampler.state);
+        infer_state_free(&sampler.state, &sampler.model);
         free(sampler.scratch);
         gpt_free(&sampler.model);
         tokenizer_free(&sampler.tokenizer);

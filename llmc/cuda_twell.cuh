@@ -50,6 +50,7 @@
 #ifndef LLMC_CUDA_TWELL_CUH
 #define LLMC_CUDA_TWELL_CUH
 
+#include <limits.h>
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_gate.cuh"
@@ -654,6 +655,91 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
     ffn->path = dense ? TWELL_DENSE : TWELL_SPARSE;
     ffn->timed = 1;
     return ffn->path;
+}
+
+// ----------------------------------------------------------------------------
+// The TwELL FFN of a model's prefills (the FFN dispatch of llmc/gpt.h's cached
+// forward): one set of buffers for the current row count, grown when a layer
+// needs more, and what each layer's last prefill measured.
+
+// A prefill of fewer rows than this runs the dense FFN in TwELL mode too: there
+// every weight row is read anyway (the units a few hundred tokens fire cover
+// most of H), and TwELL's one status read per layer (exactness) costs more
+// than the gate saves (dev/NOTES.md has the measurements).
+constexpr int TWELL_PREFILL_MIN_ROWS = 4096;
+
+typedef struct {
+    TwellFFN ffn;
+    int rows;              // M of ffn (0: none yet)
+    TwellChoice choice;    // TWELL_AUTO (dense for too active layers) unless a test forces a path
+    int dense_timed;       // the dense FFN was timed at this M (what auto compares the sparse path with)
+    double* layer_active;  // [L] units per row the layer's last prefill saw (-1: none yet)
+    long long regrows;     // buffer growths (each reruns a layer)
+    int min_rows;          // prefills of fewer rows run the dense FFN (TWELL_PREFILL_MIN_ROWS; 0: never)
+} TwellPrefill;
+
+static inline void twell_prefill_init(TwellPrefill* tp, int L) {
+    memset(tp, 0, sizeof(*tp));
+    tp->choice = TWELL_AUTO;
+    tp->min_rows = TWELL_PREFILL_MIN_ROWS;
+    tp->layer_active = (double*)mallocCheck(L * sizeof(double));
+    for (int l = 0; l < L; l++) { tp->layer_active[l] = -1.0; }
+}
+
+static inline void twell_prefill_free(TwellPrefill* tp) {
+    if (tp->rows) { twell_ffn_free(&tp->ffn); }
+    free(tp->layer_active);
+    memset(tp, 0, sizeof(*tp));
+}
+
+// whether the GPU's TwELL path takes this shape (else a prefill runs the dense FFN)
+static inline bool twell_prefill_supports(int D) { return D % TWELL_D_MULTIPLE == 0; }
+
+// whether a prefill of M rows runs TwELL
+static inline bool twell_prefill_takes(const TwellPrefill* tp, int M, int D) {
+    return twell_prefill_supports(D) && M >= tp->min_rows;
+}
+
+// the FFN of layer l for M rows, y [M, D] from f, by TwELL: grown and run again
+// until its status says the output is exact; scratch: 2 M H
+static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
+                                       const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
+    if (tp->rows != M) {
+        if (tp->rows) { twell_ffn_free(&tp->ffn); }
+        // first sizes for a trained model's activity; the status grows them when a layer needs more
+        tp->ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, M > 1024 ? M : 1024);
+        tp->ffn.choice = tp->choice;
+        tp->rows = M;
+        tp->dense_timed = 0;
+    }
+    TwellFFN* tw = &tp->ffn;
+    for (;;) {
+        tw->active_per_row = tp->layer_active[l];
+        // auto: the first layer at a new M runs dense once, so that the choice compares measured times
+        // (twell_ffn_status keeps them), not the sparse time with an estimate of the dense one
+        bool time_dense = tw->choice == TWELL_AUTO && !tp->dense_timed;
+        if (time_dense) { tw->choice = TWELL_FORCE_DENSE; }
+        twell_ffn_forward(tw, y, f, wg, wu, wdT, scratch);
+        if (time_dense) { tw->choice = TWELL_AUTO; tp->dense_timed = 1; }
+        TwellStatus st = twell_ffn_status(tw);
+        tp->layer_active[l] = st.active_per_row;
+        if (st.ok) { return; }
+        // grow to what the status asked for (with room), keeping what the path choice learnt
+        long long records = st.records_needed + st.records_needed / 4 + 1;
+        if (records < tw->tw.record_capacity) { records = tw->tw.record_capacity; }
+        if (records > INT_MAX) { fatal("twell: %lld records are too many", records); }
+        double dense_above = tw->dense_above;
+        float ms_gate = tw->ms_gate, ms_dense = tw->ms_dense, ms_per_active = tw->ms_per_active;
+        TwellChoice choice = tw->choice;
+        twell_ffn_free(tw);
+        *tw = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records);
+        tw->dense_above = dense_above;
+        tw->ms_gate = ms_gate;
+        tw->ms_dense = ms_dense;
+        tw->ms_per_active = ms_per_active;
+        tw->choice = choice;
+        tp->regrows++;
+    }
 }
 
 #endif // LLMC_CUDA_TWELL_CUH
