@@ -219,9 +219,7 @@ int main(int argc, char** argv) {
             if (st.ok) { break; }
             printf("  grow: records %d -> %lld, and run again\n", ffn.tw.record_capacity, st.records_needed);
             long long records = std::max(st.records_needed + st.records_needed / 4, (long long)ffn.tw.record_capacity);
-            twell_ffn_free(&ffn);
-            ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records);
-            ffn.choice = TWELL_FORCE_SPARSE;
+            twell_ffn_grow(&ffn, (int)records);
         }
         r.err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
         TwellStatus st = twell_ffn_status(&ffn);

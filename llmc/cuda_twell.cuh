@@ -505,6 +505,14 @@ static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int reco
     return ffn;
 }
 
+// a record buffer of record_capacity records in place of ffn's (the words and
+// what the path choice learnt stay)
+static inline void twell_ffn_grow(TwellFFN* ffn, int record_capacity) {
+    cuda_free(ffn->records);
+    ffn->tw = twell_layout(ffn->tw.rows, ffn->tw.cols, TWELL_TILE, ffn->tw.slots, record_capacity);
+    ffn->records = (uint16_t*)cuda_malloc((twell_record_values(&ffn->tw) + 8) * sizeof(uint16_t));
+}
+
 static inline void twell_ffn_free(TwellFFN* ffn) {
     cuda_free(ffn->words);
     cuda_free(ffn->records);
@@ -724,20 +732,11 @@ static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const b
         TwellStatus st = twell_ffn_status(tw);
         tp->layer_active[l] = st.active_per_row;
         if (st.ok) { return; }
-        // grow to what the status asked for (with room), keeping what the path choice learnt
+        // grow to what the status asked for (with room)
         long long records = st.records_needed + st.records_needed / 4 + 1;
         if (records < tw->tw.record_capacity) { records = tw->tw.record_capacity; }
         if (records > INT_MAX) { fatal("twell: %lld records are too many", records); }
-        double dense_above = tw->dense_above;
-        float ms_gate = tw->ms_gate, ms_dense = tw->ms_dense, ms_per_active = tw->ms_per_active;
-        TwellChoice choice = tw->choice;
-        twell_ffn_free(tw);
-        *tw = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records);
-        tw->dense_above = dense_above;
-        tw->ms_gate = ms_gate;
-        tw->ms_dense = ms_dense;
-        tw->ms_per_active = ms_per_active;
-        tw->choice = choice;
+        twell_ffn_grow(tw, (int)records);
         tp->regrows++;
     }
 }
