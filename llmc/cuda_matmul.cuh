@@ -132,9 +132,9 @@ static inline void gemm(float* C, const bf16* A, const bf16* B, int M, int N, in
 
 // C1 = A B1^T and C2 = A B2^T ([M, K] times two [N, K]) as one batched product:
 // one launch with twice the tiles, which fills the GPU's last wave better than
-// two (the dense FFN's gate and up: its forward at M 16384, D 2048, H 5632 took
-// 1.66 ms against 1.71 with two products and 1.68 with one [2H, D] product on an
-// H100). Falls back to two products when B and C are not equally ordered in memory.
+// two products or one [2N, K] product (the dense FFN's gate and up; dev/NOTES.md
+// has the figures). Falls back to two products when B and C are not equally
+// ordered in memory.
 static inline void gemm_pair(bf16* C1, bf16* C2, const bf16* A, const bf16* B1, const bf16* B2, int M, int N, int K) {
     // distances between separate allocations, as integers (no pointer arithmetic across objects)
     long long stride_b = ((long long)(uintptr_t)B2 - (long long)(uintptr_t)B1) / (long long)sizeof(bf16);

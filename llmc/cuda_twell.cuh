@@ -33,8 +33,7 @@
  2 P D 2 bytes = 4.1 GB, from L2 (both matrices, 46 MB, mostly stay there).
  At ~8 TB/s that is ~0.5 ms. A work list that tiled rows x units to gather
  from shared memory instead (0.12 ms of shared-memory bandwidth on paper)
- measured slower at every k: latency-bound, 0.86 ms at k = 30 against this
- kernel's 0.66 (dev/NOTES.md).
+ measured slower at every k: latency-bound (dev/NOTES.md has the figures).
 
  Exactness: a block with more positives than slots is packed as an overflow
  record (the tile's relu(g) row) and the up + down kernel lists its positives,
@@ -127,7 +126,7 @@ pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, co
 // 128 r + 127. Warpgroup 0 (one thread) issues TMA loads of the CTA's 128 x 64
 // tile of f and of half the 256 x 64 tile of Wg, multicast into both CTAs (so
 // the weights leave L2 once per pair: 2 MB of L2 reads per 256 x 256 tile
-// instead of 3; 6% faster on an H100), 128-byte swizzle, 4 stages,
+// instead of 3, which was faster: dev/NOTES.md), 128-byte swizzle, 4 stages,
 // each completing on its "full" mbarrier; warpgroups 1 and 2 multiply rows 0-63
 // and 64-127 of the CTA tile (wgmma m64n256k16 from shared memory, one k-block
 // in flight while the next is issued) and release a stage on the "empty"
@@ -454,9 +453,9 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
 typedef enum { TWELL_SPARSE, TWELL_DENSE } TwellPath;
 typedef enum { TWELL_AUTO, TWELL_FORCE_SPARSE, TWELL_FORCE_DENSE } TwellChoice;
 
-// The dense FFN is three GEMMs of the gate's size and an elementwise step; it
-// took 2.74-2.89x the gate on an H200. Until a dense run was timed, its time
-// is taken as this multiple of the measured gate.
+// The dense FFN is three GEMMs of the gate's size and an elementwise step, a
+// little under three times the gate (dev/NOTES.md has the figures). Until a
+// dense run was timed, its time is taken as this multiple of the measured gate.
 constexpr float TWELL_DENSE_PER_GATE = 2.75f;
 
 typedef struct {
