@@ -667,7 +667,8 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
 // ----------------------------------------------------------------------------
 // The TwELL FFN of a model's prefills (the FFN dispatch of llmc/gpt.h's cached
 // forward): one set of buffers for the current row count, grown when a layer
-// needs more, and what each layer's last prefill measured.
+// needs more, and what each layer's last prefill measured. Each layer waits for
+// its status (twell_ffn_status), the one host wait a prefill layer makes.
 
 // A prefill of fewer rows than this runs the dense FFN in TwELL mode too: there
 // every weight row is read anyway (the units a few hundred tokens fire cover
