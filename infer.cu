@@ -47,12 +47,6 @@
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // reads all of fp into a malloc'd, NUL-terminated buffer
 static char* read_all(FILE* fp, const char* name, size_t* len) {
     size_t cap = 1 << 16, n = 0;

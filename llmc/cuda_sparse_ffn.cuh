@@ -11,7 +11,8 @@
                  D-long dot product per entry (f . Wu[n] or dy . WdT[n])
      down, df    a CTA per (row, column slice), a thread per 8 columns: y_m (df_m) = sum_e a_e A[n_e]
                  (+ b_e B[n_e])
-     transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order)
+     transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order);
+                 its per-unit totals are added to the units' firing counts (the hot/cold choice)
      weights     a warp per (unit, column slice), a CTA for a unit with many entries, fp32 sums in
                  registers added once to the gradient: dWu[n], dWg[n], dWdT[n]
 
@@ -472,6 +473,8 @@ __global__ void __launch_bounds__(SPARSE_FILL_WARPS * 32)
 static inline int sparse_row_blocks(int M) { return ceil_div(M, SPARSE_ROW_BLOCK); }
 
 void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseScratch* s) {
+    if (p->H > t->capacity) { fatal("sparse_transpose: %d units, the buffers hold %d", p->H, t->capacity); }
+    t->H = p->H;
     const int blocks = sparse_row_blocks(p->M);
     const size_t count_smem = (size_t)p->H * sizeof(int), fill_smem = sparse_fill_smem(p->H);
     cudaCheck(cudaFuncSetAttribute(sparse_unit_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -484,6 +487,16 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseS
                                             p->H * blocks, main_stream));
     sparse_unit_fill_kernel<<<blocks, SPARSE_FILL_WARPS * 32, fill_smem, main_stream>>>(*t, *p, s->block_counts,
                                                                                         s->block_offsets, blocks);
+    cudaCheck(cudaGetLastError());
+}
+
+__global__ void sparse_unit_count_add_kernel(uint32_t* count, const int* unit_start, int H) {
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < H) { count[n] += (uint32_t)(unit_start[n + 1] - unit_start[n]); }
+}
+
+void sparse_unit_count_add(uint32_t* count, const SparsePattern<bf16>* p, const SparseTransposed* t) {
+    sparse_unit_count_add_kernel<<<ceil_div(p->H, 256), 256, 0, main_stream>>>(count, t->unit_start, p->H);
     cudaCheck(cudaGetLastError());
 }
 

@@ -68,7 +68,8 @@ struct SparsePattern {
 constexpr int SPARSE_HOT_PART = 1024, SPARSE_PART_SLOTS = 256, SPARSE_WGRAD_SLICE = 256;
 
 typedef struct {
-    int H;
+    int H;              // units of the pattern last transposed (sparse_transpose sets it)
+    int capacity;       // units the buffers hold
     int* unit_start;    // [H + 1]
     int* token;         // [entries]
     int* entry;         // [entries]
@@ -149,7 +150,7 @@ void sparse_pattern_free(SparsePattern<T>* p, Device device) {
 
 static inline void sparse_transposed_alloc(SparseTransposed* t, int H, int D, size_t entries, Device device) {
     memset(t, 0, sizeof(*t));
-    t->H = H;
+    t->H = t->capacity = H;
     t->unit_start = (int*)device_malloc((H + 1) * sizeof(int), device);
     t->token = (int*)device_malloc(entries * sizeof(int) + 1, device);
     t->entry = (int*)device_malloc(entries * sizeof(int) + 1, device);
@@ -305,6 +306,8 @@ void sparse_df(T* df, const SparsePattern<T>* p, const T* du, const T* dg, const
 template <typename T>
 void sparse_transpose(SparseTransposed* t, const SparsePattern<T>* p, SparseScratch* scratch) {
     const int M = p->M, H = p->H, W = p->W;
+    if (H > t->capacity) { fatal("sparse_transpose: %d units, the buffers hold %d", H, t->capacity); }
+    t->H = H;
     memset(t->unit_start, 0, (H + 1) * sizeof(int));
     for (int m = 0; m < M; m++) {
         if (p->tail_slot[m] == SPARSE_ROW_LOST) { continue; }
@@ -324,6 +327,13 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<T>* p, SparseScra
         }
     }
     free(cursor);
+}
+
+// count[n] += the entries of unit n in t, the transpose of p: how often each unit fired (the hot/cold
+// choice, llmc/ffn.h)
+template <typename T>
+void sparse_unit_count_add(uint32_t* count, const SparsePattern<T>* p, const SparseTransposed* t) {
+    for (int n = 0; n < p->H; n++) { count[n] += (uint32_t)(t->unit_start[n + 1] - t->unit_start[n]); }
 }
 
 // dWu[n] += sum du f_m, dWg[n] += sum dg f_m, dWdT[n] += sum h dy_m over unit n's entries
@@ -364,17 +374,22 @@ static inline double sparse_normal_quantile(double q) {
     return 0.5 * (lo + hi);
 }
 
-static inline void sparse_synthetic_ffn(float* f, float* wg, float* wu, float* wdT, int M, int D, int H, double k,
-                                        int realistic, uint64_t seed) {
-    uint64_t rng = seed;
-    double* p = (double*)mallocCheck(H * sizeof(double));
+// p[n], the rate at which unit n fires: k / H (uniform), or the realistic skew
+static inline void sparse_synthetic_rates(double* p, int H, double k, int realistic, uint64_t* rng) {
     double sum = 0;
     for (int n = 0; n < H; n++) {
-        p[n] = realistic ? (rng_uniform(&rng) < 0.3 ? 0.0 : exp(1.5 * rng_normal(&rng))) : 1.0;
+        p[n] = realistic ? (rng_uniform(rng) < 0.3 ? 0.0 : exp(1.5 * rng_normal(rng))) : 1.0;
         sum += p[n];
     }
     // rescale to mean k / H; the cap at 0.5 takes a little mass off the largest
     for (int n = 0; n < H; n++) { p[n] = fmin(0.5, p[n] * (k / H) * H / sum); }
+}
+
+static inline void sparse_synthetic_ffn(float* f, float* wg, float* wu, float* wdT, int M, int D, int H, double k,
+                                        int realistic, uint64_t seed) {
+    uint64_t rng = seed;
+    double* p = (double*)mallocCheck(H * sizeof(double));
+    sparse_synthetic_rates(p, H, k, realistic, &rng);
     for (int m = 0; m < M; m++) {
         for (int i = 0; i < D - 1; i++) { f[(size_t)m * D + i] = (float)rng_normal(&rng); }
         f[(size_t)m * D + D - 1] = realistic && m < M / 100 ? 0.5f : 1.0f;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 // print "error: <message>" on one line and exit(1); for bad input and bad flags
@@ -128,6 +129,13 @@ static inline void atomic_commit(FILE* fp, const char* tmp_path, const char* pat
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) { fatal("cannot flush %s: %s", tmp_path, strerror(errno)); }
     fcloseCheck(fp);
     if (rename(tmp_path, path) != 0) { fatal("cannot rename %s to %s: %s", tmp_path, path, strerror(errno)); }
+}
+
+// seconds on a monotonic clock (differences only)
+static inline double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 #endif // LLMC_UTILS_H

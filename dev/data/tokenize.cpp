@@ -46,12 +46,6 @@ typedef struct {
     int n_inputs;
 } Options;
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 // ----------------------------------------------------------------------------
 // progress line on stderr: rewritten in place on a terminal, else one line now and then
 

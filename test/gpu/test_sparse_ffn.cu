@@ -28,31 +28,6 @@
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 
-static std::vector<bf16> to_bf16(const std::vector<float>& x) {
-    std::vector<bf16> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) { y[i] = __float2bfloat16(x[i]); }
-    return y;
-}
-
-static std::vector<float> to_float(const std::vector<bf16>& x) {
-    std::vector<float> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) { y[i] = __bfloat162float(x[i]); }
-    return y;
-}
-
-// ||a - b|| / ||b||, infinite if a holds a NaN
-static double norm_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-        if (isnan(a[i])) { return INFINITY; }
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        ref += (double)b[i] * b[i];
-    }
-    return sqrt(diff / fmax(ref, 1e-30));
-}
-
-static void poison(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0xff, bytes)); } // bf16 and fp32 NaN
-
 struct Case {
     int M, D, H, W;
     std::vector<bf16> f, wg, wu, wdT, dy;
