@@ -1,10 +1,10 @@
 /*
  FFN benchmark of training at the standard point of SPARSE.md (M 16384, D 2048,
  H 5632, synthetic sparsity): the dense cuBLASLt FFN (llmc/gpt.h's path) and the
- sparse one (llmc/cuda_sparse_ffn.cuh) on the same inputs, forward and forward +
- backward, per k and pattern, with the bytes each keeps for the backward, the
- sparse path's relative error against the dense one, the ratios, and the time
- of each sparse stage. The ELL width and tail are sized from the dense run's
+ sparse one (llmc/cuda_sparse_ffn.cuh) on the same inputs, forward, backward
+ and forward + backward, per k and pattern, with the bytes each keeps for the
+ backward, the sparse path's relative error against the dense one, the ratios,
+ and the time of each sparse stage. The ELL width and tail are sized from the dense run's
  counts, as the model does from the previous step's statistics.
 
  With "model", the whole model instead: training steps of a preset shape with
@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
     sparse_scratch_alloc_cuda(&scratch, M, H);
     int* tail_used = (int*)cuda_malloc(sizeof(int));
 
-    printf("%-10s %5s %5s %5s | %8s %8s %6s | %8s %8s %6s | %6s %6s | %9s %9s %6s | %8s %8s %8s | stages fwd: gate+pack (its pack, cuBLAS gate+pack) up down, bwd: dh df transpose wgrad\n",
-           "pattern", "k", "W", "tail", "dense f", "sparse f", "ratio", "dense fb", "sparse fb", "ratio", "auto", "ratio",
+    printf("%-10s %5s %5s %5s | %8s %8s %6s | %8s %8s %6s | %8s %8s %6s | %6s %6s | %9s %9s %6s | %8s %8s %8s | stages fwd: gate+pack (its pack, cuBLAS gate+pack) up down, bwd: transpose dh+wgrad df\n",
+           "pattern", "k", "W", "tail", "dense f", "sparse f", "ratio", "dense b", "sparse b", "ratio", "dense fb", "sparse fb", "ratio", "auto", "ratio",
            "dense MB", "sparse MB", "ratio", "err y", "err df", "err dW");
     struct { double k; int realistic; } cases[] = {{8, 0}, {30, 0}, {100, 0}, {300, 0}, {30, 1}};
     std::vector<float> hf(MD), hwg(HD), hwu(HD), hwdT(HD), hdy(MD);
@@ -197,11 +197,13 @@ int main(int argc, char** argv) {
             sparse_up(&p, l1, f, wu, D);
             sparse_down(y_sparse, &p, wdT, D);
         };
-        auto sparse_bwd = [&] {
-            sparse_dh(du, dg, &p, dy, wdT, l1_scale, D);
-            sparse_df(df_sparse, &p, du, dg, wu, wg, D);
+        auto dh_weight_grads = [&] {
+            sparse_dh_weight_grads(du, dg, grads[1][0], grads[1][1], grads[1][2], &p, &t, f, dy, wdT, l1_scale, D);
+        };
+        auto sparse_bwd = [&] { // as llmc/gpt.h runs it
             sparse_transpose(&t, &p, &scratch);
-            sparse_weight_grads(grads[1][0], grads[1][1], grads[1][2], &p, &t, du, dg, f, dy, D);
+            dh_weight_grads();
+            sparse_df(df_sparse, &p, du, dg, wu, wg, D);
         };
         for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(grads[1][i], 0, HD * 4)); }
         sparse_fwd();
@@ -211,29 +213,29 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 3; i++) { err_dw = fmax(err_dw, rel_err(grads[1][i], grads[0][i], HD)); }
 
         // side by side (the clock drops as the GPU heats)
-        std::vector<float> side = median_ms_interleaved({dense_fwd, sparse_fwd, [&] { dense_fwd(); dense_bwd(); },
-                                                      [&] { sparse_fwd(); sparse_bwd(); }});
-        float t_df = side[0], t_sf = side[1], t_dfb = side[2], t_sfb = side[3];
-        float st[9] = {
+        std::vector<float> side = median_ms_interleaved({dense_fwd, sparse_fwd, dense_bwd, sparse_bwd,
+                                                      [&] { dense_fwd(); dense_bwd(); }, [&] { sparse_fwd(); sparse_bwd(); }});
+        float t_df = side[0], t_sf = side[1], t_db = side[2], t_sb = side[3], t_dfb = side[4], t_sfb = side[5];
+        float st[8] = {
             median_ms(gate_pack),
             scratch.gate_words ? median_ms([&] { sparse_pack_twell(&p, active, fired, sparse_gate_records(&scratch, g), &scratch); }) : 0.0f,
             median_ms(cublas_gate_pack),
             median_ms([&] { sparse_up(&p, l1, f, wu, D); }),
             median_ms([&] { sparse_down(y_sparse, &p, wdT, D); }),
-            median_ms([&] { sparse_dh(du, dg, &p, dy, wdT, l1_scale, D); }),
-            median_ms([&] { sparse_df(df_sparse, &p, du, dg, wu, wg, D); }),
             median_ms([&] { sparse_transpose(&t, &p, &scratch); }),
-            median_ms([&] { sparse_weight_grads(grads[1][0], grads[1][1], grads[1][2], &p, &t, du, dg, f, dy, D); }),
+            median_ms(dh_weight_grads),
+            median_ms([&] { sparse_df(df_sparse, &p, du, dg, wu, wg, D); }),
         };
         double dense_mb = 3.0 * MH * 2 / 1e6, sparse_mb = sparse_pattern_bytes(M, H, W, tail, 2) / 1e6;
         // what --ffn auto would run for a layer with this activity (llmc/gpt.h): sparse up to the limit, else dense
         int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
         float t_auto = auto_sparse ? t_sfb : t_dfb;
-        printf("%-10s %5.1f %5d %5d | %8.3f %8.3f %5.2fx | %8.3f %9.3f %5.2fx | %6s %5.2fx | %9.1f %9.1f %5.1fx | %8.1e %8.1e %8.1e |"
-               " %.3f (%.3f, %.3f) %.3f %.3f | %.3f %.3f %.3f %.3f\n",
-               cs.realistic ? "realistic" : "uniform", mean, W, tail, t_df, t_sf, t_df / t_sf, t_dfb, t_sfb, t_dfb / t_sfb,
+        printf("%-10s %5.1f %5d %5d | %8.3f %8.3f %5.2fx | %8.3f %8.3f %5.2fx | %8.3f %9.3f %5.2fx | %6s %5.2fx | %9.1f %9.1f %5.1fx |"
+               " %8.1e %8.1e %8.1e | %.3f (%.3f, %.3f) %.3f %.3f | %.3f %.3f %.3f\n",
+               cs.realistic ? "realistic" : "uniform", mean, W, tail, t_df, t_sf, t_df / t_sf, t_db, t_sb, t_db / t_sb, t_dfb,
+               t_sfb, t_dfb / t_sfb,
                auto_sparse ? "sparse" : "dense", t_dfb / t_auto, dense_mb, sparse_mb, dense_mb / sparse_mb, err_y, err_df, err_dw, st[0], st[1], st[2], st[3], st[4], st[5],
-               st[6], st[7], st[8]);
+               st[6], st[7]);
         sparse_pattern_free(&p, DEVICE_CUDA);
         sparse_transposed_free(&t, DEVICE_CUDA);
         cuda_free(du);

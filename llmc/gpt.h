@@ -602,10 +602,9 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
             // all six products over the pattern only
             const SparsePattern<T>* p = &model->ffn[l].p;
             T *du = model->sparse_du, *dg = model->sparse_dg;
-            sparse_dh(du, dg, p, d_res, wdT, l1_scale, D);
-            sparse_df(a->d_tmp, p, du, dg, wu, wg, D);
             sparse_transpose(&model->transposed, p, &model->sparse_scratch);
-            sparse_weight_grads(dwu, dwg, dwdT, p, &model->transposed, du, dg, ffn_in, d_res, D);
+            sparse_dh_weight_grads(du, dg, dwu, dwg, dwdT, p, &model->transposed, ffn_in, d_res, wdT, l1_scale, D);
+            sparse_df(a->d_tmp, p, du, dg, wu, wg, D);
         } else {
             if (!gpt_keeps_ffn(model)) { gpt_ffn_activations(model, l, g, u, h); }
             gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
