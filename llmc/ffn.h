@@ -19,7 +19,8 @@
      cold:  pattern of g over units [hot, H), u on it, y = h_cold WdT[hot:]
      hot:   g_hot = f Wg[:hot]^T, u_hot = f Wu[:hot]^T, h_hot = relu(g_hot) u_hot, y += h_hot WdT[:hot]
  Backward (dy = dL/dy):
-     cold:  dh, du, dg on the pattern, df = du Wu[hot:] + dg Wg[hot:], the weight gradients of rows [hot, H)
+     cold:  dh, du, dg on the pattern with the weight gradients of rows [hot, H) (unit by unit over the
+            transposed pattern), then df = du Wu[hot:] + dg Wg[hot:]
      hot:   dh = dy WdT[:hot]^T, dWdT[:hot] += h_hot^T dy, du, dg (relu_gate_backward),
             df += du Wu[:hot] + dg Wg[:hot], dWu[:hot] += du^T f, dWg[:hot] += dg^T f
  and both parts add each unit's firing count over the batch to unit_count[n].
@@ -134,11 +135,10 @@ void ffn_split_backward(T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, co
     const int n_hot = hot->units;
     const size_t off = (size_t)n_hot * D;
     if (n_hot < H) {
-        sparse_dh(du, dg, cold, dy, wdT + off, l1_scale, D);
-        sparse_df(df, cold, du, dg, wu + off, wg + off, D);
         sparse_transpose(t, cold, scratch);
         sparse_unit_count_add(unit_count + n_hot, cold, t);
-        sparse_weight_grads(dwu + off, dwg + off, dwdT + off, cold, t, du, dg, f, dy, D);
+        sparse_dh_weight_grads(du, dg, dwu + off, dwg + off, dwdT + off, cold, t, f, dy, wdT + off, l1_scale, D);
+        sparse_df(df, cold, du, dg, wu + off, wg + off, D);
     }
     if (n_hot > 0) {
         const int add = n_hot < H;
