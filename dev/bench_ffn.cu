@@ -228,13 +228,20 @@ static void bench_pattern(Bench* b, const char* name) {
     double rate = ffn_break_even(t_dfb, H, t_gate, H, t_sfb, pairs, M);
     std::vector<int> perm(H);
     int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, rate);
-    if (units < 0) { units = 0; }
+    if (units < 0) { // no unit above the rate: all cold, in their order
+        units = 0;
+        for (int n = 0; n < H; n++) { perm[n] = n; }
+    }
     double hot_pairs = 0;
     for (int n = 0; n < units; n++) { hot_pairs += counts[perm[n]]; }
     cudaCheck(cudaMemcpy(b->perm, perm.data(), H * sizeof(int), cudaMemcpyHostToDevice));
     permute_rows_cuda(b->pwg, b->wg, b->perm, H, D);
     permute_rows_cuda(b->pwu, b->wu, b->perm, H, D);
     permute_rows_cuda(b->pwdT, b->wdT, b->perm, H, D);
+    // the dense run again: the sparse path used g's buffer as its scratch, and the timing added to the gradients
+    for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[0][i], 0, HD * 4)); }
+    dense_fwd();
+    dense_bwd();
     std::vector<int> cold_counts(M); // the cold units' count per row, for the pattern's sizes
     {
         std::vector<int> is_cold(H, 0);
@@ -271,9 +278,26 @@ static void bench_pattern(Bench* b, const char* name) {
     std::vector<float> side2 = median_ms_interleaved({dense_fwd, split_fwd, [&] { dense_fwd(); dense_bwd(); },
                                                       [&] { split_fwd(); split_bwd(); }});
     float t_df2 = side2[0], t_hf = side2[1], t_dfb2 = side2[2], t_hfb = side2[3];
+    // the split's two halves alone: all units cold but the hot ones (pointers past them), and the hot ones alone
+    FfnHot<bf16> hot_only = hot;
+    const size_t off = (size_t)units * D;
+    float t_cold = units < H ? median_ms([&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &none, b->g, b->f, b->pwg + off, b->pwu + off,
+                          b->pwdT + off, M, D, H - units, &b->scratch);
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &none, &cold.t,
+                           cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg + off, b->pwu + off, b->pwdT + off,
+                           l1_scale, M, D, H - units, &b->scratch);
+    }) : 0.0f;
+    float t_hot = units > 0 ? median_ms([&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot_only, b->g, b->f, b->pwg, b->pwu, b->pwdT,
+                          M, D, units, &b->scratch);
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot_only,
+                           &cold.t, cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale,
+                           M, D, units, &b->scratch);
+    }) : 0.0f;
     double dense_mb = 3.0 * MH * 2 / 1e6;
     double split_mb = (units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
-                      3.0 * M * units * 2;
+                      3.0 * M * units * 2 / 1e6;
     cold_free(&cold);
     cuda_free(hot_buf);
     // what --ffn auto runs for a layer with this activity (llmc/gpt.h): the split up to the limit, else dense
@@ -284,7 +308,8 @@ static void bench_pattern(Bench* b, const char* name) {
            units, pairs > 0 ? 100 * hot_pairs / pairs : 0.0, 100 * rate, auto_sparse ? "split" : "dense",
            auto_sparse ? t_dfb2 / t_hfb : 1.0, dense_mb, split_mb, err_sparse, err_split);
     printf("%-13s stages of the sparse path (ms): gate+pack %.3f | up %.3f | down %.3f | transpose %.3f | dh+wgrad %.3f |"
-           " df %.3f\n", "", t_gate, st[0], st[1], st[2], st[3], st[4]);
+           " df %.3f; the split's fwd+bwd: hot units alone %.3f, cold alone %.3f\n", "", t_gate, st[0], st[1], st[2],
+           st[3], st[4], t_hot, t_cold);
 }
 
 // b->f and the weights from layer l of a checkpoint on the embedded corpus's first val tokens

@@ -137,6 +137,13 @@ void gemm(T* C, const T* A, const T* B, int M, int N, int K, int trans_a, int tr
     else { fatal("gemm: both operands transposed is not a form the model uses"); }
 }
 
+// C1 = A B1^T and C2 = A B2^T: two nt products of one A (the GPU runs them as one batched product)
+template <typename T>
+void gemm_pair(T* C1, T* C2, const T* A, const T* B1, const T* B2, int M, int N, int K) {
+    gemm(C1, A, B1, M, N, K, 0, 1, 0);
+    gemm(C2, A, B2, M, N, K, 0, 1, 0);
+}
+
 // ----------------------------------------------------------------------------
 // embedding: out[m] = wte[tokens[m]]
 

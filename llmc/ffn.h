@@ -118,8 +118,7 @@ void ffn_split_forward(T* y, G* row_l1, int* row_active, uint8_t* fired, SparseP
     }
     if (n_hot > 0) {
         const int add = n_hot < H;
-        gemm(hot->g, f, wg, M, n_hot, D, 0, 1, 0);
-        gemm(hot->u, f, wu, M, n_hot, D, 0, 1, 0);
+        gemm_pair(hot->g, hot->u, f, wg, wu, M, n_hot, D);
         relu_gate_forward(hot->h, row_l1, row_active, fired, hot->g, hot->u, M, n_hot, add);
         gemm(y, hot->h, wdT, M, D, n_hot, 0, 0, add);
     }
