@@ -6,8 +6,9 @@
  per pattern: synthetic uniform k = 8, 30, 100, 300 and realistic k = 30, and
  "trained", the FFN of one layer of a checkpoint on its real inputs (f of the
  embedded corpus's val tokens; dy random). Per pattern: the times and ratios
- against dense, the break-even firing rate measured from this run's own
- times (ffn_break_even: dense per unit, gate, sparse per pair) and the hot
+ against dense, the break-even firing rate measured as training measures it
+ (ffn_break_even: the dense part over FFN_HOT_PROBE units, the gate, the
+ sparse part per pair) and the hot
  units it gives (ffn_hot_choose, the busiest first, as training orders them),
  what --ffn auto runs, the bytes each keeps for the backward, the errors
  against dense and the sparse stages' times. The ELL width and tail are sized
@@ -222,10 +223,22 @@ static void bench_pattern(Bench* b, const char* name) {
                                                &all.t, b->f, b->dy, b->wdT, l1_scale, D); }),
         median_ms([&] { sparse_df(b->df[1], &all.p, all.du, all.dg, b->wu, b->wg, D); }),
     };
-    cold_free(&all);
 
-    // the hot/cold split: the break-even rate from these times, the hot units it gives, busiest first
-    double rate = ffn_break_even(t_dfb, H, t_gate, H, t_sfb, pairs, M);
+    // the hot/cold split: the break-even rate as training measures it (gpt_hot_break_even: the dense part
+    // over FFN_HOT_PROBE units against the sparse times), the hot units it gives, busiest first
+    const int probe = std::min(H, FFN_HOT_PROBE);
+    bf16* probe_buf = (bf16*)cuda_malloc(5 * (size_t)M * probe * 2);
+    FfnHot<bf16> probe_hot = {probe, probe_buf, probe_buf + (size_t)M * probe, probe_buf + 2 * (size_t)M * probe};
+    float t_probe = median_ms([&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &probe_hot, b->g, b->f, b->wg, b->wu, b->wdT, M,
+                          D, probe, &b->scratch);
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &probe_hot,
+                           &all.t, all.du, all.dg, probe_buf + 3 * (size_t)M * probe, probe_buf + 4 * (size_t)M * probe,
+                           b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D, probe, &b->scratch);
+    });
+    cuda_free(probe_buf);
+    cold_free(&all);
+    double rate = ffn_break_even(t_probe, probe, t_gate, H, t_sfb, pairs, M);
     std::vector<int> perm(H);
     int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, rate);
     if (units < 0) { // no unit above the rate: all cold, in their order
@@ -398,7 +411,7 @@ int main(int argc, char** argv) {
         bench_pattern(&b, name);
     }
     printf("ratio = dense time / that path's time (> 1: faster than dense); split = hot units dense, the rest sparse"
-           " (llmc/ffn.h), with the break-even rate measured from this pattern's dense, gate and sparse times; hot ="
+           " (llmc/ffn.h), with the break-even rate measured as training does on this pattern; hot ="
            " hot units, pairs = their share of the (token, unit) pairs; auto = what --ffn auto runs at this k (fwd+bwd);"
            " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u, h);"
            " err = max over y, df, dW of ||path - dense|| / ||dense||\n");

@@ -9,7 +9,7 @@
 # the log's l0 column shows the units per token as the run goes)
 set -eu
 cd "$(dirname "$0")/.."
-lambda=${1:-2e-4}
+lambda=${1:-1e-4}
 steps=${2:-1500}
 out=${3:-build/pattern_model}
 rm -rf "$out"

@@ -43,6 +43,8 @@
 // below rate / FFN_HOT_HYSTERESIS), in multiples of FFN_HOT_ALIGN units (GEMM tiles)
 #define FFN_HOT_HYSTERESIS 1.25
 #define FFN_HOT_ALIGN 64
+// the break-even rate is measured with this many hot units: the cost per unit of a hot set of that size
+#define FFN_HOT_PROBE 256
 
 // The break-even firing rate of a hot unit from measured times (seconds) on
 // M tokens: the dense FFN over dense_units units (a = its time per unit and

@@ -543,8 +543,6 @@ static double gpt_time(Device device, F fn) {
 // cold part over all of them, and its gate alone. What it writes is scratch until the next forward (the projection and
 // gradient buffers, the weight gradients, which the next step zeroes, the
 // pattern, recomputed by the next forward).
-#define FFN_HOT_PROBE 256
-
 template <typename T, typename G>
 double gpt_hot_break_even(GPT<T, G>* model, int l) {
     const GPTConfig* c = &model->config;
