@@ -28,49 +28,16 @@
 #include "llmc/screened_gate.h"
 #include "llmc/sparse_ffn.h"
 #include "llmc/twell.h"
+#include "test/screened_gate_rows.h"
 #include "test/test.h"
 
 static uint64_t rng = 24;
-
-enum RowKind { ROW_GAUSS, ROW_ONE_HUGE, ROW_TWO_HUGE, ROW_EQUAL, ROW_HALF_STEPS, ROW_SUBNORMAL, ROW_ZERO, ROW_ZERO_GROUP,
-               ROW_LARGEST, ROW_NONFINITE, ROW_GRID, ROW_KINDS };
-static const char* row_names[ROW_KINDS] = {"gaussian", "one huge", "two huge", "all equal", "half steps", "subnormal",
-                                           "zero", "zero group", "largest bf16", "non-finite", "on the grid"};
-
-static uint16_t bf16(double x) { return bf16_from_float((float)x); }
-
-static void make_row(uint16_t* w, int D, int kind) {
-    const double sd = 1.0 / sqrt((double)D);
-    for (int i = 0; i < D; i++) { w[i] = bf16(sd * rng_normal(&rng)); }
-    const int c = (int)rng_below(&rng, D);
-    switch (kind) {
-    case ROW_ONE_HUGE: w[c] = bf16(1000 * sd); break;
-    case ROW_TWO_HUGE: w[c] = bf16(-1000 * sd); w[(c + SCREEN_GROUP) % D] = bf16(700 * sd); break;
-    case ROW_EQUAL: for (int i = 0; i < D; i++) { w[i] = bf16(0.37); } break;
-    case ROW_HALF_STEPS: // each group holds 127 s0 (so s = s0), the rest on the half steps (k + 1/2) s0
-        for (int i = 0; i < D; i++) {
-            const int k = (int)rng_below(&rng, 253) - 126;
-            w[i] = bf16(i % SCREEN_GROUP == 0 ? 127.0 / 128 : (k + (k < 0 ? -0.5 : 0.5)) / 128);
-        }
-        break;
-    case ROW_SUBNORMAL: for (int i = 0; i < D; i++) { w[i] = bf16(1e-39 * rng_normal(&rng)); } break;
-    case ROW_ZERO: for (int i = 0; i < D; i++) { w[i] = 0; } break;
-    case ROW_ZERO_GROUP: for (int i = 0; i < SCREEN_GROUP && i < D; i++) { w[i] = 0x8000; } break; // -0
-    case ROW_LARGEST: w[c] = 0x7f7f; w[(c + 1) % D] = 0xff7f; break; // +-3.39e38, two groups or one
-    case ROW_NONFINITE: w[c] = rng_below(&rng, 2) ? 0x7fc0 : 0xff80; break; // NaN or -inf
-    case ROW_GRID: // every w' a multiple of s = 2^-10 (e = 0, E = 0: only the rounding term covers U >= G)
-        for (int i = 0; i < D; i++) { w[i] = bf16((i % SCREEN_GROUP == 0 ? 127 : (int)rng_below(&rng, 253) - 126) / 1024.0); }
-        w[c % SCREEN_GROUP ? c : c + 1] = bf16(3000 / 1024.0); // the outlier, off the grid
-        break;
-    default: break;
-    }
-}
 
 // the quantiser, group by group, on every row kind
 static void test_quantize(int D) {
     const int rows = 4 * ROW_KINDS;
     std::vector<uint16_t> w((size_t)rows * D);
-    for (int n = 0; n < rows; n++) { make_row(&w[(size_t)n * D], D, n % ROW_KINDS); }
+    for (int n = 0; n < rows; n++) { make_row(&w[(size_t)n * D], D, n % ROW_KINDS, &rng); }
     ScreenedGate sg = screen_gate_create(rows, D, DEVICE_CPU);
     screen_quantize(&sg, w.data());
     int bad_scale = 0, bad_q = 0, bad_outlier = 0, bad_e = 0, bad_norm = 0, loose_norm = 0, bad_special = 0;
@@ -177,7 +144,7 @@ static void test_bound(int D, int seeds) {
     char first[64] = "";
     double least_tight = INFINITY;
     for (int seed = 0; seed < seeds; seed++) {
-        for (int n = 0; n < H; n++) { make_row(&w[(size_t)n * D], D, n); }
+        for (int n = 0; n < H; n++) { make_row(&w[(size_t)n * D], D, n, &rng); }
         screen_quantize(&sg, w.data());
         for (int fk = 0; fk < F_KINDS; fk++) {
             for (int n = 0; n < H; n++) {
