@@ -66,8 +66,10 @@
    2 D + D / 16 + 170 of them (the GEMV's D, the screen's D + D / 16, the
    bound terms' few per lane). ||f_g||_2 is sqrt(ss + SCREEN_GROUP 2^-149), ss
    the fp32 sum of squares, for the same reason.
- Then G <= A~ + Q + R S~ + ABS and, since the last addition of two floats
- keeps the sign of their exact sum, G > 0 implies U > 0. A lane's share of S~
+ So G <= r + ABS exactly, r the fp32 sum before the last addition (it holds
+ A~ and the margined terms, their roundings within the margins); U = fl(r + ABS)
+ is then >= G, and > 0 whenever G > 0 (a sum of two floats rounds to a value of
+ the same sign). A lane's share of S~
  above 2^100 makes U +inf: below that no partial sum of the GEMV or of A~
  can overflow. Non-finite inputs make U NaN or +inf: a candidate, so the
  exact product gives the bf16 gate's value (NaN) there too.
