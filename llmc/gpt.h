@@ -544,7 +544,7 @@ static double gpt_time(Device device, F fn) {
 // gradient buffers, the weight gradients, which the next step zeroes, the
 // pattern, recomputed by the next forward).
 template <typename T, typename G>
-double gpt_hot_break_even(GPT<T, G>* model, int l) {
+double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
     const GPTConfig* c = &model->config;
     int M = model->B * model->T_, D = c->channels, H = c->hidden, probe = H < FFN_HOT_PROBE ? H : FFN_HOT_PROBE;
     SparseFfnLayer<T>* f = &model->ffn[l];
@@ -593,7 +593,13 @@ double gpt_hot_break_even(GPT<T, G>* model, int l) {
     free(active);
     device_free(fired, model->device);
     device_free(count, model->device);
-    return ffn_break_even(dense, probe, gate, H, sparse, pairs, M);
+    double rate = ffn_break_even(dense, probe, gate, H, sparse, pairs, M);
+    if (verbose) {
+        printf("ffn: hot units: break-even firing rate %.3f%% of the tokens, measured on layer %d: dense FFN of %d "
+               "units %.3f ms, sparse %.3f ms of which the gate %.3f, %.1f pairs per token (--hot-rate sets it)\n",
+               100 * rate, l, probe, 1e3 * dense, 1e3 * sparse, 1e3 * gate, pairs / M);
+    }
+    return rate;
 }
 
 // the hot set of sparse layer l after a training step of `tokens` tokens, from

@@ -232,7 +232,7 @@ void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, double tokens, int v
             if (model->ffn[l].on && model->ffn[l].hot.units == 0 && model->ffn[l].p.M > 0) { probe = l; }
         }
         if (probe < 0) { return; } // measured once a layer has run sparse
-        double rate = gpt_hot_break_even(model, probe);
+        double rate = gpt_hot_break_even(model, probe, verbose && opt->zero == NULL);
         if (opt->zero) {
 #ifdef __CUDACC__
             float* mean = (float*)device_malloc(sizeof(float), model->device);
@@ -245,9 +245,9 @@ void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, double tokens, int v
 #endif
         }
         model->hot_rate = fmax(1e-9, lround(rate * 1e9) * 1e-9); // what a checkpoint keeps, exactly
-        if (verbose) {
-            printf("ffn: hot units: break-even firing rate %.3f%% of the tokens, measured on layer %d "
-                   "(--hot-rate sets it)\n", 100 * model->hot_rate, probe);
+        if (verbose && opt->zero) {
+            printf("ffn: hot units: break-even firing rate %.3f%% of the tokens (the processes' mean measure on "
+                   "layer %d; --hot-rate sets it)\n", 100 * model->hot_rate, probe);
         }
     }
     if (model->hot_rate <= 0) { return; }
