@@ -47,6 +47,8 @@ hf_convert: tools/hf_convert.cpp $(HEADERS)
 
 # the converter's test includes its source
 build/test_hf_convert build/san/test_hf_convert: tools/hf_convert.cpp
+# the screened gate's CPU and GPU tests share their adversarial rows
+build/test_screened_gate build/san/test_screened_gate build/gpu/test_screened_gate: test/screened_gate_rows.h
 
 build/test_%: test/test_%.cpp test/test.h $(HEADERS)
 	@mkdir -p build

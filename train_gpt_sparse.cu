@@ -57,6 +57,7 @@ typedef struct {
     int ffn_mode;              // FfnMode (llmc/gpt.h)
     int dead_reinit;           // 1: docs/MODEL.md's dead-neuron re-initialisation after each step
     float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
+    float hot_rate;            // break-even firing rate of a hot FFN unit (llmc/ffn.h); 0: none, < 0: measure
     ProcessInfo proc;          // this process of the data-parallel run
     const char* init_method;   // how the processes meet (llmc/zero.cuh)
     const char* init_address;
@@ -219,6 +220,8 @@ void train(const Options* o, Device device) {
     gpt_build(&model, config, device);
     model.recompute = o->recompute;
     model.ffn_mode = o->ffn_mode;
+    // the CPU path is the reference: hot units only where the run asks for them
+    model.hot_rate = o->hot_rate < 0 && device == DEVICE_CPU ? 0 : o->hot_rate;
     Optimizer opt;
     optimizer_init(&opt, &model, zero);
     size_t n_params = model.num_parameters, owned = opt.owned;
@@ -226,7 +229,7 @@ void train(const Options* o, Device device) {
     float* host_params = (float*)mallocCheck(n_params * sizeof(float));
     float* host_m = device == DEVICE_CPU ? opt.m : (float*)mallocCheck(owned * sizeof(float));
     float* host_v = device == DEVICE_CPU ? opt.v : (float*)mallocCheck(owned * sizeof(float));
-    int32_t* ffn_state = (int32_t*)mallocCheck(3 * (size_t)L * sizeof(int32_t));
+    int32_t* ffn_state = (int32_t*)mallocCheck(ffn_state_ints(L) * sizeof(int32_t));
     BatchUploader uploader;
     uploader_init(&uploader, M, device);
     TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull};
@@ -245,10 +248,10 @@ void train(const Options* o, Device device) {
         set_params_from_fp32(&model, &opt, params);
         free(params);
         DataLoaderState loader_state;
-        if (checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state, sizeof(loader_state),
-                                  host_m, host_v, ffn_state)) {
-            gpt_ffn_state_set(&model, ffn_state); // the same sparse/dense choices as the run that wrote it
-        }
+        int ffn_ints = checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state,
+                                             sizeof(loader_state), host_m, host_v, ffn_state);
+        // the same sparse/dense and hot/cold choices as the run that wrote it
+        if (ffn_ints) { gpt_ffn_state_set(&model, ffn_state, ffn_ints); }
         long saved_batch = (long)state.B * state.T * state.grad_accum * state.num_processes;
         if (state.T != T_ || saved_batch != o->total_batch) {
             fatal("checkpoint step %d was trained with seq-len %d and %ld tokens per step (%d x %d x %d accumulation x "
@@ -289,6 +292,14 @@ void train(const Options* o, Device device) {
                o->grad_accum, processes, o->total_batch, o->lambda, o->optim.lr);
         const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
+        if (o->ffn_mode != FFN_DENSE && model.hot_rate != 0) {
+            if (model.hot_rate > 0) {
+                printf("ffn: hot units: a sparse layer's units firing for more than %.3f%% of the tokens run dense\n",
+                       100 * model.hot_rate);
+            } else {
+                printf("ffn: hot units: the break-even firing rate is measured after the first sparse step\n");
+            }
+        }
     }
 
     Sampler sampler;
@@ -367,6 +378,7 @@ void train(const Options* o, Device device) {
         optimizer_step(&opt, &model, &o->optim, step_lr, step + 1);
         gpt_stats_read(&model, (double)o->total_batch); // waits for the step (but not its all-gather)
         if (o->dead_reinit) { gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step); }
+        optimizer_hot_update(&opt, &model, (double)o->total_batch, master);
         double ms = (now_seconds() - t0) * 1000;
         watchdog_disarm(&watchdog);
 
@@ -426,7 +438,7 @@ int main(int argc, char** argv) {
     const char* device_name = "auto";
     const char* ffn_name = "auto";
     int dead_reinit = 0;
-    float synthetic_k = 0;
+    float synthetic_k = 0, hot_rate = -1;
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
     const char* init_method = "auto";
@@ -473,6 +485,7 @@ int main(int argc, char** argv) {
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
         {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
         {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer sparse or dense from its activity), dense or sparse", 0},
+        {0, "hot-rate", ARG_FLOAT, &hot_rate, -1, 1, "sparse layers run units firing for more of the tokens densely: -1 = the break-even measured on the GPU (none on the CPU), 0 = none", 0},
         {0, "dead-reinit", ARG_INT, &dead_reinit, 0, 1, "1 = move gate rows that fired for no token of a step a tenth toward new noise", 0},
         {0, "synthetic-sparse", ARG_FLOAT, &synthetic_k, 0, 1e6, "benchmarks: init with about this many units firing per token (needs -n -1)", 0},
         {0, "init", ARG_STRING, &init_method, 0, 0, "how data-parallel processes meet: auto, mpi, tcp or file", 0},
@@ -537,6 +550,7 @@ int main(int argc, char** argv) {
     o.ffn_mode = strcmp(ffn_name, "sparse") == 0 ? FFN_SPARSE : strcmp(ffn_name, "dense") == 0 || lambda == 0 ? FFN_DENSE : FFN_AUTO;
     o.dead_reinit = dead_reinit;
     o.synthetic_k = synthetic_k;
+    o.hot_rate = hot_rate;
     if (synthetic_k >= c->hidden) { fatal("--synthetic-sparse %g must be below the FFN width %d", synthetic_k, c->hidden); }
     if (synthetic_k > 0 && (ckpt_every != -1 || resume)) {
         fatal("--synthetic-sparse makes a benchmark-only model: give -n -1 (no checkpoints) and no --resume");

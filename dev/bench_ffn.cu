@@ -1,23 +1,30 @@
 /*
- FFN benchmark of training at the standard point of docs/SPARSE.md (M 16384, D 2048,
- H 5632, synthetic sparsity): the dense cuBLASLt FFN (llmc/gpt.h's path) and the
- sparse one (llmc/cuda_sparse_ffn.cuh) on the same inputs, forward and forward +
- backward, per k and pattern, with the bytes each keeps for the backward, the
- sparse path's relative error against the dense one, the ratios, and the time
- of each sparse stage. The ELL width and tail are sized from the dense run's
- counts, as the model does from the previous step's statistics.
+ FFN benchmark of training at the standard point of docs/SPARSE.md (M 16384,
+ D 2048, H 5632): the dense cuBLASLt FFN (llmc/gpt.h's path), the sparse one
+ with no hot units (llmc/cuda_sparse_ffn.cuh) and the hot/cold split that the
+ model runs (llmc/ffn.h), on the same inputs, forward and forward + backward,
+ per pattern: synthetic uniform k = 8, 30, 100, 300 and realistic k = 30, and
+ "trained", the FFN of one layer of a checkpoint on its real inputs (f of the
+ embedded corpus's val tokens; dy random). Per pattern: the times and ratios
+ against dense, the break-even firing rate measured as training measures it
+ (ffn_break_even: the dense part over FFN_HOT_PROBE units, the gate, the
+ sparse part per pair) and the hot
+ units it gives (ffn_hot_choose, the busiest first, as training orders them),
+ what --ffn auto runs, the bytes each keeps for the backward, the errors
+ against dense and the sparse stages' times. The ELL width and tail are sized
+ from the dense run's counts, as the model does from the previous step's.
 
  With "model", the whole model instead: training steps of a preset shape with
- the synthetic-sparse initialisation of llmc/gpt.h (benchmark-only), --ffn
+ the synthetic-sparse initialisation of llmc/synthetic.h (benchmark-only), --ffn
  dense against --ffn sparse on the same micro-batch: tok/s and device memory.
 
- usage: build/dev/bench_ffn [M D H]      BENCH_ONLY="uniform k=30" runs that pattern only
+ usage: build/dev/bench_ffn [M D H] [trained MODEL [LAYER]]   BENCH_ONLY="uniform k=30" runs that pattern only
         build/dev/bench_ffn model PRESET B T [steps] [k]     e.g. model 1.5b 8 2048 5 30
 */
+#include <algorithm>
 #include <vector>
-#include "llmc/cuda_gate.cuh"
-#include "llmc/cuda_matmul.cuh"
-#include "llmc/cuda_sparse_ffn.cuh"
+#include "llmc/checkpoint.h"
+#include "llmc/dataloader.h"
 #include "llmc/gpt.h"
 #include "llmc/optimizer.h"
 #include "llmc/synthetic.h"
@@ -30,19 +37,21 @@ static double used_gib(void) {
 }
 
 static int bench_model(int argc, char** argv) {
-    if (argc < 5) { fatal("usage: %s model PRESET B T [steps] [k]", argv[0]); }
+    if (argc < 5) { fatal("usage: %s model PRESET B T [steps] [k] [uniform|skewed]", argv[0]); }
     const ModelPreset* shape = find_preset(argv[2]);
     if (shape == NULL) { fatal("unknown preset %s", argv[2]); }
     int B = atoi(argv[3]), T = atoi(argv[4]), steps = argc > 5 ? atoi(argv[5]) : 5, M = B * T;
     double k = argc > 6 ? atof(argv[6]) : 30;
+    int skewed = argc > 7 && strcmp(argv[7], "skewed") == 0;
     GPTConfig c = {50257, 50304, shape->layers, shape->dim, shape->heads, shape->heads, shape->hidden, T, 10000.0f, 1e-5f};
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("model %s B%d T%d on %s, synthetic-sparse init (benchmark-only) with k = %g of %d, lr 0: %d timed steps after 3\n",
-           argv[2], B, T, prop.name, k, c.hidden, steps);
+    printf("model %s B%d T%d on %s, %s synthetic-sparse init (benchmark-only) with k = %g of %d, lr 0: %d timed steps "
+           "after 3 (sparse: hot units at the break-even measured in the first)\n", argv[2], B, T, prop.name,
+           skewed ? "skewed" : "uniform", k, c.hidden, steps);
     size_t n = num_parameters(&c);
     float* host = (float*)mallocCheck(n * sizeof(float));
-    init_params_synthetic_sparse(host, &c, k, 1);
+    init_params_synthetic_sparse(host, &c, k, 1, skewed);
     TokenBatch batch = upload_random_batch(M, c.vocab_size, 3);
     const int *d_in = batch.inputs, *d_tg = batch.targets;
     // lr 0: the step costs the same, and the weights keep their synthetic sparsity
@@ -55,6 +64,7 @@ static int bench_model(int argc, char** argv) {
         GPT<bf16, float> model;
         gpt_build(&model, &c, DEVICE_CUDA);
         model.ffn_mode = mode == 0 ? FFN_DENSE : FFN_SPARSE;
+        model.hot_rate = mode == 0 ? 0 : -1;
         Optimizer opt;
         optimizer_init(&opt, &model, NULL);
         set_params_from_fp32(&model, &opt, host);
@@ -67,14 +77,20 @@ static int bench_model(int argc, char** argv) {
             gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
             optimizer_step(&opt, &model, &oc, 0.0f, i + 1);
             gpt_stats_read(&model, M);
+            optimizer_hot_update(&opt, &model, M, i == 0); // (the break-even measure and the first hot sets)
             if (i >= 3) { t += now_seconds() - t0; }
         }
         tps[mode] = (double)M * steps / t;
         mem[mode] = used_gib() - base;
         double l0 = 0;
-        for (int l = 0; l < c.num_layers; l++) { l0 += model.stats[l].l0_mean / c.num_layers; }
+        int hot = 0;
+        for (int l = 0; l < c.num_layers; l++) {
+            l0 += model.stats[l].l0_mean / c.num_layers;
+            hot += model.ffn[l].hot.units;
+        }
         printf("--ffn %-6s train %8.0f tok/s | device memory %.2f GiB | loss %.4f | mean active units %.1f | forwards "
-               "redone %d\n", mode == 0 ? "dense" : "sparse", tps[mode], mem[mode], model.ce, l0, model.ffn_redone);
+               "redone %d | hot units %.0f per layer (break-even %.3f%%)\n", mode == 0 ? "dense" : "sparse", tps[mode],
+               mem[mode], model.ce, l0, model.ffn_redone, (double)hot / c.num_layers, 100 * fmax(model.hot_rate, 0.0));
         optimizer_free(&opt);
         gpt_free(&model);
     }
@@ -84,12 +100,6 @@ static int bench_model(int argc, char** argv) {
     cuda_free(batch.targets);
     cublaslt_free();
     return 0;
-}
-
-static std::vector<bf16> to_bf16(const std::vector<float>& x) {
-    std::vector<bf16> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) { y[i] = __float2bfloat16(x[i]); }
-    return y;
 }
 
 // ||a - b|| / ||b|| of two device tensors (bf16 or fp32)
@@ -106,138 +116,307 @@ static double rel_err(const A* a, const A* b, size_t n) {
     return sqrt(diff / fmax(ref, 1e-30));
 }
 
+// One layer's inputs (f, dy [M, D]; Wg, Wu, WdT [H, D]) and every buffer of the three paths
+struct Bench {
+    int M, D, H;
+    bf16 *f, *wg, *wu, *wdT, *dy;           // the pattern's inputs
+    bf16 *pwg, *pwu, *pwdT;                 // the weights with the hot units first
+    bf16 *g, *u, *h, *dh, *du, *y[2], *df[2];
+    float* grads[2][3];                     // dense; sparse or split (Wg, Wu, WdT)
+    float* grad_perm;                       // a dense gradient in the split's unit order
+    float* l1;
+    int* active;
+    uint8_t* fired;
+    uint32_t* count;
+    int* perm;
+    SparseScratch scratch;
+    int* tail_used;
+};
+
+static const float l1_scale = 1e-3f;
+
+// the cold pattern of `units` units, sized from their counts over the M tokens
+struct Cold {
+    SparsePattern<bf16> p;
+    SparseTransposed t;
+    bf16 *du, *dg;
+};
+
+static Cold cold_alloc(Bench* b, int units, const std::vector<int>& row_counts) {
+    Cold c = {};
+    if (units == 0) { return c; }
+    double mean = 0;
+    for (int r : row_counts) { mean += r; }
+    mean /= b->M;
+    int W = std::min(sparse_choose_width(mean, units), units), needed = 0;
+    for (int r : row_counts) { needed += r > W; }
+    sparse_pattern_alloc(&c.p, b->M, units, W, sparse_choose_tail(needed, b->M), b->tail_used, DEVICE_CUDA);
+    size_t n = sparse_entries(b->M, units, W, c.p.tail_capacity);
+    sparse_transposed_alloc(&c.t, units, b->D, n, DEVICE_CUDA);
+    c.du = (bf16*)cuda_malloc(n * 2 + 16), c.dg = (bf16*)cuda_malloc(n * 2 + 16);
+    return c;
+}
+
+static void cold_free(Cold* c) {
+    if (c->p.M == 0) { return; }
+    sparse_pattern_free(&c->p, DEVICE_CUDA);
+    sparse_transposed_free(&c->t, DEVICE_CUDA);
+    cuda_free(c->du);
+    cuda_free(c->dg);
+}
+
+static void bench_pattern(Bench* b, const char* name) {
+    const int M = b->M, D = b->D, H = b->H;
+    const size_t MD = (size_t)M * D, HD = (size_t)H * D, MH = (size_t)M * H;
+    auto dense_fwd = [&] {
+        gemm(b->g, b->f, b->wg, M, H, D, 0, 1, 0);
+        gemm(b->u, b->f, b->wu, M, H, D, 0, 1, 0);
+        relu_gate_forward(b->h, b->l1, b->active, b->fired, b->g, b->u, M, H);
+        gemm(b->y[0], b->h, b->wdT, M, D, H, 0, 0, 0);
+    };
+    auto dense_bwd = [&] {
+        gemm(b->dh, b->dy, b->wdT, M, H, D, 0, 1, 0);
+        gemm(b->grads[0][2], b->h, b->dy, H, D, M, 1, 0, 1);
+        relu_gate_backward(b->dh, b->du, b->dh, b->g, b->u, b->h, l1_scale, M, H);
+        gemm(b->df[0], b->du, b->wu, M, D, H, 0, 0, 0);
+        gemm(b->df[0], b->dh, b->wg, M, D, H, 0, 0, 1);
+        gemm(b->grads[0][1], b->du, b->f, H, D, M, 1, 0, 1);
+        gemm(b->grads[0][0], b->dh, b->f, H, D, M, 1, 0, 1);
+    };
+    for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[0][i], 0, HD * 4)); }
+    cudaCheck(cudaMemset(b->count, 0, H * 4));
+    dense_fwd();
+    dense_bwd();
+    unit_count_add(b->count, b->g, M, H);
+    std::vector<int> row_counts = download(b->active, M);
+    std::vector<uint32_t> counts = download(b->count, H);
+    double pairs = 0;
+    for (int r : row_counts) { pairs += r; }
+    double mean = pairs / M;
+
+    // the sparse FFN with no hot units, as llmc/ffn.h runs it
+    Cold all = cold_alloc(b, H, row_counts);
+    FfnHot<bf16> none = {0, NULL, NULL, NULL};
+    auto sparse_fwd = [&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &none, b->g, b->f, b->wg, b->wu, b->wdT, M, D, H,
+                          &b->scratch);
+    };
+    auto sparse_bwd = [&] {
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &none, &all.t,
+                           all.du, all.dg, (bf16*)NULL, (bf16*)NULL, b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D,
+                           H, &b->scratch);
+    };
+    auto gate_pack = [&] { ffn_cold_gate(&all.p, b->active, b->fired, b->g, b->f, b->wg, D, &b->scratch); };
+    for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[1][i], 0, HD * 4)); }
+    sparse_fwd();
+    sparse_bwd();
+    if (download(b->tail_used, 1)[0] > all.p.tail_capacity) { fatal("tail overflow in the benchmark"); }
+    double err_sparse = fmax(rel_err(b->y[1], b->y[0], MD), rel_err(b->df[1], b->df[0], MD));
+    for (int i = 0; i < 3; i++) { err_sparse = fmax(err_sparse, rel_err(b->grads[1][i], b->grads[0][i], HD)); }
+    std::vector<float> side = median_ms_interleaved({dense_fwd, sparse_fwd, [&] { dense_fwd(); dense_bwd(); },
+                                                     [&] { sparse_fwd(); sparse_bwd(); }, gate_pack});
+    float t_df = side[0], t_sf = side[1], t_dfb = side[2], t_sfb = side[3], t_gate = side[4];
+    float st[5] = {
+        median_ms([&] { sparse_up(&all.p, b->l1, b->f, b->wu, D); }),
+        median_ms([&] { sparse_down(b->y[1], &all.p, b->wdT, D); }),
+        median_ms([&] { sparse_transpose(&all.t, &all.p, &b->scratch); }),
+        median_ms([&] { sparse_dh_weight_grads(all.du, all.dg, b->grads[1][1], b->grads[1][0], b->grads[1][2], &all.p,
+                                               &all.t, b->f, b->dy, b->wdT, l1_scale, D); }),
+        median_ms([&] { sparse_df(b->df[1], &all.p, all.du, all.dg, b->wu, b->wg, D); }),
+    };
+
+    // the hot/cold split: the break-even rate as training measures it (gpt_hot_break_even: the dense part
+    // over FFN_HOT_PROBE units against the sparse times), the hot units it gives, busiest first
+    const int probe = std::min(H, FFN_HOT_PROBE);
+    bf16* probe_buf = (bf16*)cuda_malloc(5 * (size_t)M * probe * 2);
+    FfnHot<bf16> probe_hot = {probe, probe_buf, probe_buf + (size_t)M * probe, probe_buf + 2 * (size_t)M * probe};
+    float t_probe = median_ms([&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &probe_hot, b->g, b->f, b->wg, b->wu, b->wdT, M,
+                          D, probe, &b->scratch);
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &probe_hot,
+                           &all.t, all.du, all.dg, probe_buf + 3 * (size_t)M * probe, probe_buf + 4 * (size_t)M * probe,
+                           b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D, probe, &b->scratch);
+    });
+    cuda_free(probe_buf);
+    cold_free(&all);
+    double rate = ffn_break_even(t_probe, probe, t_gate, H, t_sfb, pairs, M);
+    std::vector<int> perm(H);
+    int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, rate);
+    if (units < 0) { // no unit above the rate: all cold, in their order
+        units = 0;
+        for (int n = 0; n < H; n++) { perm[n] = n; }
+    }
+    double hot_pairs = 0;
+    for (int n = 0; n < units; n++) { hot_pairs += counts[perm[n]]; }
+    cudaCheck(cudaMemcpy(b->perm, perm.data(), H * sizeof(int), cudaMemcpyHostToDevice));
+    permute_rows_cuda(b->pwg, b->wg, b->perm, H, D);
+    permute_rows_cuda(b->pwu, b->wu, b->perm, H, D);
+    permute_rows_cuda(b->pwdT, b->wdT, b->perm, H, D);
+    // the dense run again: the sparse path used g's buffer as its scratch, and the timing added to the gradients
+    for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[0][i], 0, HD * 4)); }
+    dense_fwd();
+    dense_bwd();
+    std::vector<int> cold_counts(M); // the cold units' count per row, for the pattern's sizes
+    {
+        std::vector<int> is_cold(H, 0);
+        for (int n = units; n < H; n++) { is_cold[perm[n]] = 1; }
+        std::vector<bf16> g = download(b->g, MH);
+        for (int m = 0; m < M; m++) {
+            int c = 0;
+            for (int n = 0; n < H; n++) { c += is_cold[n] && __bfloat162float(g[(size_t)m * H + n]) > 0.0f; }
+            cold_counts[m] = c;
+        }
+    }
+    Cold cold = cold_alloc(b, H - units, cold_counts);
+    bf16* hot_buf = (bf16*)cuda_malloc(5 * (size_t)M * units * 2 + 16);
+    FfnHot<bf16> hot = {units, hot_buf, hot_buf + (size_t)M * units, hot_buf + 2 * (size_t)M * units};
+    bf16 *hot_dh = hot_buf + 3 * (size_t)M * units, *hot_du = hot_buf + 4 * (size_t)M * units;
+    auto split_fwd = [&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot, b->g, b->f, b->pwg, b->pwu, b->pwdT, M,
+                          D, H, &b->scratch);
+    };
+    auto split_bwd = [&] {
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot, &cold.t,
+                           cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale, M, D, H,
+                           &b->scratch);
+    };
+    for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[1][i], 0, HD * 4)); }
+    split_fwd();
+    split_bwd();
+    if (units < H && download(b->tail_used, 1)[0] > cold.p.tail_capacity) { fatal("tail overflow in the benchmark"); }
+    double err_split = fmax(rel_err(b->y[1], b->y[0], MD), rel_err(b->df[1], b->df[0], MD));
+    for (int i = 0; i < 3; i++) { // against the dense gradients in the split's unit order
+        permute_rows_cuda(b->grad_perm, b->grads[0][i], b->perm, H, D);
+        err_split = fmax(err_split, rel_err(b->grads[1][i], b->grad_perm, HD));
+    }
+    std::vector<float> side2 = median_ms_interleaved({dense_fwd, split_fwd, [&] { dense_fwd(); dense_bwd(); },
+                                                      [&] { split_fwd(); split_bwd(); }});
+    float t_df2 = side2[0], t_hf = side2[1], t_dfb2 = side2[2], t_hfb = side2[3];
+    // the split's two halves alone: all units cold but the hot ones (pointers past them), and the hot ones alone
+    FfnHot<bf16> hot_only = hot;
+    const size_t off = (size_t)units * D;
+    float t_cold = units < H ? median_ms([&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &none, b->g, b->f, b->pwg + off, b->pwu + off,
+                          b->pwdT + off, M, D, H - units, &b->scratch);
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &none, &cold.t,
+                           cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg + off, b->pwu + off, b->pwdT + off,
+                           l1_scale, M, D, H - units, &b->scratch);
+    }) : 0.0f;
+    float t_hot = units > 0 ? median_ms([&] {
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot_only, b->g, b->f, b->pwg, b->pwu, b->pwdT,
+                          M, D, units, &b->scratch);
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot_only,
+                           &cold.t, cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale,
+                           M, D, units, &b->scratch);
+    }) : 0.0f;
+    double dense_mb = 3.0 * MH * 2 / 1e6;
+    double split_mb = (units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
+                      3.0 * M * units * 2 / 1e6;
+    cold_free(&cold);
+    cuda_free(hot_buf);
+    // what --ffn auto runs for a layer with this activity (llmc/gpt.h): the split up to the limit, else dense
+    int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
+    printf("%-13s %5.1f | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %5d %4.0f%% %6.3f%% | %6s %5.2fx |"
+           " %7.1f %7.1f | %7.1e %7.1e\n",
+           name, mean, t_df, t_sf, t_df / t_sf, t_hf, t_df2 / t_hf, t_dfb, t_sfb, t_dfb / t_sfb, t_hfb, t_dfb2 / t_hfb,
+           units, pairs > 0 ? 100 * hot_pairs / pairs : 0.0, 100 * rate, auto_sparse ? "split" : "dense",
+           auto_sparse ? t_dfb2 / t_hfb : 1.0, dense_mb, split_mb, err_sparse, err_split);
+    printf("%-13s stages of the sparse path (ms): gate+pack %.3f | up %.3f | down %.3f | transpose %.3f | dh+wgrad %.3f |"
+           " df %.3f; the split's fwd+bwd: hot units alone %.3f, cold alone %.3f\n", "", t_gate, st[0], st[1], st[2],
+           st[3], st[4], t_hot, t_cold);
+}
+
+// b->f and the weights from layer l of a checkpoint on the embedded corpus's first val tokens
+static void load_trained(Bench* b, const char* path, int l) {
+    GPTConfig c;
+    float* params = checkpoint_load_model(path, &c, NULL);
+    if (c.channels != b->D || c.hidden != b->H) {
+        fatal("%s: D %d, H %d; the benchmark runs D %d, H %d (give M D H to match)", path, c.channels, c.hidden, b->D, b->H);
+    }
+    if (l < 0 || l >= c.num_layers) { fatal("layer %d: %s has layers 0..%d", l, path, c.num_layers - 1); }
+    int T = std::min(1024, c.max_seq_len), B = b->M / T;
+    if (B * T != b->M) { fatal("M %d is not a multiple of the sequence length %d", b->M, T); }
+    GPT<bf16, float> model;
+    gpt_build(&model, &c, DEVICE_CUDA);
+    model.ffn_mode = FFN_DENSE;
+    Optimizer opt;
+    optimizer_init(&opt, &model, NULL);
+    set_params_from_fp32(&model, &opt, params);
+    free(params);
+    DataLoader val;
+    dataloader_init(&val, "data/corpus_val_*.bin", B, T, 0, 1, 0, 0, c.vocab_size);
+    dataloader_next_batch(&val);
+    int* tokens = upload(std::vector<int>(val.inputs, val.inputs + b->M));
+    gpt_forward(&model, tokens, (const int*)NULL, B, T, 0.0f);
+    size_t MD = (size_t)b->M * b->D, HD = (size_t)b->H * b->D;
+    cudaCheck(cudaMemcpy(b->f, model.acts.ffn_in + l * MD, MD * 2, cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaMemcpy(b->wg, model.param[P_WG] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaMemcpy(b->wu, model.param[P_WU] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaMemcpy(b->wdT, model.param[P_WDT] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
+    cuda_free(tokens);
+    dataloader_free(&val);
+    optimizer_free(&opt);
+    gpt_free(&model);
+}
+
 int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "model") == 0) { return bench_model(argc, argv); }
-    int M = argc > 3 ? atoi(argv[1]) : 16384, D = argc > 3 ? atoi(argv[2]) : 2048, H = argc > 3 ? atoi(argv[3]) : 5632;
+    int sized = argc > 3 && strcmp(argv[1], "trained") != 0, arg = sized ? 4 : 1;
+    Bench b = {};
+    b.M = sized ? atoi(argv[1]) : 16384, b.D = sized ? atoi(argv[2]) : 2048, b.H = sized ? atoi(argv[3]) : 5632;
+    const char* trained = argc > arg + 1 && strcmp(argv[arg], "trained") == 0 ? argv[arg + 1] : NULL;
+    int trained_layer = trained && argc > arg + 2 ? atoi(argv[arg + 2]) : 0;
+    const int M = b.M, D = b.D, H = b.H;
     size_t MD = (size_t)M * D, HD = (size_t)H * D, MH = (size_t)M * H;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("FFN fwd / fwd+bwd, M %d D %d H %d, %s; times are medians of 20 (ms)\n", M, D, H, prop.name);
-    const float l1_scale = 1e-3f;
-    bf16 *f = (bf16*)cuda_malloc(MD * 2), *wg = (bf16*)cuda_malloc(HD * 2), *wu = (bf16*)cuda_malloc(HD * 2);
-    bf16 *wdT = (bf16*)cuda_malloc(HD * 2), *dy = (bf16*)cuda_malloc(MD * 2);
-    bf16 *g = (bf16*)cuda_malloc(MH * 2), *u = (bf16*)cuda_malloc(MH * 2), *h = (bf16*)cuda_malloc(MH * 2);
-    bf16 *dh = (bf16*)cuda_malloc(MH * 2), *du_dense = (bf16*)cuda_malloc(MH * 2);
-    bf16 *y_dense = (bf16*)cuda_malloc(MD * 2), *y_sparse = (bf16*)cuda_malloc(MD * 2);
-    bf16 *df_dense = (bf16*)cuda_malloc(MD * 2), *df_sparse = (bf16*)cuda_malloc(MD * 2);
-    float* grads[2][3];
-    for (int s = 0; s < 2; s++) { for (int i = 0; i < 3; i++) { grads[s][i] = (float*)cuda_malloc(HD * 4); } }
-    float* l1 = (float*)cuda_malloc(M * 4);
-    int* active = (int*)cuda_malloc(M * 4);
-    uint8_t* fired = (uint8_t*)cuda_malloc(H);
-    SparseScratch scratch;
-    sparse_scratch_alloc_cuda(&scratch, M, H);
-    int* tail_used = (int*)cuda_malloc(sizeof(int));
+    printf("FFN fwd / fwd+bwd, M %d D %d H %d, %s; times are medians of 20 (ms), ratios against dense\n", M, D, H, prop.name);
+    for (bf16** p : {&b.f, &b.dy, &b.y[0], &b.y[1], &b.df[0], &b.df[1]}) { *p = (bf16*)cuda_malloc(MD * 2); }
+    for (bf16** p : {&b.wg, &b.wu, &b.wdT, &b.pwg, &b.pwu, &b.pwdT}) { *p = (bf16*)cuda_malloc(HD * 2); }
+    for (bf16** p : {&b.g, &b.u, &b.h, &b.dh, &b.du}) { *p = (bf16*)cuda_malloc(MH * 2); }
+    for (int s = 0; s < 2; s++) { for (int i = 0; i < 3; i++) { b.grads[s][i] = (float*)cuda_malloc(HD * 4); } }
+    b.l1 = (float*)cuda_malloc(M * 4);
+    b.active = (int*)cuda_malloc(M * 4);
+    b.fired = (uint8_t*)cuda_malloc(H);
+    b.count = (uint32_t*)cuda_malloc(H * 4);
+    b.perm = (int*)cuda_malloc(H * 4);
+    b.grad_perm = (float*)cuda_malloc(HD * 4);
+    b.tail_used = (int*)cuda_malloc(sizeof(int));
+    sparse_scratch_alloc_cuda(&b.scratch, M, H);
 
-    printf("%-10s %5s %5s %5s | %8s %8s %6s | %8s %8s %6s | %6s %6s | %9s %9s %6s | %8s %8s %8s | stages fwd: gate+pack (its pack, cuBLAS gate+pack) up down, bwd: dh df transpose wgrad\n",
-           "pattern", "k", "W", "tail", "dense f", "sparse f", "ratio", "dense fb", "sparse fb", "ratio", "auto", "ratio",
-           "dense MB", "sparse MB", "ratio", "err y", "err df", "err dW");
-    struct { double k; int realistic; } cases[] = {{8, 0}, {30, 0}, {100, 0}, {300, 0}, {30, 1}};
-    std::vector<float> hf(MD), hwg(HD), hwu(HD), hwdT(HD), hdy(MD);
+    printf("%-13s %5s | %7s %7s %6s %7s %6s | %7s %7s %6s %7s %6s | %5s %5s %7s | %6s %6s | %7s %7s | %7s %7s\n",
+           "pattern", "k", "dense f", "sparse", "ratio", "split", "ratio", "dense fb", "sparse", "ratio", "split",
+           "ratio", "hot", "pairs", "rate", "auto", "ratio", "dense MB", "split MB", "err sp", "err spl");
+    std::vector<float> hdy(MD);
     uint64_t rng = 5;
     for (float& x : hdy) { x = (float)rng_normal(&rng); }
-    cudaCheck(cudaMemcpy(dy, to_bf16(hdy).data(), MD * 2, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(b.dy, to_bf16(hdy).data(), MD * 2, cudaMemcpyHostToDevice));
     const char* only = getenv("BENCH_ONLY"); // run only the patterns of this name, e.g. "uniform k=30"
+    struct { double k; int realistic; } cases[] = {{8, 0}, {30, 0}, {100, 0}, {300, 0}, {30, 1}};
+    std::vector<float> hf(MD), hwg(HD), hwu(HD), hwdT(HD);
     for (auto cs : cases) {
         char name[32];
         snprintf(name, sizeof(name), "%s k=%g", cs.realistic ? "realistic" : "uniform", cs.k);
         if (only && strcmp(name, only) != 0) { continue; }
         sparse_synthetic_ffn(hf.data(), hwg.data(), hwu.data(), hwdT.data(), M, D, H, cs.k, cs.realistic, 1);
-        cudaCheck(cudaMemcpy(f, to_bf16(hf).data(), MD * 2, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(wg, to_bf16(hwg).data(), HD * 2, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(wu, to_bf16(hwu).data(), HD * 2, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(wdT, to_bf16(hwdT).data(), HD * 2, cudaMemcpyHostToDevice));
-
-        auto dense_fwd = [&] {
-            gemm(g, f, wg, M, H, D, 0, 1, 0);
-            gemm(u, f, wu, M, H, D, 0, 1, 0);
-            relu_gate_forward(h, l1, active, fired, g, u, M, H);
-            gemm(y_dense, h, wdT, M, D, H, 0, 0, 0);
-        };
-        auto dense_bwd = [&] {
-            gemm(dh, dy, wdT, M, H, D, 0, 1, 0);
-            gemm(grads[0][2], h, dy, H, D, M, 1, 0, 1);
-            relu_gate_backward(dh, du_dense, dh, g, u, h, l1_scale, M, H);
-            gemm(df_dense, du_dense, wu, M, D, H, 0, 0, 0);
-            gemm(df_dense, dh, wg, M, D, H, 0, 0, 1);
-            gemm(grads[0][0], du_dense, f, H, D, M, 1, 0, 1);
-            gemm(grads[0][1], dh, f, H, D, M, 1, 0, 1);
-        };
-        for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(grads[0][i], 0, HD * 4)); }
-        dense_fwd();
-        dense_bwd();
-        std::vector<int> counts = download(active, M);
-        double mean = 0;
-        for (int c : counts) { mean += c; }
-        mean /= M;
-        int W = sparse_choose_width(mean, H), needed = 0;
-        for (int c : counts) { needed += c > W; }
-        int tail = sparse_choose_tail(needed, M);
-        SparsePattern<bf16> p;
-        sparse_pattern_alloc(&p, M, H, W, tail, tail_used, DEVICE_CUDA);
-        size_t n = sparse_entries(M, H, W, tail);
-        SparseTransposed t;
-        sparse_transposed_alloc(&t, H, D, n, DEVICE_CUDA);
-        bf16 *du = (bf16*)cuda_malloc(n * 2 + 16), *dg = (bf16*)cuda_malloc(n * 2 + 16);
-        auto cublas_gate_pack = [&] {
-            gemm(g, f, wg, M, H, D, 0, 1, 0);
-            sparse_pack(&p, active, fired, g, &scratch);
-        };
-        auto gate_pack = [&] { // as llmc/gpt.h runs it: fused on Hopper
-            if (!sparse_gate_pack(&p, active, fired, g, f, wg, D, &scratch)) { cublas_gate_pack(); }
-        };
-        auto sparse_fwd = [&] {
-            gate_pack();
-            sparse_up(&p, l1, f, wu, D);
-            sparse_down(y_sparse, &p, wdT, D);
-        };
-        auto sparse_bwd = [&] {
-            sparse_dh(du, dg, &p, dy, wdT, l1_scale, D);
-            sparse_df(df_sparse, &p, du, dg, wu, wg, D);
-            sparse_transpose(&t, &p, &scratch);
-            sparse_weight_grads(grads[1][0], grads[1][1], grads[1][2], &p, &t, du, dg, f, dy, D);
-        };
-        for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(grads[1][i], 0, HD * 4)); }
-        sparse_fwd();
-        sparse_bwd();
-        if (download(p.tail_used, 1)[0] > tail) { fatal("tail overflow in the benchmark"); }
-        double err_y = rel_err(y_sparse, y_dense, MD), err_df = rel_err(df_sparse, df_dense, MD), err_dw = 0;
-        for (int i = 0; i < 3; i++) { err_dw = fmax(err_dw, rel_err(grads[1][i], grads[0][i], HD)); }
-
-        // side by side (the clock drops as the GPU heats)
-        std::vector<float> side = median_ms_interleaved({dense_fwd, sparse_fwd, [&] { dense_fwd(); dense_bwd(); },
-                                                      [&] { sparse_fwd(); sparse_bwd(); }});
-        float t_df = side[0], t_sf = side[1], t_dfb = side[2], t_sfb = side[3];
-        float st[9] = {
-            median_ms(gate_pack),
-            scratch.gate_words ? median_ms([&] { sparse_pack_twell(&p, active, fired, sparse_gate_records(&scratch, g), &scratch); }) : 0.0f,
-            median_ms(cublas_gate_pack),
-            median_ms([&] { sparse_up(&p, l1, f, wu, D); }),
-            median_ms([&] { sparse_down(y_sparse, &p, wdT, D); }),
-            median_ms([&] { sparse_dh(du, dg, &p, dy, wdT, l1_scale, D); }),
-            median_ms([&] { sparse_df(df_sparse, &p, du, dg, wu, wg, D); }),
-            median_ms([&] { sparse_transpose(&t, &p, &scratch); }),
-            median_ms([&] { sparse_weight_grads(grads[1][0], grads[1][1], grads[1][2], &p, &t, du, dg, f, dy, D); }),
-        };
-        double dense_mb = 3.0 * MH * 2 / 1e6, sparse_mb = sparse_pattern_bytes(M, H, W, tail, 2) / 1e6;
-        // what --ffn auto would run for a layer with this activity (llmc/gpt.h): sparse up to the limit, else dense
-        int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
-        float t_auto = auto_sparse ? t_sfb : t_dfb;
-        printf("%-10s %5.1f %5d %5d | %8.3f %8.3f %5.2fx | %8.3f %9.3f %5.2fx | %6s %5.2fx | %9.1f %9.1f %5.1fx | %8.1e %8.1e %8.1e |"
-               " %.3f (%.3f, %.3f) %.3f %.3f | %.3f %.3f %.3f %.3f\n",
-               cs.realistic ? "realistic" : "uniform", mean, W, tail, t_df, t_sf, t_df / t_sf, t_dfb, t_sfb, t_dfb / t_sfb,
-               auto_sparse ? "sparse" : "dense", t_dfb / t_auto, dense_mb, sparse_mb, dense_mb / sparse_mb, err_y, err_df, err_dw, st[0], st[1], st[2], st[3], st[4], st[5],
-               st[6], st[7], st[8]);
-        sparse_pattern_free(&p, DEVICE_CUDA);
-        sparse_transposed_free(&t, DEVICE_CUDA);
-        cuda_free(du);
-        cuda_free(dg);
+        cudaCheck(cudaMemcpy(b.f, to_bf16(hf).data(), MD * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(b.wg, to_bf16(hwg).data(), HD * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(b.wu, to_bf16(hwu).data(), HD * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(b.wdT, to_bf16(hwdT).data(), HD * 2, cudaMemcpyHostToDevice));
+        bench_pattern(&b, name);
     }
-    printf("ratio = dense time / sparse time (> 1: sparse faster); auto = the path --ffn auto picks at this k (fwd+bwd);"
-           " MB = FFN state kept for the backward (dense: g, u, h; sparse: the pattern with g and u at it, as allocated);"
-           " err = ||sparse - dense|| / ||dense||\n");
-    sparse_scratch_free_cuda(&scratch);
-    cuda_free(tail_used);
+    if (trained && (!only || strcmp(only, "trained") == 0)) {
+        load_trained(&b, trained, trained_layer);
+        char name[32];
+        snprintf(name, sizeof(name), "trained l=%d", trained_layer);
+        bench_pattern(&b, name);
+    }
+    printf("ratio = dense time / that path's time (> 1: faster than dense); split = hot units dense, the rest sparse"
+           " (llmc/ffn.h), with the break-even rate measured as training does on this pattern; hot ="
+           " hot units, pairs = their share of the (token, unit) pairs; auto = what --ffn auto runs at this k (fwd+bwd);"
+           " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u, h);"
+           " err = max over y, df, dW of ||path - dense|| / ||dense||\n");
+    sparse_scratch_free_cuda(&b.scratch);
     cublaslt_free();
     return 0;
 }

@@ -129,7 +129,7 @@ static inline float* checkpoint_load_model(const char* path, GPTConfig* config, 
 }
 
 // m and v: the `owned` moments of rank s->rank of s->num_processes (llmc/zero.h);
-// ffn: 3 ints per layer (gpt_ffn_state_get), or NULL
+// ffn: ffn_state_ints(L) ints (gpt_ffn_state_get), or NULL
 static inline void checkpoint_save_state(const char* path, const GPTConfig* c, const TrainState* s,
                                          const void* loader_state, size_t loader_bytes, const float* m, const float* v,
                                          size_t owned, const int32_t* ffn) {
@@ -142,7 +142,7 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     h[15] = s->B; h[16] = s->T; h[17] = s->grad_accum; h[18] = s->num_processes; h[19] = s->rank;
     h[20] = (int32_t)(uint32_t)(s->sample_rng & 0xffffffffu); h[21] = (int32_t)(uint32_t)(s->sample_rng >> 32);
     h[22] = (int32_t)loader_bytes;
-    h[23] = ffn ? 3 * c->num_layers : 0;
+    h[23] = ffn ? ffn_state_ints(c->num_layers) : 0;
     char tmp[4096];
     FILE* fp = atomic_open(path, tmp, sizeof(tmp));
     fwriteCheck(h, sizeof(int32_t), 256, fp);
@@ -182,7 +182,10 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
     *owned = z.owned;
     zero_layout_free(&z);
     *ffn_ints = h[23];
-    if (h[23] != 0 && h[23] != 3 * run->num_layers) { fatal("%s: %d ints of FFN state is corrupt", path, h[23]); }
+    // (3 ints per layer: written before the hot/cold split)
+    if (h[23] != 0 && h[23] != 3 * run->num_layers && h[23] != ffn_state_ints(run->num_layers)) {
+        fatal("%s: %d ints of FFN state is corrupt", path, h[23]);
+    }
     long expected = 1024 + (long)loader_bytes + 2 * (long)(*owned * sizeof(float)) + 4L * h[23];
     if ((size_t)h[22] != loader_bytes || file_size(fp) != expected) {
         fatal("%s: file is %ld bytes, expected %ld (truncated or from another build)", path, file_size(fp), expected);
@@ -193,9 +196,9 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
 // the optimizer state of step `step` in dir for rank `rank` of P processes,
 // from the files of whatever number of processes wrote it (re-sharded when
 // that differs); m and v get layout(P, rank).owned values. s: the state as
-// rank 0 wrote it (its num_processes is the writers' count). ffn (3 ints per
-// layer) gets the FFN state: this rank's own with the same number of
-// processes, else rank 0's; returns 0 when the checkpoint has none.
+// rank 0 wrote it (its num_processes is the writers' count). ffn (room for
+// ffn_state_ints(L) ints) gets the FFN state: this rank's own with the same
+// number of processes, else rank 0's; returns how many ints it held (0: none).
 static inline int checkpoint_load_state(const char* dir, int step, const GPTConfig* run, int P, int rank, TrainState* s,
                                         void* loader_state, size_t loader_bytes, float* m, float* v, int32_t* ffn) {
     char path[4096];
@@ -225,7 +228,7 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
         // the ranks choose each layer's path alike, but each sized its tail for its own tokens
         if (ffn_ints) { freadCheck(ffn, sizeof(int32_t), (size_t)ffn_ints, fp); }
         fcloseCheck(fp);
-        return ffn_ints > 0;
+        return ffn_ints;
     }
     // re-shard: every writer's moments into full arrays, then this rank's share
     fcloseCheck(fp);
@@ -260,7 +263,7 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
     zero_layout_free(&mine);
     free(full_m);
     free(full_v);
-    return ffn_ints > 0;
+    return ffn_ints;
 }
 
 // 1 if dir holds the model file of `step` and the state files of every process that wrote it

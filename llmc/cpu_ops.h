@@ -144,6 +144,13 @@ void decode_linear(T* y, const T* x, const T* w, int B, int N, int K) {
     gemm(y, x, w, B, N, K, 0, 1, 0);
 }
 
+// C1 = A B1^T and C2 = A B2^T: two nt products of one A (the GPU runs them as one batched product)
+template <typename T>
+void gemm_pair(T* C1, T* C2, const T* A, const T* B1, const T* B2, int M, int N, int K) {
+    gemm(C1, A, B1, M, N, K, 0, 1, 0);
+    gemm(C2, A, B2, M, N, K, 0, 1, 0);
+}
+
 // ----------------------------------------------------------------------------
 // embedding: out[m] = wte[tokens[m]]
 
@@ -410,9 +417,12 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* out, const 
 // the ReLU-gated FFN activation h = relu(g) * u, with what the L1 term and the
 // sparsity statistics need: per token, sum_n |h| and the number of firing
 // units (g > 0); per unit, a "fired at least once" mark (only ever set to 1).
+// accumulate adds the row sums to row_l1 and row_active (the hot units of a
+// layer whose cold units wrote them first, llmc/ffn.h).
 
 template <typename T>
-void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T* g, const T* u, int M, int H) {
+void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T* g, const T* u, int M, int H,
+                       int accumulate = 0) {
     #pragma omp parallel for
     for (int m = 0; m < M; m++) {
         const T* gm = g + (size_t)m * H;
@@ -426,8 +436,8 @@ void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T
             l1 += fabs(hm[n]);
             count += gm[n] > 0;
         }
-        row_l1[m] = l1;
-        row_active[m] = count;
+        row_l1[m] = accumulate ? row_l1[m] + l1 : l1;
+        row_active[m] = accumulate ? row_active[m] + count : count;
     }
     if (fired) {
         #pragma omp parallel for
@@ -435,6 +445,24 @@ void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T
             for (int m = 0; m < M && !fired[n]; m++) { fired[n] = g[(size_t)m * H + n] > 0; }
         }
     }
+}
+
+// count[n] += #{m : g[m, n] > 0}: how often each unit fired (the hot/cold choice)
+template <typename T>
+void unit_count_add(uint32_t* count, const T* g, int M, int H) {
+    #pragma omp parallel for
+    for (int n = 0; n < H; n++) {
+        uint32_t c = 0;
+        for (int m = 0; m < M; m++) { c += g[(size_t)m * H + n] > 0; }
+        count[n] += c;
+    }
+}
+
+// out[r] = in[perm[r]] for `rows` rows of D (out and in distinct): a new order of a layer's units
+template <typename T>
+void permute_rows(T* out, const T* in, const int* perm, int rows, int D) {
+    #pragma omp parallel for
+    for (int r = 0; r < rows; r++) { memcpy(out + (size_t)r * D, in + (size_t)perm[r] * D, D * sizeof(T)); }
 }
 
 // with dh_total = dh + l1_scale * sign(h):  du = dh_total * relu(g),  dg = dh_total * u * [g > 0]

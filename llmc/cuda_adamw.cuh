@@ -6,7 +6,8 @@
                                 m = b1 m + (1-b1) g,  v = b2 v + (1-b2) g^2
                                 master -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * master )
                                 params = bf16(master), rounded to nearest
- The same math as llmc/adamw.h. The norm is a two-stage sum in a fixed order (a fixed grid of block
+ The same math as llmc/adamw.h.
+     permute_rows_cuda:         out[r] = in[perm[r]] (a new order of a layer's FFN units, llmc/optimizer.h) The norm is a two-stage sum in a fixed order (a fixed grid of block
  partials, then one block), so it is the same on every run.
 */
 #ifndef LLMC_CUDA_ADAMW_CUH
@@ -96,6 +97,29 @@ void adamw_update_cuda(float* master, bf16* params, const float* grads, float* m
     adamw_kernel<<<(unsigned)((n + per_block - 1) / per_block), ADAMW_THREADS, 0, main_stream>>>(
         master, params, grads, m, v, n, lr, beta1, beta2, b1_correction, b2_correction, eps, weight_decay,
         grad_norm_sq, grad_clip);
+    cudaCheck(cudaGetLastError());
+}
+
+// out[r] = in[perm[r]], rows of D elements (out and in distinct): a new order of a layer's units in the
+// weights and in the optimizer state (llmc/optimizer.h); a block per row, 16 bytes per thread when rows allow
+template <typename T>
+__global__ void permute_rows_kernel(T* out, const T* in, const int* perm, int D) {
+    const size_t row_bytes = (size_t)D * sizeof(T);
+    const char* src = (const char*)(in) + (size_t)perm[blockIdx.x] * row_bytes;
+    char* dst = (char*)(out) + (size_t)blockIdx.x * row_bytes;
+    if (row_bytes % 16 == 0 && (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 16 == 0) {
+        for (size_t i = threadIdx.x * 16; i < row_bytes; i += blockDim.x * 16) {
+            *reinterpret_cast<int4*>(dst + i) = *reinterpret_cast<const int4*>(src + i);
+        }
+    } else {
+        for (size_t i = threadIdx.x; i < row_bytes; i += blockDim.x) { dst[i] = src[i]; }
+    }
+}
+
+// perm on the device
+template <typename T>
+void permute_rows_cuda(T* out, const T* in, const int* perm, int rows, int D) {
+    permute_rows_kernel<T><<<rows, 256, 0, main_stream>>>(out, in, perm, D);
     cudaCheck(cudaGetLastError());
 }
 

@@ -1,8 +1,10 @@
 /*
  The ReLU-gated FFN on the GPU: its activation over rows of H (bf16 in and out, fp32 math),
      forward:   h = bf16(relu(g) * u);  per row m:  row_l1[m] = sum_n |h[m, n]| (of h as stored),
-                row_active[m] = #{n : g[m, n] > 0};  per unit n:  fired[n] = 1 if g[m, n] > 0 for any m
-                (only ever set, never cleared; fired may be NULL)
+                row_active[m] = #{n : g[m, n] > 0} (both added to the old values with accumulate);
+                per unit n:  fired[n] = 1 if g[m, n] > 0 for any m (only ever set, never cleared; fired may
+                be NULL)
+     unit counts:  count[n] += #{m : g[m, n] > 0}
      backward:  d = dh + l1_scale * sign(h),  du = d * relu(g),  dg = d * u * [g > 0]   (dg may alias dh)
      dead-neuron re-initialisation (docs/MODEL.md): the fp32 master row j of W_g whose unit did not fire
                 becomes 0.9 W_g[j] + 0.1 N(0, 0.02^2) (Philox noise of (seed, element)), and its bf16 copy follows
@@ -27,7 +29,7 @@ constexpr int GATE_ROWS_PER_WARP = 4;
 __global__ void __launch_bounds__(GATE_THREADS)
 relu_gate_forward_kernel(bf16* __restrict__ h, float* __restrict__ row_l1, int* __restrict__ row_active,
                          uint8_t* __restrict__ fired, const bf16* __restrict__ g, const bf16* __restrict__ u,
-                         int M, int H) {
+                         int M, int H, int accumulate) {
     const int lane = threadIdx.x % 32;
     const int row0 = (blockIdx.x * (GATE_THREADS / 32) + threadIdx.x / 32) * GATE_ROWS_PER_WARP;
     if (row0 >= M) { return; }
@@ -70,18 +72,45 @@ relu_gate_forward_kernel(bf16* __restrict__ h, float* __restrict__ row_l1, int* 
         float row_sum = warp_reduce<Sum>(l1[r]);
         int row_count = warp_reduce<Sum>(active[r]);
         if (lane == 0 && row0 + r < M) {
-            row_l1[row0 + r] = row_sum;
-            row_active[row0 + r] = row_count;
+            row_l1[row0 + r] = accumulate ? row_l1[row0 + r] + row_sum : row_sum;
+            row_active[row0 + r] = accumulate ? row_active[row0 + r] + row_count : row_count;
         }
     }
 }
 
 void relu_gate_forward(bf16* h, float* row_l1, int* row_active, uint8_t* fired, const bf16* g, const bf16* u,
-                       int M, int H) {
+                       int M, int H, int accumulate = 0) {
     if (H % 8 != 0) { fatal("relu_gate_forward: H %d must be a multiple of 8 on the GPU", H); }
     const int rows_per_block = GATE_THREADS / 32 * GATE_ROWS_PER_WARP;
     relu_gate_forward_kernel<<<ceil_div(M, rows_per_block), GATE_THREADS, 0, main_stream>>>(
-        h, row_l1, row_active, fired, g, u, M, H);
+        h, row_l1, row_active, fired, g, u, M, H, accumulate);
+    cudaCheck(cudaGetLastError());
+}
+
+// A thread per 8 columns and UNIT_COUNT_ROWS rows: its counts in registers, then one integer atomic per
+// column (integer sums: the same result in any order)
+constexpr int UNIT_COUNT_ROWS = 256;
+
+__global__ void unit_count_add_kernel(uint32_t* count, const bf16* g, int M, int H) {
+    const int col = (blockIdx.x * blockDim.x + threadIdx.x) * 8, row0 = blockIdx.y * UNIT_COUNT_ROWS;
+    if (col >= H) { return; }
+    uint32_t c[8] = {};
+    const int rows = min(UNIT_COUNT_ROWS, M - row0);
+    for (int r = 0; r < rows; r++) {
+        Bf16x8 v = load_bf16x8(g + (size_t)(row0 + r) * H + col);
+        #pragma unroll
+        for (int i = 0; i < 8; i++) { c[i] += __bfloat162float(v.v[i]) > 0.0f; }
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (c[i]) { atomicAdd(count + col + i, c[i]); }
+    }
+}
+
+void unit_count_add(uint32_t* count, const bf16* g, int M, int H) {
+    if (H % 8 != 0) { fatal("unit_count_add: H %d must be a multiple of 8 on the GPU", H); }
+    dim3 grid(ceil_div(H / 8, 128), ceil_div(M, UNIT_COUNT_ROWS));
+    unit_count_add_kernel<<<grid, 128, 0, main_stream>>>(count, g, M, H);
     cudaCheck(cudaGetLastError());
 }
 

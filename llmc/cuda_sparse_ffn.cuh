@@ -7,20 +7,34 @@
                  gives the tail slots in row order, a warp per row writes its entries in unit order;
                  on Hopper the wgmma gate packs g into TwELL blocks from its registers instead, and
                  the count and write read those (g [M, H] is never written)
-     up, dh      a warp per row, and for a row in the tail one per further W of its entries: one
-                 D-long dot product per entry (f . Wu[n] or dy . WdT[n])
+     up          a warp per row, and for a row in the tail one per further W of its entries: one
+                 D-long dot product per entry (f . Wu[n])
      down, df    a CTA per (row, column slice), a thread per 8 columns: y_m (df_m) = sum_e a_e A[n_e]
                  (+ b_e B[n_e])
-     transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order)
-     weights     a warp per (unit, column slice), a CTA for a unit with many entries, fp32 sums in
-                 registers added once to the gradient: dWu[n], dWg[n], dWdT[n]
+     transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order);
+                 its per-unit totals are added to the units' firing counts (the hot/cold choice)
+     dh, weights unit-major over the transposed pattern, a warp per (unit, column slice), a CTA for
+                 a unit with many entries, in two passes: one gathers dy_m per entry (WdT[n] held for
+                 the whole unit) for dWdT[n] and the slice's share of dy_m . WdT[n]; a thread per
+                 entry adds the shares into du, dg; one gathers f_m per entry for dWu[n] and dWg[n].
+                 fp32 sums in registers added once to the gradients
+ The backward runs the transpose, dh + weights, then df (which needs du, dg).
 
  Deterministic: the same inputs give the same bits (fixed slot, entry and
  summation orders, no float atomics). Nothing here waits for the host; the
  caller reads tail_used once per forward and redoes the forward with a larger
  tail when it exceeded the capacity (the lost rows are NaN until then).
- Every kernel reads gathered rows (weights, or f and dy) from L2: that traffic,
- about 14 GB at the standard point with k = 30, is what bounds them (dev/NOTES.md).
+
+ Every kernel reads gathered rows from L2 (D long: 4 KB at D 2048), and that
+ traffic is what bounds them (dev/NOTES.md). Per (token m, unit n) pair:
+     up Wu[n]; down WdT[n]; dh and dWdT dy_m; dWu and dWg f_m (one load for both); df Wu[n], Wg[n]
+ six rows in all. They were seven: dh gathered WdT[n] row-major (dy_m being the
+ row's own) and the weight gradients then gathered dy_m again (f_m was already
+ shared). At the standard point with k = 30 (503K pairs) the backward's gathers
+ go from 10.3 GB (5 rows a pair) to 8.2 GB (4), its L2 floor at ~9 TB/s from
+ 1.14 to 0.92 ms, and forward + backward from 14.4 to 12.4 GB. The price: WdT[n]
+ once per unit and slice (23 MB in all), and the shares of the dots, 4 bytes per
+ entry and slice written and read again (~0.05 GB).
  Requirements: H % 8 == 0, D % 8 == 0, 16-byte aligned rows.
 */
 #ifndef LLMC_CUDA_SPARSE_FFN_CUH
@@ -212,25 +226,20 @@ bool sparse_gate_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, b
 }
 
 // ----------------------------------------------------------------------------
-// up and dh: a D-long dot product per entry, a warp per row (and per further chunk of a tail row)
+// up: a D-long dot product per entry, a warp per row (and per further chunk of a tail row)
 
-enum { SPARSE_UP, SPARSE_DH };
-
-// UP:  u_e = x_m . A[n_e] (A = Wu, x = f); row_l1[m] = sum |bf16(g_e u_e)| by the
-//      row's warp where the row has one (not in the tail; NaN for a lost row)
-// DH:  d = x_m . A[n_e] + l1_scale sign(h_e) (A = WdT, x = dy), du_e = d g_e, dg_e = d u_e
+// u_e = f_m . Wu[n_e]; row_l1[m] = sum |bf16(g_e u_e)| by the row's warp where
+// the row has one (not in the tail; NaN for a lost row).
 // A warp per chunk of at most W entries of a row (W the ELL width): first a
 // warp per row for its first W, then, for the rows in the tail, a warp per
 // further chunk (chunk k of tail slot s is warp M + s (chunks - 1) + k - 1),
 // so that a row firing ten times the mean does not hold up the kernel. Four
-// entries at a time, so that each lane has four weight loads in flight per x load.
+// entries at a time, so that each lane has four weight loads in flight per f load.
 constexpr int DOT_ENTRIES = 4;
 
 static inline int sparse_dot_chunks(const SparsePattern<bf16>* p) { return ceil_div(p->H, p->W); }
 
-template <int MODE>
-__global__ void sparse_dot_kernel(SparsePattern<bf16> p, float* row_l1, bf16* du, bf16* dg, const bf16* x,
-                                  const bf16* A, float l1_scale, int D, int chunks) {
+__global__ void sparse_dot_kernel(SparsePattern<bf16> p, float* row_l1, const bf16* f, const bf16* wu, int D, int chunks) {
     const int warp = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     int m = warp, chunk = 0;
     if (warp >= p.M) { // a later chunk of a tail row
@@ -242,21 +251,21 @@ __global__ void sparse_dot_kernel(SparsePattern<bf16> p, float* row_l1, bf16* du
     }
     const int slot = p.tail_slot[m];
     if (slot == SPARSE_ROW_LOST) {
-        if (MODE == SPARSE_UP && lane == 0) { row_l1[m] = NAN; }
+        if (lane == 0) { row_l1[m] = NAN; }
         return;
     }
     const size_t e0 = row_base(p, m, slot);
     const int c = min(p.count[m], (chunk + 1) * p.W);
-    const bf16* xm = x + (size_t)m * D;
+    const bf16* fm = f + (size_t)m * D;
     float l1 = 0.0f;
     for (int j0 = chunk * p.W; j0 < c; j0 += DOT_ENTRIES) {
         const int nj = min(DOT_ENTRIES, c - j0);
         const bf16* a[DOT_ENTRIES];
         #pragma unroll
-        for (int q = 0; q < DOT_ENTRIES; q++) { a[q] = A + (size_t)p.unit[e0 + j0 + min(q, nj - 1)] * D; }
+        for (int q = 0; q < DOT_ENTRIES; q++) { a[q] = wu + (size_t)p.unit[e0 + j0 + min(q, nj - 1)] * D; }
         float dot[DOT_ENTRIES] = {};
         for (int col = lane * 8; col < D; col += 256) {
-            Bf16x8 xv = load_bf16x8(xm + col);
+            Bf16x8 xv = load_bf16x8(fm + col);
             Bf16x8 av[DOT_ENTRIES];
             #pragma unroll
             for (int q = 0; q < DOT_ENTRIES; q++) { av[q] = load_bf16x8(a[q] + col); }
@@ -269,21 +278,12 @@ __global__ void sparse_dot_kernel(SparsePattern<bf16> p, float* row_l1, bf16* du
         for (int q = 0; q < DOT_ENTRIES; q++) { dot[q] = warp_reduce<Sum>(dot[q]); }
         for (int q = 0; q < nj; q++) {
             const size_t e = e0 + j0 + q;
-            float gv = __bfloat162float(p.g[e]);
-            if (MODE == SPARSE_UP) {
-                bf16 u = __float2bfloat16_rn(dot[q]);
-                l1 += fabsf(__bfloat162float(__float2bfloat16_rn(gv * __bfloat162float(u))));
-                if (lane == 0) { p.u[e] = u; }
-            } else if (lane == 0) {
-                float uv = __bfloat162float(p.u[e]);
-                float h = __bfloat162float(__float2bfloat16_rn(gv * uv));
-                float d = dot[q] + l1_scale * (h > 0.0f ? 1.0f : (h < 0.0f ? -1.0f : 0.0f));
-                du[e] = __float2bfloat16_rn(d * gv);
-                dg[e] = __float2bfloat16_rn(d * uv);
-            }
+            bf16 u = __float2bfloat16_rn(dot[q]);
+            l1 += fabsf(__bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(u))));
+            if (lane == 0) { p.u[e] = u; }
         }
     }
-    if (MODE == SPARSE_UP && slot < 0 && lane == 0) { row_l1[m] = l1; }
+    if (slot < 0 && lane == 0) { row_l1[m] = l1; }
 }
 
 // row_l1 of the rows in the tail (their chunks ran on several warps): a warp per tail slot
@@ -300,28 +300,18 @@ __global__ void sparse_tail_l1_kernel(float* row_l1, SparsePattern<bf16> p) {
     if (lane == 0) { row_l1[m] = l1; }
 }
 
-template <int MODE>
-static void sparse_dot(const SparsePattern<bf16>* p, float* row_l1, bf16* du, bf16* dg, const bf16* x, const bf16* A,
-                       float l1_scale, int D) {
+void sparse_up(SparsePattern<bf16>* p, float* row_l1, const bf16* f, const bf16* wu, int D) {
     if (D % 8 != 0) { fatal("sparse FFN: D %d must be a multiple of 8 on the GPU", D); }
     const int chunks = sparse_dot_chunks(p);
     const long warps = p->M + (long)p->tail_capacity * (chunks - 1);
     if (warps > INT_MAX) { fatal("sparse FFN: %ld warps for the tail's chunks exceed int32", warps); }
-    sparse_dot_kernel<MODE><<<ceil_div((int)warps, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
-        *p, row_l1, du, dg, x, A, l1_scale, D, chunks);
+    sparse_dot_kernel<<<ceil_div((int)warps, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
+        *p, row_l1, f, wu, D, chunks);
     cudaCheck(cudaGetLastError());
-}
-
-void sparse_up(SparsePattern<bf16>* p, float* row_l1, const bf16* f, const bf16* wu, int D) {
-    sparse_dot<SPARSE_UP>(p, row_l1, (bf16*)NULL, (bf16*)NULL, f, wu, 0.0f, D);
     if (p->tail_capacity > 0) {
         sparse_tail_l1_kernel<<<ceil_div(p->tail_capacity, SPARSE_ROW_WARPS), SPARSE_ROW_WARPS * 32, 0, main_stream>>>(row_l1, *p);
         cudaCheck(cudaGetLastError());
     }
-}
-
-void sparse_dh(bf16* du, bf16* dg, const SparsePattern<bf16>* p, const bf16* dy, const bf16* wdT, float l1_scale, int D) {
-    sparse_dot<SPARSE_DH>(p, (float*)NULL, du, dg, dy, wdT, l1_scale, D);
 }
 
 // ----------------------------------------------------------------------------
@@ -472,6 +462,8 @@ __global__ void __launch_bounds__(SPARSE_FILL_WARPS * 32)
 static inline int sparse_row_blocks(int M) { return ceil_div(M, SPARSE_ROW_BLOCK); }
 
 void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseScratch* s) {
+    if (p->H > t->max_units) { fatal("sparse_transpose: %d units, the buffers hold %d", p->H, t->max_units); }
+    t->H = p->H;
     const int blocks = sparse_row_blocks(p->M);
     const size_t count_smem = (size_t)p->H * sizeof(int), fill_smem = sparse_fill_smem(p->H);
     cudaCheck(cudaFuncSetAttribute(sparse_unit_count_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -487,12 +479,31 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<bf16>* p, SparseS
     cudaCheck(cudaGetLastError());
 }
 
+__global__ void sparse_unit_count_add_kernel(uint32_t* count, const int* unit_start, int H) {
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < H) { count[n] += (uint32_t)(unit_start[n + 1] - unit_start[n]); }
+}
+
+void sparse_unit_count_add(uint32_t* count, const SparsePattern<bf16>* p, const SparseTransposed* t) {
+    sparse_unit_count_add_kernel<<<ceil_div(p->H, 256), 256, 0, main_stream>>>(count, t->unit_start, p->H);
+    cudaCheck(cudaGetLastError());
+}
+
 // ----------------------------------------------------------------------------
-// weight gradients: per unit n and slice of 256 columns, sums over the unit's
-// entries e (tokens in order) of du_e f[token], dg_e f[token], h_e dy[token],
-// added once to dWu[n], dWg[n], dWdT[n]. Slices outermost, so that the CTAs at
-// work gather from one slice of f and dy (16 MB at M 16384): L2 holds it, where
-// whole rows (128 MB) would come from memory. Lane l takes columns 8l..8l+7.
+// dh and the weight gradients, unit-major over the transposed pattern (a unit's
+// entries, tokens in order), per slice of WGRAD_SLICE = 256 columns, lane l
+// taking columns 8l..8l+7, in two passes that each gather one row per entry:
+//   dy pass  per unit n and slice, WdT[n]'s columns held in registers for the whole unit; per
+//            entry (token m): dWdT[n] += h dy_m, and the entry's dot dy_m . WdT[n] over the
+//            slice stored in dots[slice][i] (i: the entry's place in the transposed pattern)
+//   finish   per entry: d = its dots added in slice order + l1_scale sign(h), du = d g, dg = d u,
+//            stored at the entry (for df) and as a bf16 pair in dots[0][i] (for the f pass)
+//   f pass   per unit n and slice, per entry: dWu[n] += du f_m, dWg[n] += dg f_m
+// Slices outermost, so that the CTAs at work gather from one slice of dy or f
+// (8 MB at M 16384): L2 holds it, where whole rows (64 MB each) would come from
+// memory. That is why dh is not finished inside one kernel over all of D: a
+// unit's du and dg need the whole of each dot before its first f_m is used.
+// Both passes share the split of the work:
 // - a unit with at most WGRAD_HOT entries (at k = 30 a unit has ~90): one warp,
 //   8 units per CTA, the units in decreasing count (a counting sort), so that a
 //   CTA's warps finish together however uneven the units are, biggest first;
@@ -518,31 +529,103 @@ constexpr int WGRAD_HOT = 128;        // entries above which a unit gets CTAs
 constexpr int WGRAD_HOT_CTAS = 1024;
 static_assert(SPARSE_HOT_PART % SPARSE_STAGE == 0, "a part is whole stages");
 
-// the three products of one entry added to a lane's sums
-__device__ __forceinline__ void wgrad_add(float (&acc)[3][8], const bf16* f_row, const bf16* dy_row, float du, float dg,
-                                          float h) {
-    Bf16x8 fv = load_bf16x8(f_row), dv = load_bf16x8(dy_row);
-    #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        float fk = __bfloat162float(fv.v[k]);
-        acc[0][k] += du * fk;
-        acc[1][k] += dg * fk;
-        acc[2][k] += h * __bfloat162float(dv.v[k]);
-    }
-}
+enum { WGRAD_DY, WGRAD_F }; // the two passes
+
+// what a pass gathers and adds to
+struct WgradPass {
+    float* grad[2];  // the dy pass: dWdT; the f pass: dWu, dWg
+    const bf16* x;   // the gathered rows [M, D]: dy or f
+    const bf16* wdT; // the dy pass's WdT [H, D]
+    int D;
+};
+
+template <int PASS> constexpr int WGRAD_GRADS = PASS == WGRAD_DY ? 1 : 2; // the gradients a pass adds to
 
 // h_e = bf16(g_e u_e), as the dense path rounds h
 __device__ __forceinline__ float entry_h(const SparsePattern<bf16>& p, int e) {
     return __bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(p.u[e])));
 }
 
-// the gradients += the sums, 8 columns from col
-__device__ __forceinline__ void wgrad_store(float* dwu, float* dwg, float* dwdT, const float (&acc)[3][8], int n,
-                                            int col, int D) {
-    float* grads[3] = {dwu, dwg, dwdT};
+// an entry's (du, dg) as one word, du in the low half (bf16 bits), and back
+__device__ __forceinline__ uint32_t pack_dudg(bf16 du, bf16 dg) {
+    return (uint32_t)__bfloat16_as_ushort(du) | (uint32_t)__bfloat16_as_ushort(dg) << 16;
+}
+__device__ __forceinline__ float unpack_du(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float unpack_dg(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// the sum over the warp of each of v[0..3], lanes 8q..8q+7 returning v[q]'s: a
+// reduce-scatter, 6 shuffles where a butterfly per value would take 20
+__device__ __forceinline__ float warp_sum4(const float (&v)[4]) {
+    const int lane = threadIdx.x % 32;
+    const bool b4 = lane & 16, b3 = lane & 8;
+    float a[2];
     #pragma unroll
-    for (int r = 0; r < 3; r++) {
-        float* out = grads[r] + (size_t)n * D + col;
+    for (int i = 0; i < 2; i++) { // lanes 0-15 keep the sums of v[0..1], lanes 16-31 those of v[2..3]
+        a[i] = (b4 ? v[2 + i] : v[i]) + __shfl_xor_sync(0xffffffffu, b4 ? v[i] : v[2 + i], 16);
+    }
+    float c = (b3 ? a[1] : a[0]) + __shfl_xor_sync(0xffffffffu, b3 ? a[0] : a[1], 8);
+    c += __shfl_xor_sync(0xffffffffu, c, 4);
+    c += __shfl_xor_sync(0xffffffffu, c, 2);
+    return c + __shfl_xor_sync(0xffffffffu, c, 1);
+}
+
+// the dy pass on WGRAD_DY_GROUP = 4 entries of a unit, the first nq real:
+// entry(q, token, h) gives entry q's token, whose dy row is read at the lane's
+// columns (col), and its h (for q >= nq, those of a real entry, h unused);
+// acc += h dy there, and the dots of the rows with w (WdT[n] at the same
+// columns), summed over the warp as warp_sum4 returns them. Every lane takes
+// part (in_d: its columns are inside D). Groups of 8 spilled registers at the
+// 64 that 4 CTAs per SM leave.
+constexpr int WGRAD_DY_GROUP = 4;
+template <typename Entry>
+__device__ __forceinline__ float wgrad_dy_entries(float (&acc)[8], const float (&w)[8], const bf16* dy, int D, int col,
+                                                  int nq, bool in_d, Entry entry) {
+    Bf16x8 v[WGRAD_DY_GROUP] = {};
+    float h[WGRAD_DY_GROUP], dot[WGRAD_DY_GROUP];
+    #pragma unroll
+    for (int q = 0; q < WGRAD_DY_GROUP; q++) {
+        int token;
+        entry(q, token, h[q]);
+        if (in_d) { v[q] = load_bf16x8(dy + (size_t)token * D + col); }
+    }
+    #pragma unroll
+    for (int q = 0; q < WGRAD_DY_GROUP; q++) {
+        dot[q] = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float x = __bfloat162float(v[q].v[k]);
+            dot[q] += w[k] * x;
+            if (q < nq) { acc[k] += h[q] * x; }
+        }
+    }
+    return warp_sum4(dot);
+}
+
+// the f pass on one entry: acc += du f, dg f at the lane's columns (one f load for both)
+__device__ __forceinline__ void wgrad_f_add(float (&acc)[2][8], const bf16* f_row, float du, float dg) {
+    Bf16x8 fv = load_bf16x8(f_row);
+    #pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float fk = __bfloat162float(fv.v[k]);
+        acc[0][k] += du * fk;
+        acc[1][k] += dg * fk;
+    }
+}
+
+// WdT[n] at the lane's columns (zero outside D)
+__device__ __forceinline__ void wgrad_load_w(float (&w)[8], const WgradPass& a, int n, int col) {
+    if (col >= a.D) { return; }
+    Bf16x8 v = load_bf16x8(a.wdT + (size_t)n * a.D + col);
+    #pragma unroll
+    for (int k = 0; k < 8; k++) { w[k] = __bfloat162float(v.v[k]); }
+}
+
+// the gradients += the sums, 8 columns from col
+template <int R>
+__device__ __forceinline__ void wgrad_store(const WgradPass& a, const float (&acc)[R][8], int n, int col) {
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        float* out = a.grad[r] + (size_t)n * a.D + col;
         #pragma unroll
         for (int k = 0; k < 8; k++) { out[k] += acc[r][k]; }
     }
@@ -595,82 +678,115 @@ __global__ void __launch_bounds__(WGRAD_LIST_THREADS) sparse_wgrad_lists_kernel(
     }
 }
 
-// one warp: unit n's sums over its entries [start, end), added to the gradients
-__device__ __forceinline__ void wgrad_warp_unit(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
-                                                const SparseTransposed& t, const bf16* du, const bf16* dg,
-                                                const bf16* f, const bf16* dy, int D, int n, int col, int start,
-                                                int end) {
-    const int lane = threadIdx.x % 32;
-    float acc[3][8] = {};
+// the dy pass, one warp: unit n over its entries [start, end)
+__device__ __forceinline__ void wgrad_dy_warp_unit(const WgradPass& a, const SparsePattern<bf16>& p,
+                                                   const SparseTransposed& t, int n, int start, int end) {
+    const int lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
+    const bool in_d = col < a.D;
+    float* dots = t.dots + (size_t)blockIdx.y * t.capacity;
+    float w[8] = {}, acc[1][8] = {};
+    wgrad_load_w(w, a, n, col);
     for (int i0 = start; i0 < end; i0 += 32) {
         const int cnt = min(32, end - i0);
         int token = 0;
-        float du_e = 0.0f, dg_e = 0.0f, h_e = 0.0f;
+        float h_e = 0.0f;
         if (lane < cnt) {
-            int e = t.entry[i0 + lane];
             token = t.token[i0 + lane];
-            du_e = __bfloat162float(du[e]);
-            dg_e = __bfloat162float(dg[e]);
-            h_e = entry_h(p, e);
+            h_e = entry_h(p, t.entry[i0 + lane]);
+        }
+        for (int j0 = 0; j0 < cnt; j0 += WGRAD_DY_GROUP) {
+            const int nq = min(WGRAD_DY_GROUP, cnt - j0);
+            const float dot = wgrad_dy_entries(acc[0], w, a.x, a.D, col, nq, in_d, [&](int q, int& tok, float& h) {
+                const int j = j0 + min(q, nq - 1);
+                tok = __shfl_sync(0xffffffffu, token, j);
+                h = __shfl_sync(0xffffffffu, h_e, j);
+            });
+            if (lane % 8 == 0 && lane / 8 < nq) { dots[i0 + j0 + lane / 8] = dot; }
+        }
+    }
+    if (in_d) { wgrad_store<1>(a, acc, n, col); }
+}
+
+// the f pass, one warp: unit n over its entries [start, end)
+__device__ __forceinline__ void wgrad_f_warp_unit(const WgradPass& a, const SparseTransposed& t, int n, int start,
+                                                  int end) {
+    const int lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
+    const uint32_t* dudg = reinterpret_cast<const uint32_t*>(t.dots);
+    float acc[2][8] = {};
+    for (int i0 = start; i0 < end; i0 += 32) {
+        const int cnt = min(32, end - i0);
+        int token = 0;
+        uint32_t pair = 0;
+        if (lane < cnt) {
+            token = t.token[i0 + lane];
+            pair = dudg[i0 + lane];
         }
         #pragma unroll 4
         for (int j = 0; j < cnt; j++) {
-            size_t row = (size_t)__shfl_sync(0xffffffffu, token, j) * D + col;
-            float a = __shfl_sync(0xffffffffu, du_e, j), b = __shfl_sync(0xffffffffu, dg_e, j);
-            float c = __shfl_sync(0xffffffffu, h_e, j);
-            if (col < D) { wgrad_add(acc, f + row, dy + row, a, b, c); }
+            size_t row = (size_t)__shfl_sync(0xffffffffu, token, j) * a.D + col;
+            uint32_t pj = __shfl_sync(0xffffffffu, pair, j);
+            if (col < a.D) { wgrad_f_add(acc, a.x + row, unpack_du(pj), unpack_dg(pj)); }
         }
     }
-    if (col < D) { wgrad_store(dwu, dwg, dwdT, acc, n, col, D); }
+    if (col < a.D) { wgrad_store<2>(a, acc, n, col); }
 }
 
-// the units with at most WGRAD_HOT entries, a warp each: warp w of CTA b takes
-// the (8 b + w)-th of the list
-__device__ __forceinline__ void wgrad_by_warps(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
-                                               const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
-                                               const bf16* dy, int D) {
-    const int i = blockIdx.x * WGRAD_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (i >= t.hot[2]) { return; }
-    const int n = t.hot[3 + i], start = t.unit_start[n], end = t.unit_start[n + 1];
-    wgrad_warp_unit(dwu, dwg, dwdT, p, t, du, dg, f, dy, D, n, blockIdx.y * WGRAD_SLICE + lane * 8, start, end);
-}
-
-// total[r][col] += the sums over entries [start, end) of the transposed pattern,
-// for warp 0's columns (lane: 8 of the slice); the warps take every 8th entry of
-// each stage, and their sums are added in warp order
-__device__ void wgrad_part(float (*total)[WGRAD_SLICE], const SparsePattern<bf16>& p, const SparseTransposed& t,
-                           const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D, int start, int end) {
+// total[r][col] += the pass's sums over entries [start, end) of unit n, for
+// warp 0's columns (lane: 8 of the slice); the warps take every 8th entry of
+// each stage (the dy pass 4 of them at a time: i, i + 8, i + 16, i + 24), and
+// their sums are added in warp order
+template <int PASS>
+__device__ void wgrad_part(float (*total)[WGRAD_SLICE], const WgradPass& a, const SparsePattern<bf16>& p,
+                           const SparseTransposed& t, int n, int start, int end) {
+    constexpr int R = WGRAD_GRADS<PASS>;
     __shared__ int s_token[SPARSE_STAGE];
-    __shared__ float s_du[SPARSE_STAGE], s_dg[SPARSE_STAGE], s_h[SPARSE_STAGE];
-    __shared__ float s_sum[WGRAD_WARPS - 1][3][WGRAD_SLICE];
+    __shared__ float s_a[SPARSE_STAGE], s_b[SPARSE_STAGE]; // the dy pass: h; the f pass: du, dg
+    __shared__ float s_sum[WGRAD_WARPS - 1][R][WGRAD_SLICE];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
-    float acc[3][8] = {};
+    const bool in_d = col < a.D;
+    const uint32_t* dudg = reinterpret_cast<const uint32_t*>(t.dots);
+    float w[8] = {}, acc[R][8] = {};
+    if (PASS == WGRAD_DY) { wgrad_load_w(w, a, n, col); }
     for (int i0 = start; i0 < end; i0 += SPARSE_STAGE) {
         int cnt = min(SPARSE_STAGE, end - i0);
         __syncthreads(); // the last stage (or part) is done with the staged entries
         for (int i = threadIdx.x; i < cnt; i += blockDim.x) {
-            int e = t.entry[i0 + i];
             s_token[i] = t.token[i0 + i];
-            s_du[i] = __bfloat162float(du[e]);
-            s_dg[i] = __bfloat162float(dg[e]);
-            s_h[i] = entry_h(p, e);
+            if (PASS == WGRAD_DY) {
+                s_a[i] = entry_h(p, t.entry[i0 + i]);
+            } else {
+                uint32_t pair = dudg[i0 + i];
+                s_a[i] = unpack_du(pair);
+                s_b[i] = unpack_dg(pair);
+            }
         }
         __syncthreads();
-        if (col >= D) { continue; }
-        #pragma unroll 4
-        for (int i = warp; i < cnt; i += WGRAD_WARPS) {
-            size_t row = (size_t)s_token[i] * D + col;
-            wgrad_add(acc, f + row, dy + row, s_du[i], s_dg[i], s_h[i]);
+        if constexpr (PASS == WGRAD_DY) {
+            float* dots = t.dots + (size_t)blockIdx.y * t.capacity + i0;
+            for (int i1 = warp; i1 < cnt; i1 += WGRAD_DY_GROUP * WGRAD_WARPS) {
+                const int nq = min(WGRAD_DY_GROUP, (cnt - i1 + WGRAD_WARPS - 1) / WGRAD_WARPS); // i1 + 8q in the stage
+                const float dot = wgrad_dy_entries(acc[0], w, a.x, a.D, col, nq, in_d, [&](int q, int& tok, float& h) {
+                    const int i = i1 + WGRAD_WARPS * min(q, nq - 1);
+                    tok = s_token[i];
+                    h = s_a[i];
+                });
+                if (lane % 8 == 0 && lane / 8 < nq) { dots[i1 + WGRAD_WARPS * (lane / 8)] = dot; }
+            }
+        } else if (in_d) {
+            #pragma unroll 4
+            for (int i = warp; i < cnt; i += WGRAD_WARPS) {
+                wgrad_f_add(acc, a.x + (size_t)s_token[i] * a.D + col, s_a[i], s_b[i]);
+            }
         }
     }
     if (warp > 0) {
-        for (int r = 0; r < 3; r++) {
+        for (int r = 0; r < R; r++) {
             for (int k = 0; k < 8; k++) { s_sum[warp - 1][r][lane * 8 + k] = acc[r][k]; }
         }
     }
     __syncthreads();
     if (warp == 0) {
-        for (int r = 0; r < 3; r++) {
+        for (int r = 0; r < R; r++) {
             for (int k = 0; k < 8; k++) {
                 float v = acc[r][k];
                 for (int w = 0; w < WGRAD_WARPS - 1; w++) { v += s_sum[w][r][lane * 8 + k]; }
@@ -681,83 +797,112 @@ __device__ void wgrad_part(float (*total)[WGRAD_SLICE], const SparsePattern<bf16
     __syncthreads(); // s_sum has been read
 }
 
-// warp 0: the gradients += total (its columns)
-__device__ __forceinline__ void wgrad_store_total(float* dwu, float* dwg, float* dwdT, const float (*total)[WGRAD_SLICE],
-                                                  int n, int D) {
-    const int lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
-    if (threadIdx.x >= 32 || col >= D) { return; }
-    float acc[3][8];
-    for (int r = 0; r < 3; r++) {
-        for (int k = 0; k < 8; k++) { acc[r][k] = total[r][lane * 8 + k]; }
-    }
-    wgrad_store(dwu, dwg, dwdT, acc, n, col, D);
-}
-
 // the hot items, a CTA each: CTA c of the hot ones takes items c, c + WGRAD_HOT_CTAS, ...
-__device__ __forceinline__ void wgrad_hot(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>& p,
-                                          const SparseTransposed& t, const bf16* du, const bf16* dg, const bf16* f,
-                                          const bf16* dy, int D, int c) {
-    __shared__ float s_total[3][WGRAD_SLICE]; // warp 0's, a lane's 8 columns
+template <int PASS>
+__device__ __forceinline__ void wgrad_hot(const WgradPass& a, const SparsePattern<bf16>& p, const SparseTransposed& t,
+                                          int c) {
+    constexpr int R = WGRAD_GRADS<PASS>;
+    __shared__ float s_total[R][WGRAD_SLICE]; // warp 0's, a lane's 8 columns
     const int lane = threadIdx.x % 32, col = blockIdx.y * WGRAD_SLICE + lane * 8;
     for (int it = c; it < t.hot[0]; it += WGRAD_HOT_CTAS) {
         const int* item = t.hot + 3 + t.H + 4 * (size_t)it;
         const int n = item[0], part = item[1], parts = item[2], slot = item[3];
         const int start = t.unit_start[n], end = t.unit_start[n + 1];
         if (threadIdx.x < 32) {
-            for (int r = 0; r < 3; r++) {
+            for (int r = 0; r < R; r++) {
                 for (int k = 0; k < 8; k++) { s_total[r][lane * 8 + k] = 0.0f; }
             }
         }
         const int first_part = part < 0 ? 0 : part, end_part = part < 0 ? parts : part + 1; // all, or this one
         for (int q = first_part; q < end_part; q++) {
-            int a = start + q * SPARSE_HOT_PART;
-            wgrad_part(s_total, p, t, du, dg, f, dy, D, a, min(a + SPARSE_HOT_PART, end));
+            int i = start + q * SPARSE_HOT_PART;
+            wgrad_part<PASS>(s_total, a, p, t, n, i, min(i + SPARSE_HOT_PART, end));
         }
         bool last = true;
         if (part >= 0) { // the part's sums out; the unit's last part to finish adds them all in order
-            float* mine = t.part_sums + (size_t)(slot + part) * 3 * D;
-            if (threadIdx.x < 32 && col < D) {
-                for (int r = 0; r < 3; r++) {
-                    for (int k = 0; k < 8; k++) { mine[(size_t)r * D + col + k] = s_total[r][lane * 8 + k]; }
+            float* mine = t.part_sums + (size_t)(slot + part) * 2 * a.D;
+            if (threadIdx.x < 32 && col < a.D) {
+                for (int r = 0; r < R; r++) {
+                    for (int k = 0; k < 8; k++) { mine[(size_t)r * a.D + col + k] = s_total[r][lane * 8 + k]; }
                 }
             }
             last = block_arrives_last(t.part_arrivals + (size_t)slot * gridDim.y + blockIdx.y, parts);
-            if (last && threadIdx.x < 32 && col < D) {
-                for (int r = 0; r < 3; r++) {
+            if (last && threadIdx.x < 32 && col < a.D) {
+                for (int r = 0; r < R; r++) {
                     for (int k = 0; k < 8; k++) {
                         float v = 0.0f;
                         for (int q = 0; q < parts; q++) {
-                            v += __ldcg(t.part_sums + ((size_t)(slot + q) * 3 + r) * D + col + k);
+                            v += __ldcg(t.part_sums + ((size_t)(slot + q) * 2 + r) * a.D + col + k);
                         }
                         s_total[r][lane * 8 + k] = v;
                     }
                 }
             }
         }
-        if (last) { wgrad_store_total(dwu, dwg, dwdT, s_total, n, D); }
+        if (last && threadIdx.x < 32 && col < a.D) { // warp 0: the gradients += the total
+            float acc[R][8];
+            for (int r = 0; r < R; r++) {
+                for (int k = 0; k < 8; k++) { acc[r][k] = s_total[r][lane * 8 + k]; }
+            }
+            wgrad_store<R>(a, acc, n, col);
+        }
     }
 }
 
-// one launch for both, so that the CTAs of one slice, warp units first, then hot items, run together
+// one launch per pass for both kinds of CTA, so that the CTAs of one slice, warp
+// units first (warp w of CTA b takes the (8 b + w)-th unit of the list), then
+// hot items, run together
+template <int PASS>
 __global__ void __launch_bounds__(WGRAD_WARPS * 32, 4)
-sparse_weight_grads_kernel(float* dwu, float* dwg, float* dwdT, SparsePattern<bf16> p, SparseTransposed t,
-                           const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
+    sparse_wgrad_kernel(WgradPass a, SparsePattern<bf16> p, SparseTransposed t) {
     const int warp_ctas = (p.H + WGRAD_WARPS - 1) / WGRAD_WARPS;
-    if ((int)blockIdx.x < warp_ctas) {
-        wgrad_by_warps(dwu, dwg, dwdT, p, t, du, dg, f, dy, D);
+    if ((int)blockIdx.x >= warp_ctas) {
+        wgrad_hot<PASS>(a, p, t, blockIdx.x - warp_ctas);
+        return;
+    }
+    const int i = blockIdx.x * WGRAD_WARPS + threadIdx.x / 32;
+    if (i >= t.hot[2]) { return; }
+    const int n = t.hot[3 + i], start = t.unit_start[n], end = t.unit_start[n + 1];
+    if (PASS == WGRAD_DY) {
+        wgrad_dy_warp_unit(a, p, t, n, start, end);
     } else {
-        wgrad_hot(dwu, dwg, dwdT, p, t, du, dg, f, dy, D, blockIdx.x - warp_ctas);
+        wgrad_f_warp_unit(a, t, n, start, end);
     }
 }
 
-void sparse_weight_grads(float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>* p, const SparseTransposed* t,
-                         const bf16* du, const bf16* dg, const bf16* f, const bf16* dy, int D) {
-    if (D % 8 != 0) { fatal("sparse_weight_grads: D %d must be a multiple of 8 on the GPU", D); }
+// per entry i of the transposed pattern, a thread: d = its dots added in slice
+// order + l1_scale sign(h), du = d g and dg = d u at the entry, and the pair into
+// dots[0][i], the f pass's (that row of dots is read first, by this thread only)
+__global__ void sparse_dh_finish_kernel(bf16* du, bf16* dg, SparsePattern<bf16> p, SparseTransposed t, float l1_scale,
+                                        int slices) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= t.unit_start[t.H]) { return; }
+    float d = 0.0f;
+    for (int s = 0; s < slices; s++) { d += t.dots[(size_t)s * t.capacity + i]; }
+    const int e = t.entry[i];
+    const float gv = __bfloat162float(p.g[e]), uv = __bfloat162float(p.u[e]), h = entry_h(p, e);
+    d += l1_scale * (h > 0.0f ? 1.0f : (h < 0.0f ? -1.0f : 0.0f));
+    const bf16 du_e = __float2bfloat16_rn(d * gv), dg_e = __float2bfloat16_rn(d * uv);
+    du[e] = du_e;
+    dg[e] = dg_e;
+    reinterpret_cast<uint32_t*>(t.dots)[i] = pack_dudg(du_e, dg_e);
+}
+
+void sparse_dh_weight_grads(bf16* du, bf16* dg, float* dwu, float* dwg, float* dwdT, const SparsePattern<bf16>* p,
+                            const SparseTransposed* t, const bf16* f, const bf16* dy, const bf16* wdT, float l1_scale,
+                            int D) {
+    if (D % 8 != 0) { fatal("sparse_dh_weight_grads: D %d must be a multiple of 8 on the GPU", D); }
     cudaCheck(cudaMemsetAsync(t->hot, 0, 2 * sizeof(int), main_stream));
     sparse_wgrad_lists_kernel<<<1, WGRAD_LIST_THREADS, 0, main_stream>>>(*t);
     cudaCheck(cudaGetLastError());
-    dim3 grid(ceil_div(p->H, WGRAD_WARPS) + WGRAD_HOT_CTAS, ceil_div(D, WGRAD_SLICE));
-    sparse_weight_grads_kernel<<<grid, WGRAD_WARPS * 32, 0, main_stream>>>(dwu, dwg, dwdT, *p, *t, du, dg, f, dy, D);
+    const int slices = ceil_div(D, WGRAD_SLICE);
+    dim3 grid(ceil_div(p->H, WGRAD_WARPS) + WGRAD_HOT_CTAS, slices);
+    WgradPass dy_pass = {{dwdT, NULL}, dy, wdT, D}, f_pass = {{dwu, dwg}, f, NULL, D};
+    sparse_wgrad_kernel<WGRAD_DY><<<grid, WGRAD_WARPS * 32, 0, main_stream>>>(dy_pass, *p, *t);
+    cudaCheck(cudaGetLastError());
+    sparse_dh_finish_kernel<<<ceil_div((int)t->capacity, 256), 256, 0, main_stream>>>(du, dg, *p, *t, l1_scale, slices);
+    cudaCheck(cudaGetLastError());
+    sparse_wgrad_kernel<WGRAD_F><<<grid, WGRAD_WARPS * 32, 0, main_stream>>>(f_pass, *p, *t);
     cudaCheck(cudaGetLastError());
 }
 

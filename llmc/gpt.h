@@ -35,6 +35,7 @@
 
 #include <stdint.h>
 #include "llmc/cpu_ops.h"
+#include "llmc/ffn.h"
 #include "llmc/sparse_ffn.h"
 #ifdef __CUDACC__
 #include <type_traits>
@@ -96,8 +97,10 @@ typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
 template <typename T>
 struct SparseFfnLayer {
     int on;                  // this step's choice: 1 sparse, 0 dense
-    SparsePattern<T> p;      // allocated (p.M > 0) from the first sparse forward on
+    SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
+    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u, h [M, hot.units]
+    int hot_capacity;        // units the hot buffers hold
 };
 
 template <typename T, typename G>
@@ -116,10 +119,13 @@ struct GPT {
     size_t acts_bytes;
     double* stats_acc; // [1 + 3L] on the device: loss sum; per layer l1 sum, firing pairs, max (cpu_ops.h)
     uint8_t* fired;    // [L, H] on the device: unit fired since gpt_stats_reset
+    uint32_t* unit_count; // [L, H] on the device: how often each unit fired in the training backwards
+                          // since gpt_stats_reset (sparse layers, and dense ones under FFN_AUTO)
     // on the host, filled by gpt_stats_read
     double ce;         // mean CE
     double l1_term;    // (1/L) sum_l mean_m sum_n |h|, before lambda
     LayerStats* stats; // [L]
+    uint32_t* unit_count_host; // [L, H] unit_count, read with the statistics
     // the sparse FFN (see the top of this file)
     int ffn_mode;                 // FfnMode
     SparseFfnLayer<T>* ffn;       // [L]
@@ -129,6 +135,9 @@ struct GPT {
     size_t sparse_scratch_entries;
     SparseScratch sparse_scratch; // the GPU kernels' scratch
     int ffn_redone;               // forwards redone after a tail overflow, since gpt_build
+    double hot_rate;              // break-even firing rate of a hot unit (0: none; < 0: not measured yet)
+    T *hot_dh, *hot_du;           // [M, hot_scratch_units] the hot units' backward scratch
+    int hot_scratch_units;
     // called by gpt_backward once layer l's gradients are final (l = -1: the
     // embedding and final norm), so that data parallelism can reduce them while
     // the backward goes on; NULL when there is nothing to do
@@ -159,7 +168,9 @@ void gpt_build(GPT<T, G>* model, const GPTConfig* config, Device device) {
     int L = config->num_layers;
     model->stats_acc = (double*)device_malloc((1 + 3 * L) * sizeof(double), device);
     model->fired = (uint8_t*)device_malloc((size_t)L * config->hidden, device);
+    model->unit_count = (uint32_t*)device_malloc((size_t)L * config->hidden * sizeof(uint32_t), device);
     model->stats = (LayerStats*)callocCheck(L, sizeof(LayerStats));
+    model->unit_count_host = (uint32_t*)callocCheck((size_t)L * config->hidden, sizeof(uint32_t));
     model->ffn = (SparseFfnLayer<T>*)callocCheck(L, sizeof(SparseFfnLayer<T>));
     model->tail_used = (int*)device_malloc(L * sizeof(int), device);
 }
@@ -245,20 +256,37 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
 }
 
 // layer l's pattern at the sizes it wants, and the shared backward scratch large enough for it
+// (the pattern over the cold units; the hot units' buffers and the shared hot scratch)
 template <typename T, typename G>
 static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
     SparseFfnLayer<T>* f = &model->ffn[l];
-    int M = model->B * model->T_, H = model->config.hidden, D = model->config.channels;
-    if (f->p.M == 0 || f->p.W != f->W || f->p.tail_capacity != f->tail_capacity) {
-        sparse_pattern_free(&f->p, model->device);
-        sparse_pattern_alloc(&f->p, M, H, f->W, f->tail_capacity, model->tail_used + l, model->device);
+    int M = model->B * model->T_, D = model->config.channels, hot = f->hot.units;
+    int H = model->config.hidden - hot; // cold units
+    if (hot > f->hot_capacity) {
+        device_free(f->hot.g, model->device);
+        f->hot.g = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), model->device);
+        f->hot.u = f->hot.g + (size_t)M * hot;
+        f->hot.h = f->hot.u + (size_t)M * hot;
+        f->hot_capacity = hot;
     }
-    size_t entries = sparse_entries(M, H, f->W, f->tail_capacity);
-    if (entries > model->sparse_scratch_entries) {
+    if (hot > model->hot_scratch_units) {
+        device_free(model->hot_dh, model->device);
+        model->hot_dh = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), model->device);
+        model->hot_du = model->hot_dh + (size_t)M * hot;
+        model->hot_scratch_units = hot;
+    }
+    if (H == 0) { return; }
+    int W = f->W < H ? f->W : H;
+    if (f->p.M == 0 || f->p.H != H || f->p.W != W || f->p.tail_capacity != f->tail_capacity) {
+        sparse_pattern_free(&f->p, model->device);
+        sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, model->tail_used + l, model->device);
+    }
+    size_t entries = sparse_entries(M, H, W, f->tail_capacity);
+    if (entries > model->sparse_scratch_entries) { // (for any layer's cold units: all H of them)
         sparse_transposed_free(&model->transposed, model->device);
         device_free(model->sparse_du, model->device);
         device_free(model->sparse_dg, model->device);
-        sparse_transposed_alloc(&model->transposed, H, D, entries, model->device);
+        sparse_transposed_alloc(&model->transposed, model->config.hidden, D, entries, model->device);
         model->sparse_du = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
         model->sparse_dg = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
         model->sparse_scratch_entries = entries;
@@ -273,13 +301,13 @@ static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
 template <typename T, typename G>
 static int gpt_sparse_overflowed(GPT<T, G>* model) {
     int L = model->config.num_layers, M = model->B * model->T_, any_on = 0, overflow = 0, most = 0;
-    for (int l = 0; l < L; l++) { any_on |= model->ffn[l].on; }
+    for (int l = 0; l < L; l++) { any_on |= model->ffn[l].on && model->ffn[l].hot.units < model->config.hidden; }
     if (!any_on) { return 0; }
     int* used = (int*)mallocCheck(L * sizeof(int));
     device_copy(used, model->tail_used, L * sizeof(int), model->device);
     for (int l = 0; l < L; l++) {
         SparseFfnLayer<T>* f = &model->ffn[l];
-        if (!f->on) { continue; }
+        if (!f->on || f->p.M == 0) { continue; } // (a layer whose units are all hot has no pattern)
         if (used[l] > f->p.tail_capacity) {
             f->tail_capacity = sparse_choose_tail(used[l] > most ? used[l] : most, M);
             printf("ffn: layer %d: %d rows had more than %d active units, the tail held %d: tail grown to %d rows, "
@@ -305,8 +333,14 @@ void gpt_free(GPT<T, G>* model) {
     device_free(model->acts_memory, model->device);
     device_free(model->stats_acc, model->device);
     device_free(model->fired, model->device);
+    device_free(model->unit_count, model->device);
     free(model->stats);
-    for (int l = 0; l < model->config.num_layers; l++) { sparse_pattern_free(&model->ffn[l].p, model->device); }
+    free(model->unit_count_host);
+    for (int l = 0; l < model->config.num_layers; l++) {
+        sparse_pattern_free(&model->ffn[l].p, model->device);
+        device_free(model->ffn[l].hot.g, model->device);
+    }
+    device_free(model->hot_dh, model->device);
     free(model->ffn);
     device_free(model->tail_used, model->device);
     sparse_transposed_free(&model->transposed, model->device);
@@ -335,12 +369,14 @@ void gpt_stats_reset(GPT<T, G>* model) {
     int L = model->config.num_layers;
     device_zero(model->stats_acc, (1 + 3 * L) * sizeof(double), model->device);
     device_zero(model->fired, (size_t)L * model->config.hidden, model->device);
+    device_zero(model->unit_count, (size_t)L * model->config.hidden * sizeof(uint32_t), model->device);
 }
 
 // re-chooses layer l's FFN from its measured mean activity k (FFN_AUTO), and
-// resizes its ELL width when k moved far from what the width was chosen for
+// resizes its ELL width when the cold units' mean k_cold moved far from what
+// the width was chosen for (k_cold < 0: not counted, as in a validation)
 template <typename T, typename G>
-static void gpt_ffn_choose(GPT<T, G>* model, int l, double k) {
+static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1) {
     SparseFfnLayer<T>* f = &model->ffn[l];
     int H = model->config.hidden;
     if (model->ffn_mode == FFN_AUTO) {
@@ -352,35 +388,49 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k) {
         }
         f->on = on;
     }
-    int W = sparse_choose_width(k, H);
-    if (f->on && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
+    int W = sparse_choose_width(k_cold, H);
+    if (f->on && k_cold >= 0 && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
 }
 
-// the layers' FFN choices as 3 ints per layer (sparse or dense, ELL width, tail
-// rows; 0 before the first forward), so that a resumed run makes the same ones
+// the layers' FFN choices as ffn_state_ints(L) ints (llmc/model.h): per layer
+// sparse or dense, ELL width, tail rows (0 before the first forward) and hot
+// units, then the hot break-even rate in units of 1e-9, so that a resumed run
+// makes the same choices (the hot units themselves are the first rows of the
+// layer's weights, which the checkpoint holds in that order)
 template <typename T, typename G>
 void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
-    for (int l = 0; l < model->config.num_layers; l++) {
+    int L = model->config.num_layers;
+    for (int l = 0; l < L; l++) {
         const SparseFfnLayer<T>* f = &model->ffn[l];
-        state[3 * l] = f->on;
-        state[3 * l + 1] = f->W;
-        state[3 * l + 2] = f->tail_capacity;
+        state[4 * l] = f->on;
+        state[4 * l + 1] = f->W;
+        state[4 * l + 2] = f->tail_capacity;
+        state[4 * l + 3] = f->hot.units;
     }
+    state[4 * L] = (int32_t)lround(model->hot_rate * 1e9);
 }
 
-// before the first forward
+// before the first forward; n: the ints the checkpoint held (3 per layer from
+// before the hot/cold split: no hot units, the rate as the run asks)
 template <typename T, typename G>
-void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state) {
-    int H = model->config.hidden;
-    for (int l = 0; l < model->config.num_layers; l++) {
+void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
+    int H = model->config.hidden, L = model->config.num_layers, per = n == 3 * L ? 3 : 4;
+    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("checkpoint: %d ints of FFN state, expected %d", n, ffn_state_ints(L)); }
+    for (int l = 0; l < L; l++) {
         SparseFfnLayer<T>* f = &model->ffn[l];
-        if (state[3 * l] < 0 || state[3 * l] > 1 || state[3 * l + 1] < 0 || state[3 * l + 1] > H || state[3 * l + 2] < 0) {
-            fatal("checkpoint: FFN state of layer %d (%d, %d, %d) is corrupt", l, state[3 * l], state[3 * l + 1],
-                  state[3 * l + 2]);
+        const int32_t* s = state + per * l;
+        int hot = per == 4 ? s[3] : 0;
+        if (s[0] < 0 || s[0] > 1 || s[1] < 0 || s[1] > H || s[2] < 0 || hot < 0 || hot > H) {
+            fatal("checkpoint: FFN state of layer %d (%d, %d, %d, %d) is corrupt", l, s[0], s[1], s[2], hot);
         }
-        f->on = model->ffn_mode == FFN_DENSE ? 0 : model->ffn_mode == FFN_SPARSE ? 1 : state[3 * l];
-        f->W = state[3 * l + 1];
-        f->tail_capacity = state[3 * l + 2];
+        f->on = model->ffn_mode == FFN_DENSE ? 0 : model->ffn_mode == FFN_SPARSE ? 1 : s[0];
+        f->W = s[1];
+        f->tail_capacity = s[2];
+        f->hot.units = hot;
+    }
+    if (per == 4 && state[4 * L] != 0) {
+        if (state[4 * L] < 0) { fatal("checkpoint: hot break-even rate %d is corrupt", state[4 * L]); }
+        model->hot_rate = state[4 * L] * 1e-9;
     }
 }
 
@@ -393,6 +443,7 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
     uint8_t* fired = (uint8_t*)mallocCheck((size_t)L * H);
     device_copy(acc, model->stats_acc, (1 + 3 * L) * sizeof(double), model->device);
     device_copy(fired, model->fired, (size_t)L * H, model->device);
+    device_copy(model->unit_count_host, model->unit_count, (size_t)L * H * sizeof(uint32_t), model->device);
     model->ce = acc[0] / tokens;
     model->l1_term = 0;
     for (int l = 0; l < L; l++) {
@@ -404,7 +455,14 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
         for (int n = 0; n < H; n++) { dead += !fired[(size_t)l * H + n]; }
         s->dead = (double)dead / H;
         model->l1_term += s->l1 / L;
-        gpt_ffn_choose(model, l, s->l0_mean);
+        // the ELL width is for the cold units: the mean count without the hot ones where counts were taken
+        double cold = 0, all = 0;
+        for (int n = 0; n < H; n++) {
+            uint32_t c = model->unit_count_host[(size_t)l * H + n];
+            all += c;
+            cold += n >= model->ffn[l].hot.units ? c : 0;
+        }
+        gpt_ffn_choose(model, l, s->l0_mean, all > 0 ? s->l0_mean * cold / all : -1.0);
     }
     free(fired);
 }
@@ -424,6 +482,98 @@ int gpt_dead_reinit(GPT<T, G>* model, float* master, uint64_t seed) {
     size_t offset = model->param[P_WG] - model->params;
     gate_dead_reinit(model->param[P_WG], master ? master + offset : (float*)NULL, model->fired, L * H, c->channels, seed);
     return dead;
+}
+
+// the median of 5 timed runs of fn (after one untimed), in seconds
+template <typename F>
+static double gpt_time(Device device, F fn) {
+    double t[5];
+    fn();
+    for (int i = 0; i < 5; i++) {
+        device_synchronize(device);
+        double t0 = now_seconds();
+        fn();
+        device_synchronize(device);
+        t[i] = now_seconds() - t0;
+    }
+    for (int i = 1; i < 5; i++) { // insertion sort of 5
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
+    }
+    return t[2];
+}
+
+// The break-even firing rate of a hot unit on the running device (ffn_break_even),
+// measured on sparse layer l (which has no hot units yet) with the inputs and
+// weights of the last step: the dense part over FFN_HOT_PROBE units, the
+// cold part over all of them, and its gate alone. What it writes is scratch until the next forward (the projection and
+// gradient buffers, the weight gradients, which the next step zeroes, the
+// pattern, recomputed by the next forward).
+template <typename T, typename G>
+double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
+    const GPTConfig* c = &model->config;
+    int M = model->B * model->T_, D = c->channels, H = c->hidden, probe = H < FFN_HOT_PROBE ? H : FFN_HOT_PROBE;
+    SparseFfnLayer<T>* f = &model->ffn[l];
+    if (!f->on || f->hot.units != 0 || f->p.M == 0) { fatal("gpt_hot_break_even: layer %d is not sparse and cold", l); }
+    if (model->params_needed) { model->params_needed(model->params_needed_ctx, l); }
+    Activations<T, G>* a = &model->acts;
+    size_t LD = (size_t)l * H * D;
+    const T *wg = model->param[P_WG] + LD, *wu = model->param[P_WU] + LD, *wdT = model->param[P_WDT] + LD;
+    G *dwg = model->grad[P_WG] + LD, *dwu = model->grad[P_WU] + LD, *dwdT = model->grad[P_WDT] + LD;
+    const T* ffn_in = a->ffn_in + (size_t)l * M * D;
+    G* row_l1 = a->row_l1 + (size_t)l * M;
+    int* row_active = a->row_active + (size_t)l * M;
+    uint8_t* fired = (uint8_t*)device_malloc(H, model->device);
+    uint32_t* count = (uint32_t*)device_malloc(H * sizeof(uint32_t), model->device);
+    device_zero(fired, H, model->device);
+    device_zero(count, H * sizeof(uint32_t), model->device);
+    // the dense part alone: FFN_HOT_PROBE hot units and no cold ones
+    FfnHot<T> probe_hot = {probe, NULL, NULL, NULL};
+    probe_hot.g = (T*)device_malloc(5 * (size_t)M * probe * sizeof(T), model->device);
+    probe_hot.u = probe_hot.g + (size_t)M * probe;
+    probe_hot.h = probe_hot.u + (size_t)M * probe;
+    T *probe_dh = probe_hot.h + (size_t)M * probe, *probe_du = probe_dh + (size_t)M * probe;
+    double dense = gpt_time(model->device, [&] {
+        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &probe_hot, a->g, ffn_in, wg, wu, wdT, M, D,
+                          probe, &model->sparse_scratch);
+        ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &probe_hot, &model->transposed, model->sparse_du,
+                           model->sparse_dg, probe_dh, probe_du, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D, probe,
+                           &model->sparse_scratch);
+    });
+    device_free(probe_hot.g, model->device);
+    FfnHot<T> none = {0, NULL, NULL, NULL};
+    double gate = gpt_time(model->device, [&] {
+        ffn_cold_gate(&f->p, row_active, fired, a->g, ffn_in, wg, D, &model->sparse_scratch);
+    });
+    double sparse = gpt_time(model->device, [&] {
+        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &none, a->g, ffn_in, wg, wu, wdT, M, D, H,
+                          &model->sparse_scratch);
+        ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &none, &model->transposed, model->sparse_du,
+                           model->sparse_dg, model->hot_dh, model->hot_du, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D,
+                           H, &model->sparse_scratch);
+    });
+    int* active = (int*)mallocCheck(M * sizeof(int));
+    device_copy(active, row_active, M * sizeof(int), model->device);
+    double pairs = 0;
+    for (int m = 0; m < M; m++) { pairs += active[m]; }
+    free(active);
+    device_free(fired, model->device);
+    device_free(count, model->device);
+    double rate = ffn_break_even(dense, probe, gate, H, sparse, pairs, M);
+    if (verbose) {
+        printf("ffn: hot units: break-even firing rate %.3f%% of the tokens, measured on layer %d: dense FFN of %d "
+               "units %.3f ms, sparse %.3f ms of which the gate %.3f, %.1f pairs per token (--hot-rate sets it)\n",
+               100 * rate, l, probe, 1e3 * dense, 1e3 * sparse, 1e3 * gate, pairs / M);
+    }
+    return rate;
+}
+
+// the hot set of sparse layer l after a training step of `tokens` tokens, from
+// its units' counts (gpt_stats_read): ffn_hot_choose at the model's rate
+template <typename T, typename G>
+int gpt_hot_choose(const GPT<T, G>* model, int l, double tokens, int* perm) {
+    int H = model->config.hidden;
+    return ffn_hot_choose(perm, model->unit_count_host + (size_t)l * H, H, model->ffn[l].hot.units, tokens,
+                          model->hot_rate);
 }
 
 // out[M,N] = inp[M,K] W[N,K]^T: a linear layer in the PyTorch weight layout
@@ -485,18 +635,13 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
                                        a->proj, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
 
         if (model->ffn[l].on) {
-            // the dense gate product and its packing (fused where the GPU can), then only the units that fire
-            SparsePattern<T>* p = &model->ffn[l].p;
+            // the hot units as dense products, the cold ones by their pattern (llmc/ffn.h)
+            SparseFfnLayer<T>* f = &model->ffn[l];
             gpt_sparse_ensure(model, l);
-            const T* wg = model->param[P_WG] + (size_t)l * H * D;
-            int* row_active = a->row_active + (size_t)l * M;
-            uint8_t* fired = model->fired + (size_t)l * H;
-            if (!sparse_gate_pack(p, row_active, fired, g, ffn_in, wg, D, &model->sparse_scratch)) {
-                linear_forward(g, ffn_in, wg, M, D, H);
-                sparse_pack(p, row_active, fired, g, &model->sparse_scratch);
-            }
-            sparse_up(p, a->row_l1 + (size_t)l * M, ffn_in, model->param[P_WU] + (size_t)l * H * D, D);
-            sparse_down(a->proj, p, wdT, D);
+            ffn_split_forward(a->proj, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M,
+                              model->fired + (size_t)l * H, &f->p, &f->hot, g, ffn_in,
+                              model->param[P_WG] + (size_t)l * H * D, model->param[P_WU] + (size_t)l * H * D, wdT, M,
+                              D, H, &model->sparse_scratch);
         } else {
             gpt_ffn_activations(model, l, g, u, h);
             gemm(a->proj, h, wdT, M, D, H, 0, 0, 0);
@@ -575,16 +720,17 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
         G* dwdT = model->grad[P_WDT] + (size_t)l * H * D;
 
         // FFN: x_out = x_mid + h Wd^T; d_res is dL/dx_out and passes through to x_mid
+        uint32_t* unit_count = model->unit_count + (size_t)l * H;
         if (model->ffn[l].on) {
-            // all six products over the pattern only
-            const SparsePattern<T>* p = &model->ffn[l].p;
-            T *du = model->sparse_du, *dg = model->sparse_dg;
-            sparse_dh(du, dg, p, d_res, wdT, l1_scale, D);
-            sparse_df(a->d_tmp, p, du, dg, wu, wg, D);
-            sparse_transpose(&model->transposed, p, &model->sparse_scratch);
-            sparse_weight_grads(dwu, dwg, dwdT, p, &model->transposed, du, dg, ffn_in, d_res, D);
+            // the cold units' six products over their pattern only, the hot units' as dense products
+            const SparseFfnLayer<T>* f = &model->ffn[l];
+            ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, unit_count, &f->p, &f->hot, &model->transposed,
+                               model->sparse_du, model->sparse_dg, model->hot_dh, model->hot_du, d_res, ffn_in, wg, wu,
+                               wdT, l1_scale, M, D, H, &model->sparse_scratch);
         } else {
             if (!gpt_keeps_ffn(model)) { gpt_ffn_activations(model, l, g, u, h); }
+            // (FFN_AUTO: the counts choose the hot units once the layer runs sparse)
+            if (model->ffn_mode == FFN_AUTO) { unit_count_add(unit_count, g, M, H); }
             gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
             gemm(dwdT, h, d_res, H, D, M, 1, 0, 1);
             relu_gate_backward(a->d_h, a->d_u, a->d_h, g, u, h, l1_scale, M, H);

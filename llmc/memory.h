@@ -58,4 +58,11 @@ static inline void device_upload(void* dst, const void* src, size_t bytes, Devic
 #endif
 }
 
+// waits until the device has done all its queued work (timing)
+static inline void device_synchronize(Device device) {
+#ifdef __CUDACC__
+    if (device == DEVICE_CUDA) { cudaCheck(cudaStreamSynchronize(main_stream)); }
+#endif
+}
+
 #endif // LLMC_MEMORY_H

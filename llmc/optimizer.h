@@ -100,16 +100,21 @@ static inline void get_params_fp32(const GPT<float, float>* model, const Optimiz
 }
 
 #ifdef __CUDACC__
+// packed <- the values of full[flat] that this process owns
+static inline void optimizer_take_owned(const Optimizer* opt, float* packed, const float* full) {
+    for (int i = 0; i < opt->layout.num_segments; i++) {
+        const ZeroSegment* s = &opt->layout.segments[i];
+        cudaCheck(cudaMemcpyAsync(packed + s->packed, full + s->offset, s->count * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, main_stream));
+    }
+}
+
 // every process gets the same host values; the gradient buffer is the scratch
 static inline void set_params_from_fp32(GPT<bf16, float>* model, Optimizer* opt, const float* host) {
     float* full = model->grads;
     device_copy(full, host, opt->n * sizeof(float), DEVICE_CUDA);
     round_to_bf16_cuda(model->params, full, opt->n);
-    for (int i = 0; i < opt->layout.num_segments; i++) {
-        const ZeroSegment* s = &opt->layout.segments[i];
-        cudaCheck(cudaMemcpyAsync(opt->master + s->packed, full + s->offset, s->count * sizeof(float),
-                                  cudaMemcpyDeviceToDevice, main_stream));
-    }
+    optimizer_take_owned(opt, opt->master, full);
 }
 
 // the fp32 master weights of every process (a collective when sharded: all
@@ -158,6 +163,117 @@ static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const
     if (opt->zero) { zero_all_gather_params(opt->zero, model->params, (const bf16*)opt->params); }
 }
 #endif
+
+// x [rows, D] on the model's device <- its rows in the order perm (on that device); tmp: as large as x
+template <typename T>
+static void device_permute_rows(T* x, T* tmp, const int* perm, int rows, int D, Device device) {
+    if (device == DEVICE_CPU) {
+        permute_rows(tmp, x, perm, rows, D);
+    } else {
+#ifdef __CUDACC__
+        permute_rows_cuda(tmp, x, perm, rows, D);
+#endif
+    }
+    device_copy(x, tmp, (size_t)rows * D * sizeof(T), device);
+}
+
+// Layer l's FFN units in a new order, perm[i] = the unit that goes to i (host):
+// the rows of Wg, Wu and WdT in the weights and in every fp32 state of them
+// (master weights, moments), so that the model stays the same function and the
+// optimizer goes on as before. Called between steps (the gradients are zeroed
+// before the next one). With several processes each holds a share of the
+// state: the layer is gathered whole, permuted and each takes its share back.
+template <typename T, typename G>
+void optimizer_permute_units(Optimizer* opt, GPT<T, G>* model, int l, const int* perm) {
+    const int H = model->config.hidden, D = model->config.channels, ffn[3] = {P_WG, P_WU, P_WDT};
+    const size_t HD = (size_t)H * D;
+    if (model->params_needed) { model->params_needed(model->params_needed_ctx, l); }
+    int* dev_perm = (int*)device_malloc(H * sizeof(int), model->device);
+    device_copy(dev_perm, perm, H * sizeof(int), model->device);
+    T* tmp = (T*)device_malloc(HD * sizeof(float), model->device);
+    for (int i : ffn) { device_permute_rows(model->param[i] + l * HD, tmp, dev_perm, H, D, model->device); }
+    float* states[3] = {opt->master, opt->m, opt->v};
+    for (float* state : states) {
+        if (state == NULL) { continue; } // (the CPU path's master weights are the model's parameters)
+        if (opt->zero == NULL) { // one process: the packed order is the flat order
+            for (int i : ffn) {
+                size_t at = (size_t)(model->param[i] - model->params) + l * HD;
+                device_permute_rows(state + at, (float*)tmp, dev_perm, H, D, model->device);
+            }
+            continue;
+        }
+#ifdef __CUDACC__
+        float* full = model->grads;
+        zero_join(opt->zero);
+        zero_all_gather_layer(opt->zero, full, state, l, main_stream);
+        for (int i : ffn) {
+            size_t at = (size_t)(model->param[i] - model->params) + l * HD;
+            device_permute_rows(full + at, (float*)tmp, dev_perm, H, D, model->device);
+        }
+        optimizer_take_owned(opt, state, full);
+#endif
+    }
+    device_free(tmp, model->device);
+    device_free(dev_perm, model->device);
+}
+
+// The hot/cold split after an optimizer step of `tokens` tokens (llmc/ffn.h):
+// the break-even rate is measured once where the run asks for it (hot_rate <
+// 0), then every sparse layer's hot set is re-chosen from the step's counts
+// (gpt_hot_choose); a layer whose set changes gets its units permuted. Every
+// process makes the same choices (the counts and the rate are summed over
+// them). Logs the rate and each change when verbose.
+template <typename T, typename G>
+void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, double tokens, int verbose) {
+    const int L = model->config.num_layers, H = model->config.hidden;
+    if (model->hot_rate < 0) {
+        int probe = -1;
+        for (int l = 0; l < L && probe < 0; l++) {
+            if (model->ffn[l].on && model->ffn[l].hot.units == 0 && model->ffn[l].p.M > 0) { probe = l; }
+        }
+        if (probe < 0) { return; } // measured once a layer has run sparse
+        double rate = gpt_hot_break_even(model, probe, verbose && opt->zero == NULL);
+        if (opt->zero) {
+#ifdef __CUDACC__
+            float* mean = (float*)device_malloc(sizeof(float), model->device);
+            float r = (float)(rate / opt->zero->proc.size);
+            device_copy(mean, &r, sizeof(float), model->device);
+            zero_all_reduce_sum(opt->zero, mean, 1);
+            device_copy(&r, mean, sizeof(float), model->device);
+            device_free(mean, model->device);
+            rate = r;
+#endif
+        }
+        model->hot_rate = fmax(1e-9, lround(rate * 1e9) * 1e-9); // what a checkpoint keeps, exactly
+        if (verbose && opt->zero) {
+            printf("ffn: hot units: break-even firing rate %.3f%% of the tokens (the processes' mean measure on "
+                   "layer %d; --hot-rate sets it)\n", 100 * model->hot_rate, probe);
+        }
+    }
+    if (model->hot_rate <= 0) { return; }
+    int* perm = (int*)mallocCheck(H * sizeof(int));
+    for (int l = 0; l < L; l++) {
+        SparseFfnLayer<T>* f = &model->ffn[l];
+        if (!f->on) { continue; }
+        int units = gpt_hot_choose(model, l, tokens, perm);
+        if (units < 0) { continue; }
+        optimizer_permute_units(opt, model, l, perm);
+        if (verbose) {
+            double pairs = 0, hot_pairs = 0;
+            int joined = 0;
+            for (int n = 0; n < H; n++) {
+                double c = model->unit_count_host[(size_t)l * H + perm[n]];
+                pairs += c;
+                hot_pairs += n < units ? c : 0;
+                joined += n < units && perm[n] >= f->hot.units;
+            }
+            printf("ffn: layer %d: %d -> %d hot units (%d joined, %d left), %.0f%% of the firing\n", l, f->hot.units,
+                   units, joined, f->hot.units - (units - joined), pairs > 0 ? 100 * hot_pairs / pairs : 0.0);
+        }
+        f->hot.units = units;
+    }
+    free(perm);
+}
 
 // the last step's gradient norm, on the host (on the GPU this waits for the step)
 static inline double optimizer_grad_norm(Optimizer* opt) {

@@ -23,9 +23,9 @@
  asked for a slot, so the caller sees how many it needed, grows the tail and
  redoes the forward.
 
- The transposed pattern, for the weight gradients: per unit n the entries that
- hold it, in increasing token order: token[i] and entry[i] for i in
- unit_start[n] .. unit_start[n + 1] - 1 (int32: no 16-bit token limit).
+ The transposed pattern, for dh and the weight gradients: per unit n the
+ entries that hold it, in increasing token order: token[i] and entry[i] for i
+ in unit_start[n] .. unit_start[n + 1] - 1 (int32: no 16-bit token limit).
 */
 #ifndef LLMC_SPARSE_FFN_H
 #define LLMC_SPARSE_FFN_H
@@ -67,16 +67,20 @@ struct SparsePattern {
 constexpr int SPARSE_HOT_PART = 1024, SPARSE_PART_SLOTS = 256, SPARSE_WGRAD_SLICE = 256;
 
 typedef struct {
-    int H;
+    int H;              // units of the pattern last transposed (sparse_transpose sets it)
+    int max_units;      // units the buffers hold
     int* unit_start;    // [H + 1]
     int* token;         // [entries]
     int* entry;         // [entries]
-    // GPU only (the weight gradients of the units with many entries):
+    // GPU only (dh and the weight gradients by slices of SPARSE_WGRAD_SLICE columns):
     int* hot;           // [3 + H + 4 (H + SPARSE_PART_SLOTS)]: items, part slots taken, units of a warp,
                         // those units (most entries first), then per item (unit, part or -1 for all,
                         // parts, first slot or -1)
-    float* part_sums;   // [SPARSE_PART_SLOTS][3][D] a part's sums until the unit's last part adds them
+    float* part_sums;   // [SPARSE_PART_SLOTS][2][D] a part's sums until the unit's last part adds them
     int* part_arrivals; // [SPARSE_PART_SLOTS][slices] parts done (0 between launches)
+    size_t capacity;    // entries allocated
+    float* dots;        // [slices][capacity] per entry i (transposed order) and slice, dy_m . WdT[n] over the
+                        // slice; then row 0 holds (du, dg) of entry i as a bf16 pair
 } SparseTransposed;
 
 // device scratch of the GPU kernels (the CPU ones need none)
@@ -148,17 +152,19 @@ void sparse_pattern_free(SparsePattern<T>* p, Device device) {
 
 static inline void sparse_transposed_alloc(SparseTransposed* t, int H, int D, size_t entries, Device device) {
     memset(t, 0, sizeof(*t));
-    t->H = H;
+    t->H = t->max_units = H;
     t->unit_start = (int*)device_malloc((H + 1) * sizeof(int), device);
     t->token = (int*)device_malloc(entries * sizeof(int) + 1, device);
     t->entry = (int*)device_malloc(entries * sizeof(int) + 1, device);
     if (device == DEVICE_CUDA) { // an item per unit, more only for the parts that take slots
         const int slices = (D + SPARSE_WGRAD_SLICE - 1) / SPARSE_WGRAD_SLICE;
         t->hot = (int*)device_malloc((3 + (size_t)H + 4 * ((size_t)H + SPARSE_PART_SLOTS)) * sizeof(int), device);
-        t->part_sums = (float*)device_malloc((size_t)SPARSE_PART_SLOTS * 3 * D * sizeof(float), device);
+        t->part_sums = (float*)device_malloc((size_t)SPARSE_PART_SLOTS * 2 * D * sizeof(float), device);
         size_t arrivals = (size_t)SPARSE_PART_SLOTS * slices * sizeof(int);
         t->part_arrivals = (int*)device_malloc(arrivals, device);
         device_zero(t->part_arrivals, arrivals, device);
+        t->capacity = entries;
+        t->dots = (float*)device_malloc((size_t)slices * entries * sizeof(float) + 1, device);
     }
 }
 
@@ -169,6 +175,7 @@ static inline void sparse_transposed_free(SparseTransposed* t, Device device) {
     device_free(t->hot, device);
     device_free(t->part_sums, device);
     device_free(t->part_arrivals, device);
+    device_free(t->dots, device);
     memset(t, 0, sizeof(*t));
 }
 
@@ -276,34 +283,12 @@ void sparse_down(T* y, const SparsePattern<T>* p, const T* wdT, int D) {
     sparse_gather_rows(y, p, (const T*)NULL, wdT, (const T*)NULL, (const T*)NULL, D);
 }
 
-// du, dg on the entries from dy [M, D] (the gradient of y)
-template <typename T>
-void sparse_dh(T* du, T* dg, const SparsePattern<T>* p, const T* dy, const T* wdT, float l1_scale, int D) {
-    const int M = p->M, H = p->H, W = p->W;
-    #pragma omp parallel for
-    for (int m = 0; m < M; m++) {
-        if (p->tail_slot[m] == SPARSE_ROW_LOST) { continue; }
-        size_t e = sparse_row_base(M, H, W, m, p->tail_slot[m]);
-        for (int j = 0; j < p->count[m]; j++, e++) {
-            T h = p->g[e] * p->u[e];
-            T sign = h > 0 ? 1 : (h < 0 ? -1 : 0);
-            T d = sparse_dot(dy + (size_t)m * D, wdT + (size_t)p->unit[e] * D, D) + (T)l1_scale * sign;
-            du[e] = d * p->g[e];
-            dg[e] = d * p->u[e];
-        }
-    }
-}
-
-// df = du Wu + dg Wg over the entries
-template <typename T>
-void sparse_df(T* df, const SparsePattern<T>* p, const T* du, const T* dg, const T* wu, const T* wg, int D) {
-    sparse_gather_rows(df, p, du, wu, dg, wg, D);
-}
-
 // the transposed pattern: a counting sort of the entries by unit, rows in order
 template <typename T>
 void sparse_transpose(SparseTransposed* t, const SparsePattern<T>* p, SparseScratch* scratch) {
     const int M = p->M, H = p->H, W = p->W;
+    if (H > t->max_units) { fatal("sparse_transpose: %d units, the buffers hold %d", H, t->max_units); }
+    t->H = H;
     memset(t->unit_start, 0, (H + 1) * sizeof(int));
     for (int m = 0; m < M; m++) {
         if (p->tail_slot[m] == SPARSE_ROW_LOST) { continue; }
@@ -325,24 +310,45 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<T>* p, SparseScra
     free(cursor);
 }
 
-// dWu[n] += sum du f_m, dWg[n] += sum dg f_m, dWdT[n] += sum h dy_m over unit n's entries
+// count[n] += the entries of unit n in t, the transpose of p: how often each unit fired (the hot/cold
+// choice, llmc/ffn.h)
+template <typename T>
+void sparse_unit_count_add(uint32_t* count, const SparsePattern<T>* p, const SparseTransposed* t) {
+    for (int n = 0; n < p->H; n++) { count[n] += (uint32_t)(t->unit_start[n + 1] - t->unit_start[n]); }
+}
+
+// dh and the weight gradients, unit by unit over the transposed pattern (tokens
+// in order), from dy [M, D] (the gradient of y): for each entry of unit n, at token m,
+//     d = dy_m . WdT[n] + l1_scale sign(h),  du = d g,  dg = d u  (stored at the entry, for df),
+//     dWdT[n] += h dy_m,  dWu[n] += du f_m,  dWg[n] += dg f_m
+// so that dy_m serves both dh and dWdT, and f_m both dWu and dWg (llmc/cuda_sparse_ffn.cuh)
 template <typename T, typename G>
-void sparse_weight_grads(G* dwu, G* dwg, G* dwdT, const SparsePattern<T>* p, const SparseTransposed* t, const T* du,
-                         const T* dg, const T* f, const T* dy, int D) {
+void sparse_dh_weight_grads(T* du, T* dg, G* dwu, G* dwg, G* dwdT, const SparsePattern<T>* p, const SparseTransposed* t,
+                            const T* f, const T* dy, const T* wdT, float l1_scale, int D) {
     #pragma omp parallel for
     for (int n = 0; n < p->H; n++) {
         for (int i = t->unit_start[n]; i < t->unit_start[n + 1]; i++) {
-            int e = t->entry[i];
+            const int e = t->entry[i];
             const T* fm = f + (size_t)t->token[i] * D;
             const T* dym = dy + (size_t)t->token[i] * D;
             T h = p->g[e] * p->u[e];
+            T sign = h > 0 ? 1 : (h < 0 ? -1 : 0);
+            T d = sparse_dot(dym, wdT + (size_t)n * D, D) + (T)l1_scale * sign;
+            du[e] = d * p->g[e];
+            dg[e] = d * p->u[e];
             for (int c = 0; c < D; c++) {
+                dwdT[(size_t)n * D + c] += h * dym[c];
                 dwu[(size_t)n * D + c] += du[e] * fm[c];
                 dwg[(size_t)n * D + c] += dg[e] * fm[c];
-                dwdT[(size_t)n * D + c] += h * dym[c];
             }
         }
     }
+}
+
+// df = du Wu + dg Wg over the entries
+template <typename T>
+void sparse_df(T* df, const SparsePattern<T>* p, const T* du, const T* dg, const T* wu, const T* wg, int D) {
+    sparse_gather_rows(df, p, du, wu, dg, wg, D);
 }
 
 #endif // LLMC_SPARSE_FFN_H

@@ -33,18 +33,23 @@ static inline double normal_quantile(double q) {
     return 0.5 * (lo + hi);
 }
 
+// p[n], the rate at which unit n fires: k / H (uniform), or the realistic skew
+static inline void sparse_synthetic_rates(double* p, int H, double k, int realistic, uint64_t* rng) {
+    double sum = 0;
+    for (int n = 0; n < H; n++) {
+        p[n] = realistic ? (rng_uniform(rng) < 0.3 ? 0.0 : exp(1.5 * rng_normal(rng))) : 1.0;
+        sum += p[n];
+    }
+    // rescale to mean k / H; the cap at 0.5 takes a little mass off the largest
+    for (int n = 0; n < H; n++) { p[n] = fmin(0.5, p[n] * (k / H) * H / sum); }
+}
+
 // M rows of FFN inputs f [M, D] and one layer's weights for about k of H units per row (see the top)
 static inline void sparse_synthetic_ffn(float* f, float* wg, float* wu, float* wdT, int M, int D, int H, double k,
                                         int realistic, uint64_t seed) {
     uint64_t rng = seed;
     double* p = (double*)mallocCheck(H * sizeof(double));
-    double sum = 0;
-    for (int n = 0; n < H; n++) {
-        p[n] = realistic ? (rng_uniform(&rng) < 0.3 ? 0.0 : exp(1.5 * rng_normal(&rng))) : 1.0;
-        sum += p[n];
-    }
-    // rescale to mean k / H; the cap at 0.5 takes a little mass off the largest
-    for (int n = 0; n < H; n++) { p[n] = fmin(0.5, p[n] * (k / H) * H / sum); }
+    sparse_synthetic_rates(p, H, k, realistic, &rng);
     for (int m = 0; m < M; m++) {
         for (int i = 0; i < D - 1; i++) { f[(size_t)m * D + i] = (float)rng_normal(&rng); }
         f[(size_t)m * D + D - 1] = realistic && m < M / 100 ? 0.5f : 1.0f;
@@ -61,12 +66,15 @@ static inline void sparse_synthetic_ffn(float* f, float* wg, float* wu, float* w
 
 // Benchmark-only (never written into a checkpoint): init_params_random, then
 // gates that are sparse from the start, about k of H units firing per token
-// in every layer (docs/SPARSE.md's synthetic sparsity inside the model). The last
-// embedding channel becomes a constant 0.02, the scale of the others, so the
-// normed FFN input carries a feature of about 1; W_o and W_d are scaled by
+// in every layer (docs/SPARSE.md's synthetic sparsity inside the model). The
+// last embedding channel becomes a constant 0.02, the scale of the others, so
+// the normed FFN input carries a feature of about 1; W_o and W_d are scaled by
 // 1e-3, so the residual stream stays the embedding and that feature survives
-// every layer; and the last column of W_g is -t sd(g), t = Phi^-1(1 - k/H).
-static inline void init_params_synthetic_sparse(float* params, const GPTConfig* c, double k, uint64_t seed) {
+// every layer; and the last column of W_g is -t_n sd(g), t_n = Phi^-1(1 - p_n),
+// with p_n = k / H (uniform) or skewed as the realistic pattern (log-normal
+// rates, 30% of the units never firing; sparse_synthetic_rates).
+static inline void init_params_synthetic_sparse(float* params, const GPTConfig* c, double k, uint64_t seed,
+                                                int skewed = 0) {
     init_params_random(params, c, seed);
     float* p[NUM_PARAM_TENSORS];
     gpt_point_tensors(params, p, c);
@@ -74,8 +82,17 @@ static inline void init_params_synthetic_sparse(float* params, const GPTConfig* 
     for (int v = 0; v < c->vocab_size; v++) { p[P_WTE][(size_t)v * D + D - 1] = 0.02f; }
     for (size_t i = 0; i < L * D * D; i++) { p[P_WO][i] *= 1e-3f; }
     for (size_t i = 0; i < L * H * D; i++) { p[P_WDT][i] *= 1e-3f; }
-    float offset = (float)(-normal_quantile(1.0 - k / H) * 0.02 * sqrt((double)D - 1));
-    for (size_t r = 0; r < L * H; r++) { p[P_WG][r * D + D - 1] = offset; }
+    double* rate = (double*)mallocCheck(H * sizeof(double));
+    uint64_t rng = seed ^ 0x5eed5eedull;
+    for (size_t l = 0; l < L; l++) {
+        sparse_synthetic_rates(rate, (int)H, k, skewed, &rng);
+        double t = 0;
+        for (size_t n = 0; n < H; n++) {
+            if (n == 0 || rate[n] != rate[n - 1]) { t = rate[n] > 0 ? normal_quantile(1.0 - rate[n]) : 40.0; }
+            p[P_WG][(l * H + n) * D + D - 1] = (float)(-t * 0.02 * sqrt((double)D - 1)); // (40 sd: never)
+        }
+    }
+    free(rate);
 }
 
 #ifdef __CUDACC__

@@ -94,13 +94,6 @@ static inline void* realloc_check(void* old, size_t size, const char* file, int 
 }
 #define reallocCheck(old, size) realloc_check(old, size, __FILE__, __LINE__)
 
-// seconds on a monotonic clock (for durations)
-static inline double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 // size of an open file in bytes
 static inline long file_size(FILE* fp) {
     long here = ftell(fp);
@@ -136,6 +129,13 @@ static inline void atomic_commit(FILE* fp, const char* tmp_path, const char* pat
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) { fatal("cannot flush %s: %s", tmp_path, strerror(errno)); }
     fcloseCheck(fp);
     if (rename(tmp_path, path) != 0) { fatal("cannot rename %s to %s: %s", tmp_path, path, strerror(errno)); }
+}
+
+// seconds on a monotonic clock (differences only)
+static inline double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 #endif // LLMC_UTILS_H

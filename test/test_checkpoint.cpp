@@ -77,16 +77,16 @@ static void test_round_trip(void) {
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
-    const int32_t ffn[3 * 2] = {1, 64, 32, 0, 256, 16}; // the FFN choices of c's 2 layers
+    const int32_t ffn[4 * 2 + 1] = {1, 64, 32, 128, 0, 256, 16, 0, 12345}; // the FFN choices of c's 2 layers
     checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n, ffn);
     CHECK(checkpoint_complete(tmp_dir, 17), "model and state make a complete checkpoint");
     TrainState s2;
     char loader2[24];
     float* m2 = (float*)mallocCheck(n * sizeof(float));
     float* v2 = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn2[3 * 2] = {0};
-    int has_ffn = checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
-    CHECK(has_ffn && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
+    int32_t ffn2[4 * 2 + 1] = {0};
+    int ffn_ints = checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
+    CHECK(ffn_ints == ffn_state_ints(2) && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
     CHECK(memcmp(&s, &s2, sizeof(s)) == 0, "train state differs after the round trip");
     CHECK(memcmp(loader, loader2, sizeof(loader)) == 0, "loader state differs");
     CHECK(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0, "moments differ");

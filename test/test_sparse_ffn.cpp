@@ -3,8 +3,9 @@
  CPU FFN of llmc/cpu_ops.h, in double (so to ~1e-12):
  - the pattern: true counts, entries in increasing unit order with g, rows
    past W in the tail in row order, ELL rows in place;
- - forward y and l1, backward df and the three weight gradients, for rows of
-   every density from empty to full (rows at W, W + 1 and H included);
+ - forward y and l1, backward du and dg at the entries, df and the three weight
+   gradients, for rows of every density from empty to full (rows at W, W + 1
+   and H included);
  - the transposed pattern: every entry once, tokens increasing per unit;
  - a tail too small: tail_used counts every row that needed a slot, the rows
    past the capacity are lost and their y, l1, df are NaN, every other row
@@ -103,10 +104,10 @@ static void test_ffn(int M, int H, int D, int W, int tail_capacity) {
     sparse_pack(&p, s_active.data(), s_fired.data(), g.data(), (SparseScratch*)NULL);
     sparse_up(&p, s_l1.data(), f.data(), wu.data(), D);
     sparse_down(s_y.data(), &p, wdT.data(), D);
-    sparse_dh(s_du.data(), s_dg.data(), &p, dy.data(), wdT.data(), l1_scale, D);
-    sparse_df(s_df.data(), &p, s_du.data(), s_dg.data(), wu.data(), wg.data(), D);
     sparse_transpose(&t, &p, (SparseScratch*)NULL);
-    sparse_weight_grads(s_dwu.data(), s_dwg.data(), s_dwdT.data(), &p, &t, s_du.data(), s_dg.data(), f.data(), dy.data(), D);
+    sparse_dh_weight_grads(s_du.data(), s_dg.data(), s_dwu.data(), s_dwg.data(), s_dwdT.data(), &p, &t, f.data(),
+                           dy.data(), wdT.data(), l1_scale, D);
+    sparse_df(s_df.data(), &p, s_du.data(), s_dg.data(), wu.data(), wg.data(), D);
 
     // the pattern
     CHECK(*p.tail_used == needed, "tail_used %d, %d rows exceed W", *p.tail_used, needed);
@@ -144,6 +145,19 @@ static void test_ffn(int M, int H, int D, int W, int tail_capacity) {
         }
     }
     CHECK(tr_ok, "transposed pattern");
+
+    // du and dg at every stored entry (dh taken unit by unit) equal the dense path's
+    double dudg_err = 0, dudg_scale = 1e-30;
+    for (int m = 0; m < M; m++) {
+        if (p.tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e = sparse_row_base(M, H, W, m, p.tail_slot[m]);
+        for (int j = 0; j < counts[m]; j++, e++) {
+            size_t mn = (size_t)m * H + p.unit[e];
+            dudg_err = fmax(dudg_err, fmax(fabs(s_du[e] - du[mn]), fabs(s_dg[e] - dg[mn])));
+            dudg_scale = fmax(dudg_scale, fmax(fabs(du[mn]), fabs(dg[mn])));
+        }
+    }
+    CHECK(dudg_err / dudg_scale < 1e-12, "du, dg at the entries: %g", dudg_err / dudg_scale);
 
     if (lost == 0) {
         CHECK(rel_err(s_l1.data(), l1.data(), M) < 1e-12, "l1 %g", rel_err(s_l1.data(), l1.data(), M));

@@ -27,6 +27,36 @@ static std::vector<T> download(const T* dev, size_t n) {
     return host;
 }
 
+static inline std::vector<bf16> to_bf16(const std::vector<float>& x) {
+    std::vector<bf16> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) { y[i] = __float2bfloat16(x[i]); }
+    return y;
+}
+
+static inline std::vector<float> to_float(const std::vector<bf16>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) { y[i] = __bfloat162float(x[i]); }
+    return y;
+}
+
+// fills a device buffer with NaN (bf16 and fp32), so an output a kernel failed to write shows
+static inline void poison(void* dev, size_t bytes) { cudaCheck(cudaMemset(dev, 0xff, bytes)); }
+
+// ||a - b|| / ||b||, infinite if a holds a NaN: for gradients and outputs, whose largest entries matter most
+static inline double norm_rel_err(const float* a, const float* b, size_t n) {
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) { return INFINITY; }
+        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        ref += (double)b[i] * b[i];
+    }
+    return sqrt(diff / fmax(ref, 1e-30));
+}
+
+static inline double norm_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+    return norm_rel_err(a.data(), b.data(), b.size());
+}
+
 // M random token ids below vocab (seeded) on the device: inputs[i] = t[i], targets[i] = t[i + 1]
 struct TokenBatch { int* inputs; int* targets; };
 

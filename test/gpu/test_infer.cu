@@ -49,12 +49,6 @@ static std::vector<bf16> random_bf16(size_t n, double std, uint64_t* rng) {
     return x;
 }
 
-static std::vector<float> to_float(const std::vector<bf16>& x) {
-    std::vector<float> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) { y[i] = __bfloat162float(x[i]); }
-    return y;
-}
-
 static void test_decode_attention(void) {
     uint64_t rng = 101;
     const float theta = 10000.0f;

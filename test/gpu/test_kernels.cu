@@ -90,12 +90,6 @@ static std::vector<double> to_double(const std::vector<T>& x) {
     return d;
 }
 
-static std::vector<float> to_float(const std::vector<bf16>& x) {
-    std::vector<float> f(x.size());
-    for (size_t i = 0; i < x.size(); i++) { f[i] = __bfloat162float(x[i]); }
-    return f;
-}
-
 // ----------------------------------------------------------------------------
 // comparisons, and the worst error seen per kernel
 

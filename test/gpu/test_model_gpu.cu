@@ -6,6 +6,7 @@
  GPU matrix products (all three forms, bf16 and fp32 results) on their own.
 */
 #include "llmc/gpt.h"
+#include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 
 static float bf16_round(float x) { return __bfloat162float(__float2bfloat16(x)); }
@@ -19,17 +20,6 @@ static double max_rel_err(const float* a, const float* b, size_t n) {
         scale = fmax(scale, fabs((double)b[i]));
     }
     return diff / fmax(scale, 1e-30);
-}
-
-// ||a - b|| / ||b||: for gradients, whose largest entries matter most
-static double norm_rel_err(const float* a, const float* b, size_t n) {
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i])) { return INFINITY; }
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        ref += (double)b[i] * b[i];
-    }
-    return sqrt(diff / fmax(ref, 1e-30));
 }
 
 static void test_gemm(void) {

@@ -14,6 +14,9 @@
    exactly the rows past it come out NaN, and after growing the tail to the
    count the run matches the dense path: nothing is dropped;
  - two runs give the same bits;
+ - dh and the weight gradients (unit-major, llmc/cuda_sparse_ffn.cuh) against
+   the CPU reference on the GPU's own pattern, with and without lost rows:
+   du, dg at every entry and each unit's gradient rows, outputs poisoned;
  - on Hopper, the fused wgmma gate + pack against cuBLAS g + pack (check_fused_gate),
    with overflow records in a scratch buffer (H % 256 != 0) and in g's buffer;
  - dead-neuron re-initialisation (llmc/cuda_gate.cuh): only the master rows of
@@ -28,31 +31,6 @@
 #include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
-
-static std::vector<bf16> to_bf16(const std::vector<float>& x) {
-    std::vector<bf16> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) { y[i] = __float2bfloat16(x[i]); }
-    return y;
-}
-
-static std::vector<float> to_float(const std::vector<bf16>& x) {
-    std::vector<float> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) { y[i] = __bfloat162float(x[i]); }
-    return y;
-}
-
-// ||a - b|| / ||b||, infinite if a holds a NaN
-static double norm_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-        if (isnan(a[i])) { return INFINITY; }
-        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        ref += (double)b[i] * b[i];
-    }
-    return sqrt(diff / fmax(ref, 1e-30));
-}
-
-static void poison(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0xff, bytes)); } // bf16 and fp32 NaN
 
 struct Case {
     int M, D, H, W;
@@ -104,10 +82,94 @@ static void sparse_ffn(Case* c, SparsePattern<bf16>* p, SparseTransposed* t, Spa
     sparse_pack(p, c->d_active, c->d_fired, c->d_g, s);
     sparse_up(p, c->d_l1, c->d_f, c->d_wu, D);
     sparse_down(c->d_y, p, c->d_wdT, D);
-    sparse_dh(du, dg, p, c->d_dy, c->d_wdT, l1_scale, D);
-    sparse_df(c->d_df, p, du, dg, c->d_wu, c->d_wg, D);
     sparse_transpose(t, p, s);
-    sparse_weight_grads(c->d_dwu, c->d_dwg, c->d_dwdT, p, t, du, dg, c->d_f, c->d_dy, D);
+    sparse_dh_weight_grads(du, dg, c->d_dwu, c->d_dwg, c->d_dwdT, p, t, c->d_f, c->d_dy, c->d_wdT, l1_scale, D);
+    sparse_df(c->d_df, p, du, dg, c->d_wu, c->d_wg, D);
+}
+
+// max over x of |got - ref| / (|ref| + floor), floor = 1e-3 of ref's rms (NaN: infinite)
+static double worst_rel(const std::vector<float>& got, const std::vector<double>& ref) {
+    double rms = 0;
+    for (double r : ref) { rms += r * r; }
+    double floor = 1e-3 * sqrt(rms / fmax(1.0, (double)ref.size())) + 1e-30, worst = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (isnan(got[i])) { return INFINITY; }
+        worst = fmax(worst, fabs(got[i] - ref[i]) / (fabs(ref[i]) + floor));
+    }
+    return worst;
+}
+
+// dh and the weight gradients on the GPU (sparse_dh_weight_grads, after its
+// transpose) against the CPU reference on the same pattern, g and u (the GPU's,
+// lost rows included) and the same bf16 inputs (hf, hdy, hwdT): du and dg at
+// every stored entry within 1% (bf16 rounding of du, dg and h on the GPU side),
+// and each unit's increment of the three gradients within 1% of its norm. du,
+// dg and the passes' scratch (dots, part sums) are poisoned first.
+static void check_dh_weight_grads(Case* c, const SparsePattern<bf16>* p, SparseTransposed* t, SparseScratch* s, bf16* du,
+                                  bf16* dg, const std::vector<float>& hf, const std::vector<float>& hdy,
+                                  const std::vector<float>& hwdT, const char* what) {
+    const int M = c->M, D = c->D, H = c->H, W = p->W, tail = p->tail_capacity;
+    const size_t n = sparse_entries(M, H, W, tail), HD = (size_t)H * D;
+    int cpu_tail_used = 0;
+    SparsePattern<float> cp;
+    sparse_pattern_alloc(&cp, M, H, W, tail, &cpu_tail_used, DEVICE_CPU);
+    std::vector<int> count = download(p->count, M), slot = download(p->tail_slot, M);
+    std::vector<uint16_t> unit = download(p->unit, n);
+    std::vector<float> g = to_float(download(p->g, n)), u = to_float(download(p->u, n));
+    memcpy(cp.count, count.data(), M * sizeof(int));
+    memcpy(cp.tail_slot, slot.data(), M * sizeof(int));
+    memcpy(cp.unit, unit.data(), n * sizeof(uint16_t));
+    memcpy(cp.g, g.data(), n * sizeof(float));
+    memcpy(cp.u, u.data(), n * sizeof(float));
+    SparseTransposed ct;
+    sparse_transposed_alloc(&ct, H, D, n, DEVICE_CPU);
+    sparse_transpose(&ct, &cp, (SparseScratch*)NULL);
+    std::vector<float> ref_du(n, NAN), ref_dg(n, NAN), ref_dw[3] = {c->grad0, c->grad0, c->grad0};
+    sparse_dh_weight_grads(ref_du.data(), ref_dg.data(), ref_dw[0].data(), ref_dw[1].data(), ref_dw[2].data(), &cp, &ct,
+                           hf.data(), hdy.data(), hwdT.data(), l1_scale, D);
+
+    reset_grads(c);
+    poison(du, n * 2), poison(dg, n * 2);
+    poison(t->dots, ceil_div(D, SPARSE_WGRAD_SLICE) * t->capacity * sizeof(float));
+    poison(t->part_sums, (size_t)SPARSE_PART_SLOTS * 2 * D * sizeof(float));
+    sparse_transpose(t, p, s);
+    sparse_dh_weight_grads(du, dg, c->d_dwu, c->d_dwg, c->d_dwdT, p, t, c->d_f, c->d_dy, c->d_wdT, l1_scale, D);
+    std::vector<float> got_du = to_float(download(du, n)), got_dg = to_float(download(dg, n));
+    std::vector<float> got_dw[3] = {download(c->d_dwu, HD), download(c->d_dwg, HD), download(c->d_dwdT, HD)};
+
+    std::vector<float> du_got, dg_got; // at the stored entries
+    std::vector<double> du_ref, dg_ref;
+    for (int m = 0; m < M; m++) {
+        if (slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e = sparse_row_base(M, H, W, m, slot[m]);
+        for (int j = 0; j < count[m]; j++, e++) {
+            du_got.push_back(got_du[e]), dg_got.push_back(got_dg[e]);
+            du_ref.push_back(ref_du[e]), dg_ref.push_back(ref_dg[e]);
+        }
+    }
+    double e_du = worst_rel(du_got, du_ref), e_dg = worst_rel(dg_got, dg_ref);
+    CHECK(e_du < 1e-2 && e_dg < 1e-2, "%s: du, dg at the %zu entries against the CPU reference: worst rel err %.3g, %.3g",
+          what, du_ref.size(), e_du, e_dg);
+    const char* names[3] = {"dWu", "dWg", "dWdT"};
+    double e_w[3];
+    for (int r = 0; r < 3; r++) { // per unit: ||got - ref|| / (||ref|| + a floor), both as increments of grad0
+        std::vector<double> norm_ref(H, 0), norm_diff(H, 0);
+        double mean = 0;
+        int nan = 0;
+        for (size_t i = 0; i < HD; i++) {
+            double inc_ref = (double)ref_dw[r][i] - c->grad0[i], inc_got = (double)got_dw[r][i] - c->grad0[i];
+            nan |= isnan(got_dw[r][i]);
+            norm_ref[i / D] += inc_ref * inc_ref, norm_diff[i / D] += (inc_got - inc_ref) * (inc_got - inc_ref);
+        }
+        for (int j = 0; j < H; j++) { mean += sqrt(norm_ref[j]) / H; }
+        e_w[r] = nan ? INFINITY : 0.0;
+        for (int j = 0; j < H; j++) { e_w[r] = fmax(e_w[r], sqrt(norm_diff[j]) / (sqrt(norm_ref[j]) + 1e-3 * mean + 1e-30)); }
+        CHECK(e_w[r] < 1e-2, "%s: %s against the CPU reference: worst unit's rel err %.3g", what, names[r], e_w[r]);
+    }
+    printf("  dh + weights against the CPU reference: worst rel err du %.2e dg %.2e, per unit dWu %.2e dWg %.2e dWdT %.2e\n",
+           e_du, e_dg, e_w[0], e_w[1], e_w[2]);
+    sparse_pattern_free(&cp, DEVICE_CPU);
+    sparse_transposed_free(&ct, DEVICE_CPU);
 }
 
 static void check_close(const Outputs& got, const Outputs& ref, const char* what) {
@@ -192,6 +254,7 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
     for (float& x : dy) { x = (float)rng_normal(&rng); }
     c.grad0.resize(HD);
     for (float& x : c.grad0) { x = (float)(0.01 * rng_normal(&rng)); }
+    std::vector<float> f_bf16 = to_float(to_bf16(f)), dy_bf16 = to_float(to_bf16(dy)), wdT_bf16 = to_float(to_bf16(wdT));
     c.d_f = upload(to_bf16(f)), c.d_wg = upload(to_bf16(wg)), c.d_wu = upload(to_bf16(wu));
     c.d_wdT = upload(to_bf16(wdT)), c.d_dy = upload(to_bf16(dy));
     for (bf16** p : {&c.d_g, &c.d_u, &c.d_h, &c.d_dh, &c.d_du}) { *p = (bf16*)cuda_malloc(MH * sizeof(bf16)); }
@@ -262,6 +325,7 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
             CHECK(lost == needed - tail, "%s: %d rows lost, expected %d", what, lost, needed - tail);
             CHECK(ok, "%s: exactly the lost rows are NaN", what);
             printf("  forced overflow: tail %d of %d needed, %d rows NaN and counted\n", tail, needed, lost);
+            check_dh_weight_grads(&c, &p, &t, &s, du, dg, f_bf16, dy_bf16, wdT_bf16, what);
         } else {
             // the pattern and its transpose equal the CPU reference's
             int same = active == ref_active && active == cpu_active && count == cpu_active;
@@ -297,6 +361,7 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
             Outputs again = download_outputs(&c);
             CHECK(again.y == got.y && again.df == got.df && again.dwu == got.dwu && again.dwg == got.dwg &&
                   again.dwdT == got.dwdT, "%s: two runs are bit-identical", what);
+            check_dh_weight_grads(&c, &p, &t, &s, du, dg, f_bf16, dy_bf16, wdT_bf16, what);
         }
         sparse_pattern_free(&p, DEVICE_CUDA);
         sparse_transposed_free(&t, DEVICE_CUDA);

@@ -47,14 +47,6 @@
 
 static uint64_t rng = 20240521;
 
-static void poison(void* dev, size_t bytes) { cudaCheck(cudaMemset(dev, 0xFF, bytes)); }
-
-static std::vector<float> to_float(const std::vector<bf16>& x) {
-    std::vector<float> f(x.size());
-    for (size_t k = 0; k < x.size(); k++) { f[k] = __bfloat162float(x[k]); }
-    return f;
-}
-
 // ----------------------------------------------------------------------------
 // inputs with docs/SPARSE.md's synthetic sparsity
 

@@ -1,0 +1,272 @@
+/*
+ Checks of the hot/cold split of a sparse FFN layer (llmc/ffn.h, the choice in
+ llmc/gpt.h, the permutation in llmc/optimizer.h) on the CPU reference, in
+ double (so to ~1e-12) where the math is exact:
+ - forward y, l1, row counts, fired marks; backward df, the three weight
+   gradients and the units' firing counts, against the dense FFN, at every
+   number of hot units from 0 to H (the pattern then holds the rest);
+ - a permutation of the units leaves the FFN the same function;
+ - the hot set: who joins and who leaves with the hysteresis, the rounding to
+   FFN_HOT_ALIGN, the order (hot by decreasing count, cold as before), no
+   change when nothing crosses a threshold;
+ - the model: a layer's units permuted in the weights and in the optimizer
+   state (rows of Wg, Wu, WdT and their moments) give the same loss; a short
+   training with the hot set re-chosen every step stays within float noise of
+   the dense path, with hot sets that changed.
+*/
+#include <algorithm>
+#include <vector>
+#include "llmc/gpt.h"
+#include "llmc/optimizer.h"
+#include "test/test.h"
+
+typedef double real;
+static uint64_t rng = 11;
+
+static std::vector<real> normal(size_t n, double scale, double shift = 0) {
+    std::vector<real> v(n);
+    for (size_t i = 0; i < n; i++) { v[i] = shift + scale * rng_normal(&rng); }
+    return v;
+}
+
+// max |a - b| over max |b|; NaN in a is infinite
+template <typename A, typename B>
+static double rel_err(const A* a, const B* b, size_t n) {
+    double diff = 0, scale = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan((double)a[i])) { return INFINITY; }
+        diff = fmax(diff, fabs((double)a[i] - (double)b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return diff / scale;
+}
+
+// the split FFN with `hot` hot units against the dense one on the same inputs; f's last feature carries
+// a per-unit offset in Wg so that units fire at very different rates (the first ones most)
+static void test_split(int M, int D, int H, int hot) {
+    size_t MD = (size_t)M * D, HD = (size_t)H * D, MH = (size_t)M * H;
+    std::vector<real> f = normal(MD, 1), wg = normal(HD, 1.0 / sqrt(D)), wu = normal(HD, 1.0 / sqrt(D));
+    std::vector<real> wdT = normal(HD, 1.0 / sqrt(H)), dy = normal(MD, 1);
+    for (int m = 0; m < M; m++) { f[(size_t)m * D + D - 1] = 1; }
+    for (int n = 0; n < H; n++) { wg[(size_t)n * D + D - 1] = -2.5 * n / H; }
+    const float l1_scale = 0.01f;
+
+    // dense
+    std::vector<real> g(MH), u(MH), h(MH), l1(M), y(MD), dh(MH), du(MH), df(MD);
+    std::vector<real> dwg(HD, 0.5), dwu(HD, -0.5), dwdT(HD, 0.25);
+    std::vector<int> active(M);
+    std::vector<uint8_t> fired(H, 0);
+    std::vector<uint32_t> count(H, 3);
+    gemm(g.data(), f.data(), wg.data(), M, H, D, 0, 1, 0);
+    gemm(u.data(), f.data(), wu.data(), M, H, D, 0, 1, 0);
+    relu_gate_forward(h.data(), l1.data(), active.data(), fired.data(), g.data(), u.data(), M, H);
+    gemm(y.data(), h.data(), wdT.data(), M, D, H, 0, 0, 0);
+    gemm(dh.data(), dy.data(), wdT.data(), M, H, D, 0, 1, 0);
+    gemm(dwdT.data(), h.data(), dy.data(), H, D, M, 1, 0, 1);
+    relu_gate_backward(dh.data(), du.data(), dh.data(), g.data(), u.data(), h.data(), l1_scale, M, H);
+    gemm(df.data(), du.data(), wu.data(), M, D, H, 0, 0, 0);
+    gemm(df.data(), dh.data(), wg.data(), M, D, H, 0, 0, 1);
+    gemm(dwu.data(), du.data(), f.data(), H, D, M, 1, 0, 1);
+    gemm(dwg.data(), dh.data(), f.data(), H, D, M, 1, 0, 1);
+    unit_count_add(count.data(), g.data(), M, H);
+
+    // split: the cold pattern wide enough for every row (the tail is tested in test_sparse_ffn)
+    int cold_units = H - hot;
+    SparsePattern<real> p = {};
+    int tail_used = 0;
+    size_t entries = 0;
+    SparseTransposed t = {};
+    if (cold_units > 0) {
+        sparse_pattern_alloc(&p, M, cold_units, cold_units, 0, &tail_used, DEVICE_CPU);
+        entries = sparse_entries(M, cold_units, cold_units, 0);
+        sparse_transposed_alloc(&t, cold_units, D, entries, DEVICE_CPU);
+    }
+    std::vector<real> hot_act(3 * (size_t)M * hot + 1), hot_scratch(2 * (size_t)M * hot + 1);
+    FfnHot<real> hh = {hot, hot_act.data(), hot_act.data() + (size_t)M * hot, hot_act.data() + 2 * (size_t)M * hot};
+    std::vector<real> s_g(MH), s_l1(M, NAN), s_y(MD, NAN), s_du(entries + 1), s_dg(entries + 1), s_df(MD, NAN);
+    std::vector<real> s_dwg(HD, 0.5), s_dwu(HD, -0.5), s_dwdT(HD, 0.25);
+    std::vector<int> s_active(M, -1);
+    std::vector<uint8_t> s_fired(H, 0);
+    std::vector<uint32_t> s_count(H, 3);
+    ffn_split_forward(s_y.data(), s_l1.data(), s_active.data(), s_fired.data(), &p, &hh, s_g.data(), f.data(), wg.data(),
+                      wu.data(), wdT.data(), M, D, H, (SparseScratch*)NULL);
+    ffn_split_backward(s_df.data(), s_dwg.data(), s_dwu.data(), s_dwdT.data(), s_count.data(), &p, &hh, &t, s_du.data(),
+                       s_dg.data(), hot_scratch.data(), hot_scratch.data() + (size_t)M * hot, dy.data(), f.data(),
+                       wg.data(), wu.data(), wdT.data(), l1_scale, M, D, H, (SparseScratch*)NULL);
+    char what[64];
+    snprintf(what, sizeof(what), "M %d D %d H %d hot %d", M, D, H, hot);
+    CHECK(rel_err(s_y.data(), y.data(), MD) < 1e-12, "%s: y %g", what, rel_err(s_y.data(), y.data(), MD));
+    CHECK(rel_err(s_l1.data(), l1.data(), M) < 1e-12, "%s: l1", what);
+    CHECK(s_active == active, "%s: active units per token", what);
+    CHECK(s_fired == fired, "%s: fired marks", what);
+    CHECK(rel_err(s_df.data(), df.data(), MD) < 1e-12, "%s: df %g", what, rel_err(s_df.data(), df.data(), MD));
+    CHECK(rel_err(s_dwg.data(), dwg.data(), HD) < 1e-12 && rel_err(s_dwu.data(), dwu.data(), HD) < 1e-12 &&
+          rel_err(s_dwdT.data(), dwdT.data(), HD) < 1e-12, "%s: weight gradients", what);
+    CHECK(s_count == count, "%s: firing counts", what);
+    if (cold_units > 0) {
+        sparse_pattern_free(&p, DEVICE_CPU);
+        sparse_transposed_free(&t, DEVICE_CPU);
+    }
+}
+
+// y = FFN(f) of units in any order: the same function
+static void test_permutation(void) {
+    const int M = 12, D = 16, H = 24;
+    std::vector<real> f = normal((size_t)M * D, 1), w[3] = {normal((size_t)H * D, 0.3), normal((size_t)H * D, 0.3),
+                                                            normal((size_t)H * D, 0.3)};
+    std::vector<int> perm(H);
+    for (int n = 0; n < H; n++) { perm[n] = n; }
+    for (int n = H - 1; n > 0; n--) { std::swap(perm[n], perm[rng_below(&rng, (uint64_t)n + 1)]); }
+    std::vector<real> y[2];
+    for (int pass = 0; pass < 2; pass++) {
+        std::vector<real> g((size_t)M * H), u((size_t)M * H), h((size_t)M * H), l1(M);
+        std::vector<int> active(M);
+        y[pass].assign((size_t)M * D, 0);
+        gemm(g.data(), f.data(), w[0].data(), M, H, D, 0, 1, 0);
+        gemm(u.data(), f.data(), w[1].data(), M, H, D, 0, 1, 0);
+        relu_gate_forward(h.data(), l1.data(), active.data(), (uint8_t*)NULL, g.data(), u.data(), M, H);
+        gemm(y[pass].data(), h.data(), w[2].data(), M, D, H, 0, 0, 0);
+        for (std::vector<real>& x : w) {
+            std::vector<real> moved(x.size());
+            permute_rows(moved.data(), x.data(), perm.data(), H, D);
+            x = moved;
+        }
+    }
+    CHECK(rel_err(y[1].data(), y[0].data(), y[0].size()) < 1e-13, "permuted units: the same FFN");
+}
+
+// the hot set from counts: H 256, rate 0.1 of 1000 tokens (join above 125, stay from 80)
+static void test_choose(void) {
+    GPTConfig c = {37, 128, 1, 16, 2, 1, 256, 8, 10000.0f, 1e-5f};
+    GPT<float, float> model;
+    gpt_build(&model, &c, DEVICE_CPU);
+    model.hot_rate = 0.1;
+    std::vector<int> perm(256);
+    uint32_t* count = model.unit_count_host;
+    for (int n = 0; n < 256; n++) { count[n] = n % 7; } // all cold
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "no unit above the rate: no hot units");
+    count[200] = 126, count[10] = 300, count[50] = 125;
+    int units = gpt_hot_choose(&model, 0, 1000, perm.data());
+    CHECK(units == FFN_HOT_ALIGN, "two units join: one aligned block (%d)", units);
+    CHECK(perm[0] == 10 && perm[1] == 200, "the joining units first, by count (%d %d)", perm[0], perm[1]);
+    CHECK(perm[2] == 50, "then the most active others (%d)", perm[2]);
+    std::vector<int> seen(256, 0);
+    int ordered = 1;
+    for (int n = 0; n < 256; n++) { seen[perm[n]]++; }
+    for (int n = units + 1; n < 256; n++) { ordered &= perm[n] > perm[n - 1]; }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 256 && ordered, "a permutation; the cold units in order");
+
+    // as if applied: units [0, 64) hot, the two above the rate first
+    model.ffn[0].hot.units = 64;
+    for (int n = 0; n < 256; n++) { count[n] = n % 7; }
+    count[0] = 90, count[1] = 81; // below the join rate but above the stay rate: they stay
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "hysteresis: units between the rates stay");
+    count[1] = 79;
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "one left, still one block: no change");
+    count[0] = 10;
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 0, "every hot unit below the stay rate: none hot");
+    for (int n = 0; n < 256; n++) { count[n] = 500; }
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 256, "every unit busy: all hot");
+    gpt_free(&model);
+}
+
+// the model: permuting a layer's units in the weights and the optimizer state keeps the loss, the
+// moments follow their rows; then training with hot sets chosen every step against the dense path
+static void test_model(void) {
+    GPTConfig c = {37, 128, 2, 16, 2, 1, 128, 8, 10000.0f, 1e-5f};
+    int B = 2, T = 8, M = B * T, H = c.hidden, D = c.channels;
+    std::vector<int> inputs(M), targets(M);
+    for (int i = 0; i < M; i++) { inputs[i] = (int)rng_below(&rng, 37); targets[i] = (int)rng_below(&rng, 37); }
+    GPT<float, float> model;
+    gpt_build(&model, &c, DEVICE_CPU);
+    model.ffn_mode = FFN_SPARSE;
+    std::vector<float> w(model.num_parameters);
+    init_params_random(w.data(), &c, 5);
+    memcpy(model.params, w.data(), w.size() * sizeof(float));
+    Optimizer opt;
+    optimizer_init(&opt, &model, NULL);
+    for (size_t i = 0; i < opt.owned; i++) { opt.m[i] = (float)i, opt.v[i] = -(float)i; }
+    gpt_forward(&model, inputs.data(), targets.data(), B, T, 0.0f);
+    std::vector<float> loss0(model.acts.losses, model.acts.losses + M);
+    std::vector<int> perm(H);
+    for (int n = 0; n < H; n++) { perm[n] = (n * 37 + 5) % H; }
+    optimizer_permute_units(&opt, &model, 1, perm.data());
+    gpt_forward(&model, inputs.data(), targets.data(), B, T, 0.0f);
+    CHECK(rel_err(model.acts.losses, loss0.data(), M) < 1e-5, "permuted layer: the same losses (%g)",
+          rel_err(model.acts.losses, loss0.data(), M));
+    size_t at = (size_t)(model.param[P_WU] - model.params) + (size_t)H * D + 3 * D; // row 3 of layer 1's Wu
+    CHECK(opt.m[at] == (float)(at - 3 * D + perm[3] * D) && model.param[P_WU][H * D + 3 * D] == w[at - 3 * D + perm[3] * D],
+          "the row and its moments moved together");
+    optimizer_free(&opt);
+    gpt_free(&model);
+
+    // training: dense, and sparse with a hot set re-chosen after every step (a low rate: most units of
+    // this random model fire often, so they join and leave)
+    double loss[2][12];
+    int changes = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        GPT<float, float> m;
+        gpt_build(&m, &c, DEVICE_CPU);
+        m.ffn_mode = mode ? FFN_SPARSE : FFN_DENSE;
+        m.hot_rate = mode ? 0.3 : 0;
+        memcpy(m.params, w.data(), w.size() * sizeof(float));
+        Optimizer o;
+        optimizer_init(&o, &m, NULL);
+        OptimConfig oc = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0, 12, 0.1f};
+        for (int step = 0; step < 12; step++) {
+            gpt_zero_grad(&m);
+            gpt_stats_reset(&m);
+            gpt_forward(&m, inputs.data(), targets.data(), B, T, 1.0f / M);
+            gpt_backward(&m, inputs.data(), 1e-3f / (c.num_layers * M));
+            optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
+            gpt_stats_read(&m, M);
+            int before = m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
+            optimizer_hot_update(&o, &m, M, 0);
+            changes += mode && before != m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
+            loss[mode][step] = m.ce;
+        }
+        optimizer_free(&o);
+        gpt_free(&m);
+    }
+    double worst = 0;
+    for (int step = 0; step < 12; step++) { worst = fmax(worst, fabs(loss[1][step] - loss[0][step]) / loss[0][step]); }
+    CHECK(changes > 0, "the hot sets changed during the run (%d times)", changes);
+    CHECK(worst < 1e-4, "sparse with hot units tracks dense: worst relative loss difference %g", worst);
+}
+
+// the FFN state a checkpoint keeps: the hot units and the rate round-trip; a state from before the
+// split (3 ints per layer) loads with no hot units
+static void test_state(void) {
+    GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f};
+    GPT<float, float> a, b;
+    gpt_build(&a, &c, DEVICE_CPU);
+    gpt_build(&b, &c, DEVICE_CPU);
+    a.ffn_mode = b.ffn_mode = FFN_AUTO;
+    a.ffn[0] = {1, {}, 32, 100, {64, NULL, NULL, NULL}, 0};
+    a.ffn[1] = {0, {}, 16, 50, {0, NULL, NULL, NULL}, 0};
+    a.hot_rate = 0.0123456789;
+    std::vector<int32_t> state(ffn_state_ints(2));
+    gpt_ffn_state_get(&a, state.data());
+    gpt_ffn_state_set(&b, state.data(), (int)state.size());
+    CHECK(b.ffn[0].on == 1 && b.ffn[0].W == 32 && b.ffn[0].tail_capacity == 100 && b.ffn[0].hot.units == 64 &&
+          b.ffn[1].on == 0 && b.ffn[1].hot.units == 0 && fabs(b.hot_rate - 0.012345679) < 1e-12, "FFN state round trip");
+    const int32_t old[6] = {1, 48, 20, 1, 32, 10};
+    b.hot_rate = -1;
+    gpt_ffn_state_set(&b, old, 6);
+    CHECK(b.ffn[0].W == 48 && b.ffn[1].tail_capacity == 10 && b.ffn[0].hot.units == 0 && b.ffn[1].hot.units == 0 &&
+          b.hot_rate == -1, "an FFN state from before the hot/cold split");
+    gpt_free(&a);
+    gpt_free(&b);
+}
+
+int main(void) {
+    make_tmp_dir("test_ffn_split");
+    const int H = 48;
+    for (int hot : {0, 1, 8, 17, H - 1, H}) { test_split(40, 24, H, hot); }
+    test_split(33, 16, 8, 8); // all hot, the smallest layer
+    test_permutation();
+    test_choose();
+    test_model();
+    test_state();
+    return test_summary("test_ffn_split");
+}
