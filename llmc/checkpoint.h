@@ -23,8 +23,10 @@
 
  Loading checks every header field against its bounds (llmc/model.h's for the
  config) before any size is computed from it, the file size against the one
- the header implies, then the checksum; a model whose parameters are not all
- finite is refused. Each problem is a one-line error naming the file.
+ the header implies, then the checksum; parameters or moments that are not all
+ finite are refused on load, and never written. Each problem is a one-line
+ error naming the file.
+
  A checkpoint of step s in a directory is model_s.bin and state_s_r.bin for
  r < P; it is complete when all P + 1 files exist. Files are written to
  "<path>.tmp" and renamed into place, so a file that exists is whole.
@@ -115,6 +117,20 @@ static inline uint64_t checkpoint_get_checksum(const int32_t* h) {
     return (uint64_t)(uint32_t)h[CKPT_CHECKSUM] | ((uint64_t)(uint32_t)h[CKPT_CHECKSUM + 1] << 32);
 }
 
+// the first non-finite value of x[0..n), named as element k of the model's tensors; 0 if none
+static inline int checkpoint_find_nonfinite(const float* x, size_t n, const GPTConfig* c, char* msg, size_t len) {
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(x[i])) { continue; }
+        size_t offsets[NUM_PARAM_TENSORS];
+        param_offsets(offsets, c);
+        int t = NUM_PARAM_TENSORS - 1;
+        while (offsets[t] > i) { t--; }
+        snprintf(msg, len, "%s[%zu] is %s", param_names[t], i - offsets[t], isnan(x[i]) ? "NaN" : "infinite");
+        return 1;
+    }
+    return 0;
+}
+
 static inline void checkpoint_save_model(const char* path, const GPTConfig* c, const float* params, int step) {
     int32_t h[CKPT_HEADER_INTS] = {0};
     size_t n = num_parameters(c);
@@ -122,6 +138,8 @@ static inline void checkpoint_save_model(const char* path, const GPTConfig* c, c
     header_put_config(h, c);
     h[12] = step;
     h[13] = (int32_t)(uint32_t)(n & 0xffffffffu); h[14] = (int32_t)(uint32_t)(n >> 32);
+    char msg[128];
+    if (checkpoint_find_nonfinite(params, n, c, msg, sizeof(msg))) { fatal("refusing to write %s: %s", path, msg); }
     Xxh64 x;
     checkpoint_hash_header(&x, h);
     xxh64_update(&x, params, n * sizeof(float));
@@ -185,20 +203,6 @@ static inline void checkpoint_check_size(const char* path, long size, uint64_t p
     }
 }
 
-// the first non-finite value of x[0..n), named as element k of the model's tensors; 0 if none
-static inline int checkpoint_find_nonfinite(const float* x, size_t n, const GPTConfig* c, char* msg, size_t len) {
-    for (size_t i = 0; i < n; i++) {
-        if (isfinite(x[i])) { continue; }
-        size_t offsets[NUM_PARAM_TENSORS];
-        param_offsets(offsets, c);
-        int t = NUM_PARAM_TENSORS - 1;
-        while (offsets[t] > i) { t--; }
-        snprintf(msg, len, "%s[%zu] is %s", param_names[t], i - offsets[t], isnan(x[i]) ? "NaN" : "infinite");
-        return 1;
-    }
-    return 0;
-}
-
 // loads a model file: fills the config and returns malloc'd fp32 parameters
 static inline float* checkpoint_load_model(const char* path, GPTConfig* config, int* step) {
     int32_t h[CKPT_HEADER_INTS];
@@ -215,12 +219,19 @@ static inline float* checkpoint_load_model(const char* path, GPTConfig* config, 
     checkpoint_hash_header(&x, h);
     xxh64_update(&x, params, n * sizeof(float));
     checkpoint_check_sum(path, h, &x);
-    checkpoint_note_unverified(path, h);
     char msg[128];
     if (checkpoint_find_nonfinite(params, n, config, msg, sizeof(msg))) {
         fatal("%s: %s: a checkpoint's parameters must all be finite", path, msg);
     }
+    checkpoint_note_unverified(path, h);
     return params;
+}
+
+// the index of the first of the `owned` moments m, v that is not finite; owned if none
+static inline size_t checkpoint_find_nonfinite_moment(const float* m, const float* v, size_t owned) {
+    size_t i = 0;
+    while (i < owned && isfinite(m[i]) && isfinite(v[i])) { i++; }
+    return i;
 }
 
 // m and v: the `owned` moments of rank s->rank of s->num_processes (llmc/zero.h);
@@ -238,6 +249,8 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     h[20] = (int32_t)(uint32_t)(s->sample_rng & 0xffffffffu); h[21] = (int32_t)(uint32_t)(s->sample_rng >> 32);
     h[22] = (int32_t)loader_bytes;
     h[23] = ffn ? 3 * c->num_layers : 0;
+    size_t bad = checkpoint_find_nonfinite_moment(m, v, owned);
+    if (bad < owned) { fatal("refusing to write %s: optimizer moment %zu is not finite (m %g, v %g)", path, bad, m[bad], v[bad]); }
     Xxh64 x;
     checkpoint_hash_header(&x, h);
     xxh64_update(&x, loader_state, loader_bytes);
@@ -316,11 +329,9 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
 static inline void checkpoint_read_moments(FILE* fp, const char* path, float* m, float* v, size_t owned) {
     freadCheck(m, sizeof(float), owned, fp);
     freadCheck(v, sizeof(float), owned, fp);
-    for (size_t i = 0; i < owned; i++) {
-        if (!isfinite(m[i]) || !isfinite(v[i])) {
-            fatal("%s: optimizer moment %zu (of the %zu this file holds) is not finite: %g, %g", path, i, owned,
-                  m[i], v[i]);
-        }
+    size_t i = checkpoint_find_nonfinite_moment(m, v, owned);
+    if (i < owned) {
+        fatal("%s: optimizer moment %zu (of the %zu this file holds) is not finite: m %g, v %g", path, i, owned, m[i], v[i]);
     }
 }
 
