@@ -332,8 +332,9 @@ static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState
                            (unsigned long long)s->epoch, (unsigned long long)s->shard_pos, dl->num_shards);
     }
     // the position in samples, in global batches of this loader (whose B and
-    // process count may differ from the writer's: a run resumed on other GPUs)
-    // (bounded first, without a product that could wrap: a shard holds fewer than 2^31 samples)
+    // process count may differ from the writer's: a run resumed on other GPUs);
+    // bounded first by a division, since the product of the three could wrap
+    // (no shard holds 2^31 samples)
     if (s->B <= 0 || s->num_processes <= 0 ||
         s->batch_pos > (uint64_t)INT32_MAX / ((uint64_t)s->B * (uint64_t)s->num_processes)) {
         return shard_error(err, errlen, "data loader state is corrupt: batch %llu of %d x %d processes is past any shard",

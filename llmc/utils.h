@@ -143,7 +143,7 @@ static inline long file_size(FILE* fp) {
     char name[4096];
     if (fstat(fileno(fp), &st) != 0) { fatal("cannot stat %s: %s", file_name(fp, name, sizeof(name)), strerror(errno)); }
     if (!S_ISREG(st.st_mode)) {
-        fatal("%s is %s, not a regular file", file_name(fp, name, sizeof(name)), S_ISDIR(st.st_mode) ? "a directory" : "special");
+        fatal("%s is %snot a regular file", file_name(fp, name, sizeof(name)), S_ISDIR(st.st_mode) ? "a directory, " : "");
     }
     return (long)st.st_size;
 }
@@ -184,10 +184,7 @@ static inline FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_len
 static inline void atomic_commit(FILE* fp, const char* tmp_path, const char* path) {
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) { fatal("cannot write %s: %s", tmp_path, strerror(errno)); }
     fcloseCheck(fp);
-    if (rename(tmp_path, path) != 0) {
-        int err = errno;
-        fatal("cannot rename %s to %s: %s", tmp_path, path, strerror(err));
-    }
+    if (rename(tmp_path, path) != 0) { fatal("cannot rename %s to %s: %s", tmp_path, path, strerror(errno)); }
     pthread_mutex_lock(&atomic_files_lock);
     for (int i = 0; i < ATOMIC_MAX_OPEN; i++) {
         if (atomic_files[i].fp == fp) { atomic_files[i].fp = NULL; }

@@ -29,17 +29,22 @@ static void load_model(const void* path) {
     free(checkpoint_load_model((const char*)path, &c, NULL));
 }
 
+// loads the optimizer state of `step` in dir for config c, as one process with 24 bytes of loader state
+static void load_state_as(const char* dir, int step, const GPTConfig* c) {
+    TrainState s;
+    char loader[24];
+    size_t n = num_parameters(c);
+    float* m = (float*)mallocCheck(n * sizeof(float));
+    float* v = (float*)mallocCheck(n * sizeof(float));
+    int32_t ffn[3 * 2];
+    checkpoint_load_state(dir, step, c, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
+}
+
 // path: a checkpoint directory with a state of step 17
 static void load_state_other_config(const void* dir) {
     GPTConfig other = small_config();
     other.hidden = 48;
-    TrainState s;
-    char loader[24];
-    size_t n = num_parameters(&other);
-    float* m = (float*)mallocCheck(n * sizeof(float));
-    float* v = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn[3 * 2];
-    checkpoint_load_state((const char*)dir, 17, &other, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
+    load_state_as((const char*)dir, 17, &other);
 }
 
 // overwrites 4 bytes at offset
@@ -340,13 +345,7 @@ static void test_crafted_headers(void) {
 // state files: loader state of another size, bad fields, and a corrupt moment
 static void load_state_of(const void* dir) {
     GPTConfig c = small_config();
-    TrainState s;
-    char loader[24];
-    size_t n = num_parameters(&c);
-    float* m = (float*)mallocCheck(n * sizeof(float));
-    float* v = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn[3 * 2];
-    checkpoint_load_state((const char*)dir, 5, &c, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
+    load_state_as((const char*)dir, 5, &c);
 }
 
 static void save_state_with_nan_moment(const void* dir) {
