@@ -40,12 +40,20 @@ static void put_file(const char* target, const char* name, const char* from, siz
     free(data);
 }
 
+// the first `lines` lines of the file at path (all of it for lines < 0), malloc'd, *size bytes
+static char* slurp_lines(const char* path, int lines, size_t* size) {
+    char* data = slurp(path, size);
+    size_t end = 0;
+    for (int k = 0; lines >= 0 && k < lines && end < *size; end++) { k += data[end] == '\n'; }
+    if (lines >= 0) { *size = end; }
+    return data;
+}
+
 // the first `lines` lines of the file at from
 static void put_lines(const char* target, const char* name, const char* from, int lines) {
-    size_t size, end = 0;
-    char* data = slurp(from, &size);
-    for (int k = 0; k < lines && end < size; end++) { k += data[end] == '\n'; }
-    put(target, name, data, end);
+    size_t size;
+    char* data = slurp_lines(from, lines, &size);
+    put(target, name, data, size);
     free(data);
 }
 
@@ -131,34 +139,27 @@ static void checkpoint_seeds(void) {
 }
 
 static void tokenizer_seeds(void) {
-    // the rank files: the first byte picks the pre-tokenizer
+    // two rank files (the small Llama-3-style one, GPT-2's first 400 ranks); as rank-file seeds the
+    // first byte picks the pre-tokenizer, and each is also written as a tokenizer.json
     const char* ranks[] = {"test/data/tokenize/llama3_ranks.tiktoken", TOKENIZER_DEFAULT_PATH};
+    const int lines[] = {-1, 400};
     for (int k = 0; k < 2; k++) {
-        char tmp[512];
-        snprintf(tmp, sizeof(tmp), "%s/tmp_ranks.tiktoken", seed_dir);
-        if (k == 0) { put_file("tokenizer_ranks", "tmp", ranks[0], SIZE_MAX); }
-        else { put_lines("tokenizer_ranks", "tmp", ranks[1], 400); }
-        char path[512];
-        snprintf(path, sizeof(path), "%s/tokenizer_ranks/tmp", seed_dir);
         size_t size;
-        char* data = slurp(path, &size);
-        remove(path);
+        char* data = slurp_lines(ranks[k], lines[k], &size);
         char* seed = (char*)mallocCheck(size + 1);
         memcpy(seed + 1, data, size);
-        for (int pattern = 0; pattern < 3; pattern++) {
-            seed[0] = (char)pattern;
-            char name[32];
-            snprintf(name, sizeof(name), "ranks%d_pattern%d", k, pattern);
-            put("tokenizer_ranks", name, seed, size + 1);
-        }
-        // the same ranks as a tokenizer.json, for each pre-tokenizer
+        char tmp[512];
+        snprintf(tmp, sizeof(tmp), "%s/tmp_ranks.tiktoken", seed_dir);
         FILE* fp = fopenCheck(tmp, "wb");
         fwriteCheck(data, 1, size, fp);
         fcloseCheck(fp);
         for (int pattern = 0; pattern < 3; pattern++) {
+            char name[32], json[512];
+            seed[0] = (char)pattern;
+            snprintf(name, sizeof(name), "ranks%d_pattern%d", k, pattern);
+            put("tokenizer_ranks", name, seed, size + 1);
             Tokenizer t;
             tokenizer_init_pattern(&t, tmp, pattern);
-            char json[512], name[32];
             snprintf(json, sizeof(json), "%s/tmp_tokenizer.json", seed_dir);
             tokenizer_write_json(&t, json);
             snprintf(name, sizeof(name), "ranks%d_pattern%d.json", k, pattern);
