@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <ftw.h>
 
 static void fuzz_one(const uint8_t* data, size_t size);
 
@@ -135,11 +136,31 @@ static inline void fuzz_run(const uint8_t* data, size_t size) {
     fuzz_live_used = fuzz_live_count = 0;
 }
 
-// the input written to a file of this process, for the loaders that take a path
-static inline const char* fuzz_write_file(const char* name, const uint8_t* data, size_t size) {
+// removes one entry of the harness's directory (nftw callback)
+static inline int fuzz_remove_entry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
+    return remove(path);
+}
+
+static char fuzz_dir[128]; // this process's files, removed when it exits normally
+
+static inline void fuzz_remove_dir(void) { nftw(fuzz_dir, fuzz_remove_entry, 8, FTW_DEPTH | FTW_PHYS); }
+
+// <a directory of this process's own>/name, for the files a harness writes
+static inline const char* fuzz_path(const char* name) {
     static char path[256];
-    snprintf(path, sizeof(path), "%s/llmc_fuzz_%d_%s", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
-             (int)getpid(), name);
+    if (fuzz_dir[0] == '\0') {
+        snprintf(fuzz_dir, sizeof(fuzz_dir), "%s/llmc_fuzz_%d", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
+                 (int)getpid());
+        if (mkdir(fuzz_dir, 0700) != 0 && errno != EEXIST) { perror(fuzz_dir); abort(); }
+        atexit(fuzz_remove_dir);
+    }
+    snprintf(path, sizeof(path), "%s/%s", fuzz_dir, name);
+    return path;
+}
+
+// the input written to fuzz_path(name), for the loaders that take a path
+static inline const char* fuzz_write_file(const char* name, const uint8_t* data, size_t size) {
+    const char* path = fuzz_path(name);
     FILE* fp = fopen(path, "wb");
     if (fp == NULL || fwrite(data, 1, size, fp) != size || fclose(fp) != 0) { perror(path); abort(); }
     return path;

@@ -12,7 +12,7 @@ static void fuzz_one(const uint8_t* data, size_t size) {
     if (dir[0] == '\0') { // the directory's model file, written once (untracked: before any input)
         int armed = fuzz_armed;
         fuzz_armed = 0;
-        snprintf(dir, sizeof(dir), "/tmp/llmc_fuzz_%d_ckpt", (int)getpid());
+        snprintf(dir, sizeof(dir), "%s", fuzz_path("ckpt"));
         make_dir(dir);
         float* params = (float*)calloc(n, sizeof(float));
         char path[512];

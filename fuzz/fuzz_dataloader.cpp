@@ -11,7 +11,7 @@ static void fuzz_one(const uint8_t* data, size_t size) {
         for (size_t i = 0; i < FUZZ_SHARD_TOKENS; i++) { tokens[i] = fuzz_shard_token(i); }
         int armed = fuzz_armed;
         fuzz_armed = 0;
-        snprintf(pattern, sizeof(pattern), "/tmp/llmc_fuzz_%d_loader.bin", (int)getpid());
+        snprintf(pattern, sizeof(pattern), "%s", fuzz_path("loader.bin"));
         shard_write(pattern, tokens, FUZZ_SHARD_TOKENS, 2);
         fuzz_armed = armed;
     }

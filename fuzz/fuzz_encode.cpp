@@ -13,8 +13,7 @@ static void fuzz_load_tokenizers(void) {
     tokenizer_init_pattern(&fuzz_tokenizers[0], TOKENIZER_DEFAULT_PATH, TOKENIZER_PATTERN_GPT2);
     tokenizer_init_pattern(&fuzz_tokenizers[1], TOKENIZER_DEFAULT_PATH, TOKENIZER_PATTERN_GPT2_DIGITS);
     tokenizer_init_pattern(&fuzz_tokenizers[2], "test/data/tokenize/llama3_ranks.tiktoken", TOKENIZER_PATTERN_LLAMA3);
-    char path[256];
-    snprintf(path, sizeof(path), "/tmp/llmc_fuzz_%d_tokenizer.json", (int)getpid());
+    const char* path = fuzz_path("tokenizer.json");
     tokenizer_write_json(&fuzz_tokenizers[2], path);
     tokenizer_init_json(&fuzz_tokenizers[3], path);
     fuzz_armed = armed;
