@@ -58,13 +58,11 @@ build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
 	@mkdir -p build/san
 	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) $< -o $@ -lm
 
-test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS) $(FUZZ_REPLAYS) build/fuzz/seeds/.done
-	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS) $(FUZZ_REPLAYS) $(SCRIPT_TESTS)
-
 # Fuzzing: a libFuzzer harness (fuzz/fuzz_NAME.cpp) per parser, built with clang, ASan and UBSan.
 # `make fuzz` runs each for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=600`) from the seeds that
 # build/fuzz_seeds writes; `make test` replays the seeds and fuzz/regressions/ through the same
-# harnesses built with g++ and the sanitizers.
+# harnesses built with g++ and the sanitizers (defined before `test`, whose prerequisites
+# make expands where it reads them).
 FUZZ_CXX ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS = -g -O1 -std=c++17 -I. -Wall -Wextra -Wno-unused-parameter -fsanitize=fuzzer,address,undefined \
@@ -72,6 +70,9 @@ FUZZ_FLAGS = -g -O1 -std=c++17 -I. -Wall -Wextra -Wno-unused-parameter -fsanitiz
 FUZZ_NAMES = $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
 FUZZ_REPLAYS = $(patsubst %,build/san/fuzz_%,$(FUZZ_NAMES))
 FUZZ_DEPS = fuzz/fuzz.h fuzz/common.h $(HEADERS)
+
+test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS) $(FUZZ_REPLAYS) build/fuzz/seeds/.done
+	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS) $(FUZZ_REPLAYS) $(SCRIPT_TESTS)
 
 build/fuzz/fuzz_%: fuzz/fuzz_%.cpp $(FUZZ_DEPS)
 	@mkdir -p build/fuzz

@@ -76,7 +76,7 @@ typedef struct {
     int ffn_mode;              // FfnMode (llmc/gpt.h)
     int dead_reinit;           // 1: MODEL.md's dead-neuron re-initialisation after each step
     float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
-    float hot_rate;            // break-even firing rate of a hot FFN unit (llmc/ffn.h); 0: none, < 0: measure
+    float hot_rate;            // a fixed firing rate above which an FFN unit is hot (llmc/ffn.h); 0: none, < 0: measured costs
     ProcessInfo proc;          // this process of the data-parallel run
     const char* init_method;   // how the processes meet (llmc/zero.cuh)
     const char* init_address;
@@ -240,8 +240,12 @@ void train(const Options* o, Device device) {
     gpt_build(&model, config, device);
     model.recompute = o->recompute;
     model.ffn_mode = o->ffn_mode;
-    // the CPU path is the reference: hot units only where the run asks for them
-    model.hot_rate = o->hot_rate < 0 && device == DEVICE_CPU ? 0 : o->hot_rate;
+    // hot units (llmc/ffn.h): the costs measured on the GPU, or a fixed firing rate above which a unit is hot
+    // (the same choice with a pair costing 1 and a hot unit the rate); the CPU path is the reference, hot
+    // units only where the run asks for them
+    model.hot_costs = o->hot_rate > 0 ? (FfnCosts){0.0f, o->hot_rate, 0.0f, 1.0f}
+                      : o->hot_rate < 0 && device == DEVICE_CUDA ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f}
+                                                                 : (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f};
     Optimizer opt;
     optimizer_init(&opt, &model, zero);
     size_t n_params = model.num_parameters, owned = opt.owned;
@@ -312,13 +316,15 @@ void train(const Options* o, Device device) {
                o->grad_accum, processes, o->total_batch, o->lambda, o->optim.lr);
         const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
-        if (o->ffn_mode != FFN_DENSE && model.hot_rate != 0) {
-            if (model.hot_rate > 0) {
-                printf("ffn: hot units: a sparse layer's units firing for more than %.3f%% of the tokens run dense\n",
-                       100 * model.hot_rate);
-            } else {
-                printf("ffn: hot units: the break-even firing rate is measured after the first sparse step\n");
-            }
+        const FfnCosts* hc = &model.hot_costs;
+        if (o->ffn_mode != FFN_DENSE && hc->dense1 < 0) {
+            printf("ffn: hot units: their costs are measured after the first sparse step\n");
+        } else if (o->ffn_mode != FFN_DENSE && hc->dense0 == 0 && hc->gate1 == 0 && hc->pair1 == 1) {
+            printf("ffn: hot units: a sparse layer's units firing for more than %.3f%% of the tokens run dense\n",
+                   100 * hc->dense1);
+        } else if (o->ffn_mode != FFN_DENSE && hc->dense1 > 0) {
+            printf("ffn: hot units: costs per token: dense part %.3g s + %.3g s per unit, gate %.3g s per unit, "
+                   "%.3g s per pair\n", hc->dense0, hc->dense1, hc->gate1, hc->pair1);
         }
     }
 
@@ -505,7 +511,7 @@ int main(int argc, char** argv) {
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
         {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
         {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer sparse or dense from its activity), dense or sparse", 0},
-        {0, "hot-rate", ARG_FLOAT, &hot_rate, -1, 1, "sparse layers run units firing for more of the tokens densely: -1 = the break-even measured on the GPU (none on the CPU), 0 = none", 0},
+        {0, "hot-rate", ARG_FLOAT, &hot_rate, -1, 1, "sparse layers run their busiest units as dense products: -1 = as many as the costs measured on the GPU say (none on the CPU), 0 = none, R = those firing for more than R of the tokens", 0},
         {0, "dead-reinit", ARG_INT, &dead_reinit, 0, 1, "1 = move gate rows that fired for no token of a step a tenth toward new noise", 0},
         {0, "synthetic-sparse", ARG_FLOAT, &synthetic_k, 0, 1e6, "benchmarks: init with about this many units firing per token (needs -n -1)", 0},
         {0, "init", ARG_STRING, &init_method, 0, 0, "how data-parallel processes meet: auto, mpi, tcp or file", 0},

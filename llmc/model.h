@@ -44,8 +44,8 @@ static inline int qkv_dim(const GPTConfig* c) { return c->channels + 2 * kv_dim(
 
 static inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-// the FFN state a checkpoint keeps (llmc/gpt.h, gpt_ffn_state_get): 4 ints per layer and the hot rate
-static inline int ffn_state_ints(int num_layers) { return 4 * num_layers + 1; }
+// the FFN state a checkpoint keeps (llmc/gpt.h, gpt_ffn_state_get): 4 ints per layer and the hot/cold costs
+static inline int ffn_state_ints(int num_layers) { return 4 * num_layers + 4; }
 
 static inline void param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {
     size_t L = c->num_layers, D = c->channels, H = c->hidden;

@@ -86,14 +86,14 @@ static void test_round_trip(void) {
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
-    const int32_t ffn[4 * 2 + 1] = {1, 64, 32, 128, 0, 256, 16, 0, 12345}; // the FFN choices of c's 2 layers
+    const int32_t ffn[4 * 2 + 4] = {1, 64, 32, 128, 0, 256, 16, 0, 12345, 0, 7, 9}; // the FFN choices of c's 2 layers
     checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n, ffn);
     CHECK(checkpoint_complete(tmp_dir, 17), "model and state make a complete checkpoint");
     TrainState s2;
     char loader2[24];
     float* m2 = (float*)mallocCheck(n * sizeof(float));
     float* v2 = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn2[4 * 2 + 1] = {0};
+    int32_t ffn2[4 * 2 + 4] = {0};
     int ffn_ints = checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
     CHECK(ffn_ints == ffn_state_ints(2) && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
     CHECK(memcmp(&s, &s2, sizeof(s)) == 0, "train state differs after the round trip");
@@ -384,7 +384,7 @@ static void test_crafted_state(void) {
     expect_child_error(load_state_of, dir.s, "rank 0 of -1 processes, expected");
     copy_prefix(copy.s, path, size_of(copy.s));
     poke(path, 4 * 23, 5);
-    expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 9 or 6");
+    expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 12 or 6");
     copy_prefix(copy.s, path, size_of(copy.s) - 8);
     expect_child_error(load_state_of, dir.s, "its header describes");
     copy_prefix(copy.s, path, size_of(copy.s));
