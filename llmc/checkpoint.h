@@ -12,7 +12,8 @@
    [17] gradient accumulation steps, [18] number of processes P, [19] rank,
    [20..21] sampling RNG, [22] bytes of the data loader state, [23] number of
    int32 of FFN state (3 per layer: sparse or dense, ELL width, tail rows; 0
-   when none was saved);
+   when none was saved), [24] 1 when the validation and text sample due at this
+   step have not run yet (a run stopped by a signal), else 0;
    then the loader state, then AdamW m and v (fp32) of the parameters the rank
    owns, in the packed order of llmc/zero.h (with P = 1: all of them, flat),
    then the FFN state.
@@ -23,6 +24,7 @@
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
 
+#include <dirent.h>
 #include <stdint.h>
 #include <unistd.h>
 #include "llmc/model.h"
@@ -37,6 +39,7 @@ typedef struct {
     int step;
     int B, T, grad_accum, num_processes, rank;
     uint64_t sample_rng;
+    int eval_pending; // the validation and sample of this step are still to do
 } TrainState;
 
 static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -142,6 +145,7 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     h[20] = (int32_t)(uint32_t)(s->sample_rng & 0xffffffffu); h[21] = (int32_t)(uint32_t)(s->sample_rng >> 32);
     h[22] = (int32_t)loader_bytes;
     h[23] = ffn ? 3 * c->num_layers : 0;
+    h[24] = s->eval_pending;
     char tmp[4096];
     FILE* fp = atomic_open(path, tmp, sizeof(tmp));
     fwriteCheck(h, sizeof(int32_t), 256, fp);
@@ -168,6 +172,8 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
     if (config_mismatch(&c, run, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
     s->step = h[12]; s->B = h[15]; s->T = h[16]; s->grad_accum = h[17]; s->num_processes = h[18]; s->rank = h[19];
     s->sample_rng = (uint64_t)(uint32_t)h[20] | ((uint64_t)(uint32_t)h[21] << 32);
+    s->eval_pending = h[24];
+    if (h[24] != 0 && h[24] != 1) { fatal("%s: eval-pending flag %d is corrupt (expected 0 or 1)", path, h[24]); }
     if (s->num_processes < 1 || s->num_processes > 1000000 || s->rank < 0 || s->rank >= s->num_processes) {
         fatal("%s: rank %d of %d processes is corrupt", path, s->rank, s->num_processes);
     }
@@ -272,6 +278,26 @@ static inline int checkpoint_complete(const char* dir, int step) {
         ok = access(path, R_OK) == 0;
     }
     return ok;
+}
+
+// the newest step in dir with a model file (complete = 0) or a complete
+// checkpoint (complete = 1); -1 if none
+static inline int checkpoint_latest(const char* dir, int complete) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step, end = 0;
+        char path[4096];
+        if (sscanf(e->d_name, "model_%d.bin%n", &step, &end) != 1 || end == 0 || e->d_name[end] != '\0' || step <= best) {
+            continue;
+        }
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (complete ? checkpoint_complete(dir, step) : access(path, R_OK) == 0) { best = step; }
+    }
+    closedir(d);
+    return best;
 }
 
 #endif // LLMC_CHECKPOINT_H
