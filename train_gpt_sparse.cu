@@ -85,9 +85,9 @@ static void catch_stop_signals(void) {
         sa.sa_handler = on_stop_signal;
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = SA_RESTART;
-        if (sigaction(signals[i], NULL, &old) != 0) { fatal("cannot read the handler of signal %d: %s", signals[i], strerror(errno)); }
-        if (old.sa_handler == SIG_IGN) { continue; }
-        if (sigaction(signals[i], &sa, NULL) != 0) { fatal("cannot catch signal %d: %s", signals[i], strerror(errno)); }
+        if (sigaction(signals[i], NULL, &old) != 0 || (old.sa_handler != SIG_IGN && sigaction(signals[i], &sa, NULL) != 0)) {
+            fatal("cannot catch signal %d: %s", signals[i], strerror(errno));
+        }
     }
 }
 
@@ -135,9 +135,8 @@ static void stop_vote_free(StopVote* v) {
 // with .tmp) or its log (log.jsonl, or with .tmp)
 static int is_run_file(const char* name) {
     int step, rank, end = 0;
-    if ((sscanf(name, "model_%d.bin%n", &step, &end) == 1 || sscanf(name, "state_%d_%d.bin%n", &step, &rank, &end) == 2) &&
-        end > 0) {
-        return name[end] == '\0' || strcmp(name + end, ".tmp") == 0;
+    if (sscanf(name, "model_%d.bin%n", &step, &end) == 1 || sscanf(name, "state_%d_%d.bin%n", &step, &rank, &end) == 2) {
+        return end > 0 && (name[end] == '\0' || strcmp(name + end, ".tmp") == 0);
     }
     return strcmp(name, "log.jsonl") == 0 || strcmp(name, "log.jsonl.tmp") == 0;
 }
@@ -152,9 +151,8 @@ static int run_files(const char* dir, int remove) {
         char path[4096];
         struct stat st;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (!is_run_file(e->d_name) || (strcmp(e->d_name, "log.jsonl") == 0 && stat(path, &st) == 0 && st.st_size == 0)) {
-            continue;
-        }
+        int empty_log = strcmp(e->d_name, "log.jsonl") == 0 && stat(path, &st) == 0 && st.st_size == 0;
+        if (!is_run_file(e->d_name) || empty_log) { continue; }
         count++;
         if (remove && unlink(path) != 0) { fatal("cannot delete %s: %s", path, strerror(errno)); }
     }
@@ -162,7 +160,7 @@ static int run_files(const char* dir, int remove) {
     return count;
 }
 
-// "the newest complete checkpoint is <path>" or "there is no checkpoint", for messages
+// "the newest complete checkpoint is <path>" or "<dir> holds no complete checkpoint", for messages
 static void describe_newest(char* out, size_t len, const char* dir) {
     int newest = checkpoint_latest(dir, 1);
     if (newest < 0) { snprintf(out, len, "%s holds no complete checkpoint", dir); }
@@ -181,7 +179,9 @@ typedef struct {
     int resume, seed, recompute;
     int overwrite;             // 1: delete the run in out_dir and start over
     int max_nonfinite;         // steps in a row with a non-finite loss or gradient norm before the run stops
-    int inject_nan;            // tests: a NaN in this step's gradients (0 = never)
+    int inject_nan;            // tests: a NaN at this step (0 = never) in the gradients, or in a moment with
+                               // inject_nan_moment
+    int inject_nan_moment;
     float lambda;
     int ffn_mode;              // FfnMode (llmc/gpt.h)
     int dead_reinit;           // 1: MODEL.md's dead-neuron re-initialisation after each step
@@ -430,7 +430,9 @@ int train(const Options* o, Device device) {
         snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, start_step);
         int model_step;
         float* params = checkpoint_load_model(path, &ckpt_config, &model_step);
-        if (model_step != start_step) { fatal("%s holds step %d, not the %d of its name", path, model_step, start_step); }
+        if (model_step != start_step) {
+            fatal("%s holds step %d, not the %d of its name", path, model_step, start_step);
+        }
         char msg[256];
         if (config_mismatch(&ckpt_config, config, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
         set_params_from_fp32(&model, &opt, params);
@@ -447,8 +449,8 @@ int train(const Options* o, Device device) {
         }
         // nothing left to do: an error, not a run that silently trains nothing
         if (start_step > o->optim.total_steps) {
-            fatal("the newest checkpoint in %s is step %d, past -x %d: give a larger -x to train on, or --overwrite 1 to "
-                  "start over", o->out_dir, start_step, o->optim.total_steps);
+            fatal("the newest checkpoint in %s is step %d, past -x %d: give a larger -x to train on, or --overwrite 1 "
+                  "to start over", o->out_dir, start_step, o->optim.total_steps);
         }
         if (start_step == o->optim.total_steps && !state.eval_pending) {
             fatal("the run in %s already reached step %d = -x: nothing to train (give a larger -x to train on)",
@@ -543,7 +545,9 @@ int train(const Options* o, Device device) {
             stopping = stop_vote_result(&vote);
             watchdog_disarm(&watchdog);
             if (stopping) {
-                if (master) { printf("step %d | validation cut short by the stop; it runs when the run continues\n", step); }
+                if (master) {
+                    printf("step %d | validation cut short by the stop; it runs when the run continues\n", step);
+                }
             } else {
                 val_seconds = now_seconds() - t0;
                 if (master) {
@@ -587,7 +591,8 @@ int train(const Options* o, Device device) {
                     printf("stopped at step %d of %d (%s); no checkpoint (-n -1)\n", step, total, why);
                 } else {
                     printf("stopped at step %d of %d (%s): the checkpoint is %s/model_%08d.bin; to continue, run the "
-                           "same command %s\n", step, total, why, o->out_dir, step, o->resume ? "again" : "with --resume 1");
+                           "same command %s\n", step, total, why, o->out_dir, step,
+                           o->resume ? "again" : "with --resume 1");
                 }
             }
             break;
@@ -612,7 +617,8 @@ int train(const Options* o, Device device) {
         stop_vote_send(&vote);
         if (o->inject_nan == step + 1) {
             const float nan = NAN;
-            device_copy(device == DEVICE_CPU ? model.grads : opt.grads, &nan, sizeof(float), device);
+            float* poisoned = o->inject_nan_moment ? opt.m : device == DEVICE_CPU ? model.grads : opt.grads;
+            device_copy(poisoned, &nan, sizeof(float), device);
         }
         float step_lr = lr_at_step(&o->optim, step);
         optimizer_step(&opt, &model, &o->optim, step_lr, step + 1); // skipped if the loss or norm is not finite
@@ -636,9 +642,10 @@ int train(const Options* o, Device device) {
             if (nonfinite >= o->max_nonfinite) {
                 char newest[4200];
                 describe_newest(newest, sizeof(newest), o->out_dir);
-                fatal("steps %d to %d: the loss or gradient norm was not finite %d times in a row (--max-nonfinite %d), "
-                      "stopping; %s (to continue from it: --resume 1, perhaps with a lower --lr)", step + 2 - nonfinite,
-                      step + 1, nonfinite, o->max_nonfinite, newest);
+                int any = checkpoint_latest(o->out_dir, 1) >= 0;
+                fatal("steps %d to %d: the loss or gradient norm was not finite %d times in a row (--max-nonfinite "
+                      "%d), stopping; %s%s", step + 2 - nonfinite, step + 1, nonfinite, o->max_nonfinite, newest,
+                      any ? " (to continue from it: --resume 1, perhaps with a lower --lr)" : "");
             }
             continue;
         }
@@ -711,11 +718,13 @@ int main(int argc, char** argv) {
     float synthetic_k = 0;
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
+    const char* inject_nan = NULL;
     const char* init_method = "auto";
     const char* init_address = "";
     const char* init_file = "";
     int num_processes = 0, process_rank = -1, timeout = 300;
-    int resume = 0, overwrite = 0, max_nonfinite = 5, inject_nan = 0, seed = 1337, recompute = 0, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
+    int overwrite = 0, max_nonfinite = 5;
+    int resume = 0, seed = 1337, recompute = 0, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
     float lr = 1e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, lambda = 2e-5f;
     float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, rope_theta = 10000.0f, norm_eps = 1e-5f;
     ArgSpec specs[] = {
@@ -752,7 +761,7 @@ int main(int argc, char** argv) {
         {'y', "resume", ARG_INT, &resume, 0, 1, "1 = continue from the latest checkpoint in the output dir", 0},
         {0, "overwrite", ARG_INT, &overwrite, 0, 1, "1 = delete the checkpoints and log of another run in the output dir and start over", 0},
         {0, "max-nonfinite", ARG_INT, &max_nonfinite, 1, 1 << 30, "steps in a row skipped for a NaN/inf loss or gradient norm before the run stops", 0},
-        {0, "inject-nan", ARG_INT, &inject_nan, 0, 1 << 30, "tests: put a NaN in this step's gradients (0 = never)", 0},
+        {0, "inject-nan", ARG_STRING, &inject_nan, 0, 0, "tests: gradient:STEP or moment:STEP puts a NaN there at that step", 0},
         {'r', "seed", ARG_INT, &seed, 0, 2147483647, "seed of the init, the data order and the samples", 0},
         {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "GPT-2 rank file, for the text samples", 0},
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
@@ -814,8 +823,21 @@ int main(int argc, char** argv) {
     o.resume = resume;
     o.overwrite = overwrite;
     o.max_nonfinite = max_nonfinite;
-    o.inject_nan = inject_nan;
-    if (resume && overwrite) { fatal("--resume 1 continues the run in the output dir, --overwrite 1 deletes it: give one"); }
+    o.inject_nan = 0;
+    o.inject_nan_moment = 0;
+    if (inject_nan) {
+        char where[16];
+        int at, end = 0;
+        if (sscanf(inject_nan, "%15[a-z]:%d%n", where, &at, &end) != 2 || inject_nan[end] != '\0' || at < 1 ||
+            (strcmp(where, "gradient") != 0 && strcmp(where, "moment") != 0)) {
+            fatal("--inject-nan %s: expected gradient:STEP or moment:STEP with STEP >= 1", inject_nan);
+        }
+        o.inject_nan = at;
+        o.inject_nan_moment = strcmp(where, "moment") == 0;
+    }
+    if (resume && overwrite) {
+        fatal("--resume 1 continues the run in the output dir, --overwrite 1 deletes it: give one");
+    }
     o.seed = seed;
     o.lambda = lambda;
     o.recompute = recompute;

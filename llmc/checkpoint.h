@@ -290,9 +290,8 @@ static inline int checkpoint_latest(const char* dir, int complete) {
     while ((e = readdir(d)) != NULL) {
         int step, end = 0;
         char path[4096];
-        if (sscanf(e->d_name, "model_%d.bin%n", &step, &end) != 1 || end == 0 || e->d_name[end] != '\0' || step <= best) {
-            continue;
-        }
+        int is_model = sscanf(e->d_name, "model_%d.bin%n", &step, &end) == 1 && end > 0 && e->d_name[end] == '\0';
+        if (!is_model || step <= best) { continue; }
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if (complete ? checkpoint_complete(dir, step) : access(path, R_OK) == 0) { best = step; }
     }

@@ -14,9 +14,10 @@
  Every collective of a step is ordered after the one before it through the
  two streams' events, so no two ever run at once on the communicator.
  The loss and sparsity statistics are summed (maxima: maximised) over the
- processes before they are read, and with them a flag that says whether any
- process was asked to stop (a signal), so that all of them stop at the same step. Ranks meet through MPI (when built with it
- and started by mpirun), a TCP address or a shared file (llmc/rendezvous.h).
+ processes before they are read, and with them a flag that says whether
+ any process was asked to stop (a signal), so that all stop at the same step.
+ Ranks meet through MPI (when built with it and started by mpirun), a TCP
+ address or a shared file (llmc/rendezvous.h).
 */
 #ifndef LLMC_ZERO_CUH
 #define LLMC_ZERO_CUH
