@@ -12,7 +12,8 @@
    [17] gradient accumulation steps, [18] number of processes P, [19] rank,
    [20..21] sampling RNG, [22] bytes of the data loader state, [23] number of
    int32 of FFN state (3 per layer: sparse or dense, ELL width, tail rows; 0
-   when none was saved);
+   when none was saved), [24] 1 when the validation and text sample due at this
+   step have not run yet (a run stopped by a signal), else 0;
    then the loader state, then AdamW m and v (fp32) of the parameters the rank
    owns, in the packed order of llmc/zero.h (with P = 1: all of them, flat),
    then the FFN state.
@@ -34,6 +35,7 @@
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
 
+#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -57,6 +59,7 @@ typedef struct {
     int step;
     int B, T, grad_accum, num_processes, rank;
     uint64_t sample_rng;
+    int eval_pending; // the validation and sample of this step are still to do
 } TrainState;
 
 static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -171,7 +174,7 @@ static inline FILE* checkpoint_open(const char* path, int32_t magic, int32_t h[C
     if (h[12] < 0) { fatal("%s: step %d must be >= 0", path, h[12]); }
     size_t n = (size_t)(uint32_t)h[13] | ((size_t)(uint32_t)h[14] << 32);
     if (n != num_parameters(&c)) { fatal("%s: header says %zu parameters, its config has %zu", path, n, num_parameters(&c)); }
-    int named = magic == CKPT_MODEL_MAGIC ? 15 : 24; // the ints that hold fields
+    int named = magic == CKPT_MODEL_MAGIC ? 15 : 25; // the ints that hold fields
     for (int i = named; i < CKPT_CHECKSUM; i++) {
         if (h[i] != 0) { fatal("%s: header int %d is %d, expected 0 (a corrupt or foreign %s file)", path, i, h[i], kind); }
     }
@@ -249,6 +252,7 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     h[20] = (int32_t)(uint32_t)(s->sample_rng & 0xffffffffu); h[21] = (int32_t)(uint32_t)(s->sample_rng >> 32);
     h[22] = (int32_t)loader_bytes;
     h[23] = ffn ? ffn_state_ints(c->num_layers) : 0;
+    h[24] = s->eval_pending;
     size_t bad = checkpoint_find_nonfinite_moment(m, v, owned);
     if (bad < owned) { fatal("refusing to write %s: optimizer moment %zu is not finite (m %g, v %g)", path, bad, m[bad], v[bad]); }
     Xxh64 x;
@@ -299,6 +303,8 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
     if (config_mismatch(&c, run, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
     s->step = h[12]; s->B = h[15]; s->T = h[16]; s->grad_accum = h[17]; s->num_processes = h[18]; s->rank = h[19];
     s->sample_rng = (uint64_t)(uint32_t)h[20] | ((uint64_t)(uint32_t)h[21] << 32);
+    s->eval_pending = h[24];
+    if (h[24] != 0 && h[24] != 1) { fatal("%s: eval-pending flag %d is corrupt (expected 0 or 1)", path, h[24]); }
     if (s->num_processes < 1 || s->num_processes > CKPT_MAX_PROCESSES || s->rank < 0 || s->rank >= s->num_processes) {
         fatal("%s: rank %d of %d processes, expected 0 <= rank < processes <= %d", path, s->rank, s->num_processes,
               CKPT_MAX_PROCESSES);
@@ -428,6 +434,25 @@ static inline int checkpoint_complete(const char* dir, int step) {
         ok = access(path, R_OK) == 0;
     }
     return ok;
+}
+
+// the newest step in dir with a model file (complete = 0) or a complete
+// checkpoint (complete = 1); -1 if none
+static inline int checkpoint_latest(const char* dir, int complete) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step, end = 0;
+        char path[4096];
+        int is_model = sscanf(e->d_name, "model_%d.bin%n", &step, &end) == 1 && end > 0 && e->d_name[end] == '\0';
+        if (!is_model || step <= best) { continue; }
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (complete ? checkpoint_complete(dir, step) : access(path, R_OK) == 0) { best = step; }
+    }
+    closedir(d);
+    return best;
 }
 
 #endif // LLMC_CHECKPOINT_H

@@ -129,11 +129,14 @@ static inline void get_params_fp32(GPT<bf16, float>* model, const Optimizer* opt
 }
 #endif
 
-// one AdamW step from the accumulated gradients; t is the 1-based step count
+// one AdamW step from the accumulated gradients; t is the 1-based step count.
+// A step whose loss (the model's summed statistics) or gradient norm is not
+// finite changes nothing: the weights and moments stay as they were.
 static inline void optimizer_step(Optimizer* opt, GPT<float, float>* model, const OptimConfig* cfg, float lr, int t) {
     size_t sizes[NUM_PARAM_TENSORS];
     param_sizes(sizes, &model->config);
     opt->grad_norm = global_norm(model->grads, opt->n);
+    if (!isfinite(opt->grad_norm) || !isfinite(model->stats_acc[0])) { return; }
     float clip = (cfg->grad_clip > 0 && opt->grad_norm > cfg->grad_clip) ? (float)(cfg->grad_clip / opt->grad_norm) : 1.0f;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         size_t off = model->param[i] - model->params;
@@ -144,7 +147,9 @@ static inline void optimizer_step(Optimizer* opt, GPT<float, float>* model, cons
 
 #ifdef __CUDACC__
 // with P processes the gradients must have been reduced (zero_join after the
-// backward); the new weights are then gathered while the next forward runs
+// backward) and the statistics summed; the new weights are then gathered while
+// the next forward runs. The kernel skips a step whose summed loss or gradient
+// norm is not finite, as on the CPU, without the host waiting for either.
 static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const OptimConfig* cfg, float lr, int t) {
     // the clip factor is computed on the device from the norm, so the step never waits for it
     global_norm_squared_cuda(opt->norm_sq, opt->grads, opt->owned, opt->scratch);
@@ -157,7 +162,8 @@ static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const
         size_t first = z->segments[i].packed, count = z->segments[j - 1].packed + z->segments[j - 1].count - first;
         adamw_update_cuda(opt->master + first, (bf16*)opt->params + first, opt->grads + first, opt->m + first,
                           opt->v + first, count, lr, cfg->beta1, cfg->beta2, cfg->eps,
-                          z->segments[i].decay ? cfg->weight_decay : 0.0f, t, opt->norm_sq, cfg->grad_clip);
+                          z->segments[i].decay ? cfg->weight_decay : 0.0f, t, opt->norm_sq, cfg->grad_clip,
+                          model->stats_acc);
         i = j;
     }
     if (opt->zero) { zero_all_gather_params(opt->zero, model->params, (const bf16*)opt->params); }

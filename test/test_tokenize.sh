@@ -274,7 +274,7 @@ EOF
     hub=""
     unset HF_ENDPOINT
 else
-    echo "test_tokenize: fineweb.sh on parquet files skipped (bash dev/data/fineweb.sh --install to run it)"
+    echo "SKIP tokenize: fineweb.sh on parquet files (its reader is not installed: bash dev/data/fineweb.sh --install)"
 fi
 
 echo "test_tokenize: $passed passed, $failed failed"
