@@ -67,6 +67,7 @@ typedef struct {
     int gpus;            // CUDA GPUs present
     bool use_gpu;
     char gpu_name[256];
+    char model_file[4096]; // the newest model file of the directory -m names (or out/)
 } InferOptions;
 
 // ----------------------------------------------------------------------------
@@ -816,7 +817,6 @@ static void bench_main(const InferOptions* opt) {
 // the flags into o, checked, and the machine's GPUs; a bad flag is a one-line error
 static void parse_options(int argc, char** argv, InferOptions* o) {
     memset(o, 0, sizeof(*o));
-    o->model_path = "out/model_00002000.bin";
     o->tokenizer_path = TOKENIZER_DEFAULT_PATH;
     o->device_name = "auto";
     o->ffn_name = "twell";
@@ -825,7 +825,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     o->analyze_batches = 16, o->analyze_batch = 4, o->analyze_min_count = 10, o->analyze_top = 20;
     o->bench_batch = 1, o->bench_length = 512, o->sparse_k = 30.0f;
     ArgSpec specs[] = {
-        {'m', "model", ARG_STRING, &o->model_path, 0, 0, "model checkpoint written by train_gpt_sparse", 0},
+        {'m', "model", ARG_STRING, &o->model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest (default: out)", 0},
         {'p', "prompt", ARG_STRING, &o->prompt, 0, 0, "prompt text (default: stdin if it is not a terminal, else none)", 0},
         {'f', "prompt-file", ARG_STRING, &o->prompt_file, 0, 0, "one prompt per line, a batch ('-' = stdin; empty lines skipped)", 0},
         {'n', "max-tokens", ARG_INT, &o->max_tokens, 1, 1 << 24, "most tokens to generate per prompt (--bench: decode steps)", 0},
@@ -890,6 +890,21 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
         cudaDeviceProp prop;
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
         snprintf(o->gpu_name, sizeof(o->gpu_name), "%s", prop.name);
+    }
+
+    // a directory (out when no -m is given) stands for its newest model file
+    struct stat model_stat;
+    int is_dir = o->model_path != NULL && stat(o->model_path, &model_stat) == 0 && S_ISDIR(model_stat.st_mode);
+    if (!(o->bench_on && o->preset_name) && (o->model_path == NULL || is_dir)) {
+        const char* dir = o->model_path ? o->model_path : "out";
+        int newest = checkpoint_latest(dir, 0);
+        if (newest < 0 && o->model_path == NULL) {
+            fatal("no -m given, and out/ holds no checkpoint (model_<step>.bin): train one with ./train_gpt_sparse "
+                  "(on a CPU a short first run, about 10 minutes), or give -m FILE");
+        }
+        if (newest < 0) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", dir); }
+        model_path(o->model_file, sizeof(o->model_file), dir, newest);
+        o->model_path = o->model_file;
     }
 }
 

@@ -135,7 +135,7 @@ struct GPT {
     size_t sparse_scratch_entries;
     SparseScratch sparse_scratch; // the GPU kernels' scratch
     int ffn_redone;               // forwards redone after a tail overflow, since gpt_build
-    double hot_rate;              // break-even firing rate of a hot unit (0: none; < 0: not measured yet)
+    FfnCosts hot_costs;           // what moving units between the hot and cold parts costs (llmc/ffn.h)
     T *hot_dh, *hot_du;           // [M, hot_scratch_units] the hot units' backward scratch
     int hot_scratch_units;
     // called by gpt_backward once layer l's gradients are final (l = -1: the
@@ -394,8 +394,8 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1
 
 // the layers' FFN choices as ffn_state_ints(L) ints (llmc/model.h): per layer
 // sparse or dense, ELL width, tail rows (0 before the first forward) and hot
-// units, then the hot break-even rate in units of 1e-9, so that a resumed run
-// makes the same choices (the hot units themselves are the first rows of the
+// units, then the hot/cold costs (4 floats' bits), so that a resumed run makes
+// the same choices (the hot units themselves are the first rows of the
 // layer's weights, which the checkpoint holds in that order)
 template <typename T, typename G>
 void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
@@ -407,11 +407,11 @@ void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
         state[4 * l + 2] = f->tail_capacity;
         state[4 * l + 3] = f->hot.units;
     }
-    state[4 * L] = (int32_t)lround(model->hot_rate * 1e9);
+    memcpy(state + 4 * L, &model->hot_costs, sizeof(FfnCosts));
 }
 
 // before the first forward; n: the ints the checkpoint held (3 per layer from
-// before the hot/cold split: no hot units, the rate as the run asks)
+// before the hot/cold split: no hot units, the costs as the run asks)
 template <typename T, typename G>
 void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
     int H = model->config.hidden, L = model->config.num_layers, per = n == 3 * L ? 3 : 4;
@@ -428,9 +428,14 @@ void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
         f->tail_capacity = s[2];
         f->hot.units = hot;
     }
-    if (per == 4 && state[4 * L] != 0) {
-        if (state[4 * L] < 0) { fatal("checkpoint: hot break-even rate %d is corrupt", state[4 * L]); }
-        model->hot_rate = state[4 * L] * 1e-9;
+    if (per == 4) {
+        FfnCosts costs;
+        memcpy(&costs, state + 4 * L, sizeof(costs));
+        float v[4] = {costs.dense0, costs.dense1, costs.gate1, costs.pair1};
+        for (float x : v) {
+            if (!isfinite(x) || x < -1 || x > 1) { fatal("checkpoint: hot/cold cost %g is corrupt", x); }
+        }
+        model->hot_costs = costs;
     }
 }
 
@@ -502,18 +507,20 @@ static double gpt_time(Device device, F fn) {
     return t[2];
 }
 
-// The break-even firing rate of a hot unit on the running device (ffn_break_even),
-// measured on sparse layer l (which has no hot units yet) with the inputs and
-// weights of the last step: the dense part over FFN_HOT_PROBE units, the
-// cold part over all of them, and its gate alone. What it writes is scratch until the next forward (the projection and
+// The costs of moving units between the hot and cold parts on the running
+// device (FfnCosts), measured on sparse layer l (which has no hot units yet)
+// with the inputs and weights of the last step: the dense part alone over
+// FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate alone, the whole layer
+// cold. What it writes is scratch until the next forward (the projection and
 // gradient buffers, the weight gradients, which the next step zeroes, the
 // pattern, recomputed by the next forward).
 template <typename T, typename G>
-double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
+FfnCosts gpt_hot_costs(GPT<T, G>* model, int l, int verbose) {
     const GPTConfig* c = &model->config;
-    int M = model->B * model->T_, D = c->channels, H = c->hidden, probe = H < FFN_HOT_PROBE ? H : FFN_HOT_PROBE;
+    int M = model->B * model->T_, D = c->channels, H = c->hidden;
+    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
     SparseFfnLayer<T>* f = &model->ffn[l];
-    if (!f->on || f->hot.units != 0 || f->p.M == 0) { fatal("gpt_hot_break_even: layer %d is not sparse and cold", l); }
+    if (!f->on || f->hot.units != 0 || f->p.M == 0 || H < 2) { fatal("gpt_hot_costs: layer %d is not sparse and cold", l); }
     if (model->params_needed) { model->params_needed(model->params_needed_ctx, l); }
     Activations<T, G>* a = &model->acts;
     size_t LD = (size_t)l * H * D;
@@ -526,20 +533,20 @@ double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
     uint32_t* count = (uint32_t*)device_malloc(H * sizeof(uint32_t), model->device);
     device_zero(fired, H, model->device);
     device_zero(count, H * sizeof(uint32_t), model->device);
-    // the dense part alone: FFN_HOT_PROBE hot units and no cold ones
-    FfnHot<T> probe_hot = {probe, NULL, NULL, NULL};
-    probe_hot.g = (T*)device_malloc(5 * (size_t)M * probe * sizeof(T), model->device);
-    probe_hot.u = probe_hot.g + (size_t)M * probe;
-    probe_hot.h = probe_hot.u + (size_t)M * probe;
-    T *probe_dh = probe_hot.h + (size_t)M * probe, *probe_du = probe_dh + (size_t)M * probe;
-    double dense = gpt_time(model->device, [&] {
-        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &probe_hot, a->g, ffn_in, wg, wu, wdT, M, D,
-                          probe, &model->sparse_scratch);
-        ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &probe_hot, &model->transposed, model->sparse_du,
-                           model->sparse_dg, probe_dh, probe_du, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D, probe,
-                           &model->sparse_scratch);
-    });
-    device_free(probe_hot.g, model->device);
+    // the dense part alone: `units` hot units and no cold ones
+    T* probe = (T*)device_malloc(5 * (size_t)M * large * sizeof(T), model->device);
+    auto dense = [&](int units) {
+        FfnHot<T> hot = {units, probe, probe + (size_t)M * units, probe + 2 * (size_t)M * units};
+        return gpt_time(model->device, [&] {
+            ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &hot, a->g, ffn_in, wg, wu, wdT, M, D, units,
+                              &model->sparse_scratch);
+            ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &hot, &model->transposed, model->sparse_du,
+                               model->sparse_dg, probe + 3 * (size_t)M * units, probe + 4 * (size_t)M * units, a->d_res,
+                               ffn_in, wg, wu, wdT, 0.0f, M, D, units, &model->sparse_scratch);
+        });
+    };
+    double dense_small = dense(small), dense_large = dense(large);
+    device_free(probe, model->device);
     FfnHot<T> none = {0, NULL, NULL, NULL};
     double gate = gpt_time(model->device, [&] {
         ffn_cold_gate(&f->p, row_active, fired, a->g, ffn_in, wg, D, &model->sparse_scratch);
@@ -558,22 +565,21 @@ double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
     free(active);
     device_free(fired, model->device);
     device_free(count, model->device);
-    double rate = ffn_break_even(dense, probe, gate, H, sparse, pairs, M);
     if (verbose) {
-        printf("ffn: hot units: break-even firing rate %.3f%% of the tokens, measured on layer %d: dense FFN of %d "
-               "units %.3f ms, sparse %.3f ms of which the gate %.3f, %.1f pairs per token (--hot-rate sets it)\n",
-               100 * rate, l, probe, 1e3 * dense, 1e3 * sparse, 1e3 * gate, pairs / M);
+        printf("ffn: hot units: costs measured on layer %d: the dense part over %d / %d units %.3f / %.3f ms, the "
+               "layer all cold %.3f ms (its gate %.3f) at %.1f pairs per token\n", l, small, large, 1e3 * dense_small,
+               1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
     }
-    return rate;
+    return ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
 }
 
 // the hot set of sparse layer l after a training step of `tokens` tokens, from
-// its units' counts (gpt_stats_read): ffn_hot_choose at the model's rate
+// its units' counts (gpt_stats_read): ffn_hot_choose with the model's costs
 template <typename T, typename G>
 int gpt_hot_choose(const GPT<T, G>* model, int l, double tokens, int* perm) {
     int H = model->config.hidden;
     return ffn_hot_choose(perm, model->unit_count_host + (size_t)l * H, H, model->ffn[l].hot.units, tokens,
-                          model->hot_rate);
+                          &model->hot_costs);
 }
 
 // out[M,N] = inp[M,K] W[N,K]^T: a linear layer in the PyTorch weight layout
