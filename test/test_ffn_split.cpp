@@ -227,7 +227,7 @@ static void test_model(void) {
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
             int before = m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
-            optimizer_hot_update(&o, &m, M, 0);
+            optimizer_hot_update(&o, &m, step, M, 0);
             changes += mode && before != m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
             loss[mode][step] = m.ce;
         }
