@@ -641,7 +641,7 @@ int train(const Options* o, Device device) {
         if (o->dead_reinit && !skipped) {
             gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step);
         }
-        if (!skipped) { optimizer_hot_update(&opt, &model, (double)o->total_batch, master); }
+        if (!skipped) { optimizer_hot_update(&opt, &model, step + 1, (double)o->total_batch, master); }
         double ms = (now_seconds() - t0) * 1000;
         watchdog_disarm(&watchdog);
         if (step > first_step) {

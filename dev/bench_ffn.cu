@@ -77,7 +77,7 @@ static int bench_model(int argc, char** argv) {
             gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
             optimizer_step(&opt, &model, &oc, 0.0f, i + 1);
             gpt_stats_read(&model, M);
-            optimizer_hot_update(&opt, &model, M, i == 0); // (the costs measured, the first hot sets)
+            optimizer_hot_update(&opt, &model, i, M, i == 0); // (the costs measured, the first hot sets)
             if (i >= 3) { t += now_seconds() - t0; }
         }
         tps[mode] = (double)M * steps / t;

@@ -49,11 +49,13 @@ typedef struct {
     float dense0, dense1, gate1, pair1;
 } FfnCosts;
 
-// hot sets come in multiples of FFN_HOT_ALIGN units (GEMM tiles); a hot set
-// is replaced only when the new one saves more than FFN_HOT_MARGIN of the
-// layer's all-cold time (hysteresis: counts near a boundary do not flip it);
-// the dense part is measured at FFN_HOT_PROBE and 4 FFN_HOT_PROBE units
+// hot sets come in multiples of FFN_HOT_ALIGN units (GEMM tiles); they are
+// re-chosen every FFN_HOT_EVERY steps, and a hot set is replaced only when the
+// new one saves more than FFN_HOT_MARGIN of the layer's modelled time (gate
+// included): counts near a boundary do not flip it back and forth; the dense
+// part is measured at FFN_HOT_PROBE and 4 FFN_HOT_PROBE units
 #define FFN_HOT_ALIGN 64
+#define FFN_HOT_EVERY 10
 #define FFN_HOT_MARGIN 0.02
 #define FFN_HOT_PROBE 128
 
@@ -80,7 +82,8 @@ static inline FfnCosts ffn_costs(double dense_small, int small, double dense_lar
 // The hot set of a layer of H units whose first `hot` are hot now, from each
 // unit's count over `tokens` tokens: the busiest h units, h the multiple of
 // FFN_HOT_ALIGN (or H) with the least modelled time. Returns -1 when the hot
-// set stays (no better one saves FFN_HOT_MARGIN), else the new number of hot
+// set stays (no better one saves FFN_HOT_MARGIN of the layer's time with its
+// gate), else the new number of hot
 // units with perm[i] = the unit (in today's order) that goes to position i:
 // the hot units by decreasing count, then the cold ones in today's order.
 static inline int ffn_hot_choose(int* perm, const uint32_t* count, int H, int hot, double tokens, const FfnCosts* c) {
@@ -100,7 +103,7 @@ static inline int ffn_hot_choose(int* perm, const uint32_t* count, int H, int ho
         if (t < best_time) { best_time = t, best = h; }
     }
     double now = ffn_split_time(c, hot, cold_now / tokens);
-    if (now - best_time <= FFN_HOT_MARGIN * ffn_split_time(c, 0, total / tokens)) { return -1; }
+    if (now - best_time <= FFN_HOT_MARGIN * (now + (double)c->gate1 * H)) { return -1; }
     std::sort(perm + best, perm + H); // the cold units in today's order
     return best;
 }

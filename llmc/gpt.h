@@ -67,9 +67,9 @@ struct Activations {
     G* lse;        // [L, B, NH, T] attention log-sum-exp per query
     T* ffn_in;     // [L, M, D] RMSNorm output f
     G* ffn_rstd;   // [L, M]
-    T* g;          // [L, M, H] gate pre-activation ([1, M, H] when recomputed or --ffn sparse)
-    T* u;          // [L, M, H] up projection (same; none with --ffn sparse)
-    T* h;          // [L, M, H] relu(g) * u (same)
+    T* g;          // [M, H] the sparse gate's scratch, or g of the layer that --recompute recomputes
+    T* u;          // [M, H] with --recompute only (a layer that keeps g, u, h has its own: FfnLayer.dense)
+    T* h;          // [M, H] (same)
     G* row_l1;     // [L, M] sum_n |h|
     int* row_active; // [L, M] firing units
     T* final_out;  // [M, D]
@@ -93,9 +93,10 @@ typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
 // dense up to about k = 1% of H at the standard point), with 25% hysteresis
 #define FFN_AUTO_MAX_ACTIVE 0.01
 
-// the sparse FFN state of a layer
+// the FFN state of a layer
 template <typename T>
 struct SparseFfnLayer {
+    T* dense;                // [3, M, H] g, u, h while the layer runs dense and keeps them (else NULL)
     int on;                  // this step's choice: 1 sparse, 0 dense
     SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
@@ -181,6 +182,20 @@ static inline int gpt_keeps_ffn(const GPT<T, G>* model) {
     return !model->recompute && model->ffn_mode != FFN_SPARSE;
 }
 
+// layer l's dense g, u, h [M, H]: its own while it keeps them (allocated at its first dense forward, given
+// back when it turns sparse), else the shared ones a recomputed layer fills again in the backward
+template <typename T, typename G>
+static void gpt_ffn_dense_acts(GPT<T, G>* model, int l, T** g, T** u, T** h) {
+    size_t MH = (size_t)model->B * model->T_ * model->config.hidden;
+    SparseFfnLayer<T>* f = &model->ffn[l];
+    if (!gpt_keeps_ffn(model)) {
+        *g = model->acts.g, *u = model->acts.u, *h = model->acts.h;
+        return;
+    }
+    if (f->dense == NULL) { f->dense = (T*)device_malloc(3 * MH * sizeof(T), model->device); }
+    *g = f->dense, *u = f->dense + MH, *h = f->dense + 2 * MH;
+}
+
 // every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0; made on
 // the host in fp32 (so every backend starts from the same numbers)
 static inline void init_params_random(float* params, const GPTConfig* c, uint64_t seed) {
@@ -207,15 +222,18 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     // attention backward wants B*NKV*T values (CPU) or B*NH*T (GPU: a delta per query);
     // the norm backward (GPU) wants a block's partial sums of D
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
-    size_t LH = gpt_keeps_ffn(model) ? L : 1; // layers whose dense FFN activations are kept
-    size_t dense = model->ffn_mode != FFN_SPARSE; // g is also the sparse gate's scratch; u, h, d_h, d_u only dense
+    // a dense layer that keeps g, u, h has them in its own buffer (gpt_ffn_dense_acts), which it gives back
+    // when it turns sparse; here the shared ones: the sparse gate's scratch, a recomputed layer's g, u, h,
+    // and the dense backward's d_h, d_u
+    size_t dense = model->ffn_mode != FFN_SPARSE, recomputed = dense && model->recompute;
+    size_t scratch_g = model->ffn_mode != FFN_DENSE || recomputed;
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
         {(void**)&a->qkv, L * M * QKV * sizeof(T)}, {(void**)&a->att, L * M * D * sizeof(T)},
         {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, L * M * D * sizeof(T)},
-        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, LH * M * H * sizeof(T)},
-        {(void**)&a->u, dense * LH * M * H * sizeof(T)}, {(void**)&a->h, dense * LH * M * H * sizeof(T)},
+        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, scratch_g * M * H * sizeof(T)},
+        {(void**)&a->u, recomputed * M * H * sizeof(T)}, {(void**)&a->h, recomputed * M * H * sizeof(T)},
         {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
         {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
         {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
@@ -339,6 +357,7 @@ void gpt_free(GPT<T, G>* model) {
     for (int l = 0; l < model->config.num_layers; l++) {
         sparse_pattern_free(&model->ffn[l].p, model->device);
         device_free(model->ffn[l].hot.g, model->device);
+        device_free(model->ffn[l].dense, model->device);
     }
     device_free(model->hot_dh, model->device);
     free(model->ffn);
@@ -385,6 +404,10 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1
         if (on != f->on) {
             printf("ffn: layer %d -> %s (%.1f of %d units active per token, sparse up to %.0f)\n", l,
                    on ? "sparse" : "dense", k, H, limit);
+        }
+        if (on && f->dense) { // its g, u, h are not needed again until it turns dense
+            device_free(f->dense, model->device);
+            f->dense = NULL;
         }
         f->on = on;
     }
@@ -615,7 +638,7 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
     int B = model->B, T_ = model->T_, L = c->num_layers, D = c->channels, H = c->hidden, M = B * T_;
     int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
     Activations<T, G>* a = &model->acts;
-    size_t MD = (size_t)M * D, MH = (size_t)M * H;
+    size_t MD = (size_t)M * D;
 
     if (model->params_needed) {
         model->params_needed(model->params_needed_ctx, -1);
@@ -629,8 +652,6 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
         T* qkv = a->qkv + (size_t)l * M * QKV;
         T* att = a->att + l * MD;
         T* ffn_in = a->ffn_in + l * MD;
-        size_t ffn = gpt_keeps_ffn(model) ? l * MH : 0;
-        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
         const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
 
         linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
@@ -645,10 +666,12 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
             SparseFfnLayer<T>* f = &model->ffn[l];
             gpt_sparse_ensure(model, l);
             ffn_split_forward(a->proj, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M,
-                              model->fired + (size_t)l * H, &f->p, &f->hot, g, ffn_in,
+                              model->fired + (size_t)l * H, &f->p, &f->hot, a->g, ffn_in,
                               model->param[P_WG] + (size_t)l * H * D, model->param[P_WU] + (size_t)l * H * D, wdT, M,
                               D, H, &model->sparse_scratch);
         } else {
+            T *g, *u, *h;
+            gpt_ffn_dense_acts(model, l, &g, &u, &h);
             gpt_ffn_activations(model, l, g, u, h);
             gemm(a->proj, h, wdT, M, D, H, 0, 0, 0);
         }
@@ -706,7 +729,7 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
     int L = c->num_layers, D = c->channels, H = c->hidden, Vp = c->padded_vocab_size;
     int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
     Activations<T, G>* a = &model->acts;
-    size_t MD = (size_t)M * D, MH = (size_t)M * H;
+    size_t MD = (size_t)M * D;
     T* d_res = a->d_res; // dL/dx of the residual stream, walking down the layers
 
     // classifier and final norm
@@ -719,8 +742,6 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
         const T* wg = model->param[P_WG] + (size_t)l * H * D;
         const T* wu = model->param[P_WU] + (size_t)l * H * D;
         const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
-        size_t ffn = gpt_keeps_ffn(model) ? l * MH : 0;
-        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
         const T* ffn_in = a->ffn_in + l * MD;
         G *dwg = model->grad[P_WG] + (size_t)l * H * D, *dwu = model->grad[P_WU] + (size_t)l * H * D;
         G* dwdT = model->grad[P_WDT] + (size_t)l * H * D;
@@ -734,6 +755,8 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
                                model->sparse_du, model->sparse_dg, model->hot_dh, model->hot_du, d_res, ffn_in, wg, wu,
                                wdT, l1_scale, M, D, H, &model->sparse_scratch);
         } else {
+            T *g, *u, *h;
+            gpt_ffn_dense_acts(model, l, &g, &u, &h);
             if (!gpt_keeps_ffn(model)) { gpt_ffn_activations(model, l, g, u, h); }
             // (FFN_AUTO: the counts choose the hot units once the layer runs sparse)
             if (model->ffn_mode == FFN_AUTO) { unit_count_add(unit_count, g, M, H); }

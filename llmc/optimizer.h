@@ -223,14 +223,16 @@ void optimizer_permute_units(Optimizer* opt, GPT<T, G>* model, int l, const int*
     device_free(dev_perm, model->device);
 }
 
-// The hot/cold split after an optimizer step of `tokens` tokens (llmc/ffn.h):
+// The hot/cold split after optimizer step `step` of `tokens` tokens (llmc/ffn.h):
 // the costs are measured once where the run asks for them (dense1 < 0), then
-// every sparse layer's hot set is re-chosen from the step's counts
-// (gpt_hot_choose); a layer whose set changes gets its units permuted. Every
+// every FFN_HOT_EVERY steps every sparse layer's hot set is re-chosen from the
+// step's counts (gpt_hot_choose); a layer whose set changes gets its units
+// permuted (the choice depends on the step's number, not on when a run
+// started, so a resumed run makes the same ones). Every
 // process makes the same choices (the counts are summed over them, the costs
 // are their mean). Logs the costs and each change when verbose.
 template <typename T, typename G>
-void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, double tokens, int verbose) {
+void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, int step, double tokens, int verbose) {
     const int L = model->config.num_layers, H = model->config.hidden;
     FfnCosts* costs = &model->hot_costs;
     if (costs->dense1 < 0) {
@@ -252,7 +254,7 @@ void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, double tokens, int v
 #endif
         }
     }
-    if (costs->dense1 <= 0 && costs->dense0 <= 0) { return; } // no hot units
+    if ((costs->dense1 <= 0 && costs->dense0 <= 0) || step % FFN_HOT_EVERY != 0) { return; } // (none: all zero)
     int* perm = (int*)mallocCheck(H * sizeof(int));
     for (int l = 0; l < L; l++) {
         SparseFfnLayer<T>* f = &model->ffn[l];

@@ -227,7 +227,7 @@ static void test_model(void) {
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
             int before = m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
-            optimizer_hot_update(&o, &m, M, 0);
+            optimizer_hot_update(&o, &m, step, M, 0);
             changes += mode && before != m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
             loss[mode][step] = m.ce;
         }
@@ -248,8 +248,8 @@ static void test_state(void) {
     gpt_build(&a, &c, DEVICE_CPU);
     gpt_build(&b, &c, DEVICE_CPU);
     a.ffn_mode = b.ffn_mode = FFN_AUTO;
-    a.ffn[0] = {1, {}, 32, 100, {64, NULL, NULL, NULL}, 0};
-    a.ffn[1] = {0, {}, 16, 50, {0, NULL, NULL, NULL}, 0};
+    a.ffn[0] = {NULL, 1, {}, 32, 100, {64, NULL, NULL, NULL}, 0};
+    a.ffn[1] = {NULL, 0, {}, 16, 50, {0, NULL, NULL, NULL}, 0};
     a.hot_costs = (FfnCosts){1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f};
     std::vector<int32_t> state(ffn_state_ints(2));
     gpt_ffn_state_get(&a, state.data());

@@ -277,7 +277,7 @@ static void test_model(void) {
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
             int before = m.ffn[0].hot.units + 10000 * m.ffn[1].hot.units;
-            optimizer_hot_update(&o, &m, M, 0);
+            optimizer_hot_update(&o, &m, step, M, 0);
             changed += mode == 2 && before != m.ffn[0].hot.units + 10000 * m.ffn[1].hot.units;
             loss[mode][step] = m.ce;
         }
