@@ -1,5 +1,6 @@
 # Build: `make` (train_gpt_sparse, infer, tokenize), `make test` (everything that
-# needs no GPU), `make test-gpu` (on a machine with an NVIDIA GPU).
+# needs no GPU), `make test-gpu` (on a machine with an NVIDIA GPU), `make fuzz`
+# (the parsers under libFuzzer; needs clang).
 
 NVCC ?= nvcc
 CXX ?= g++
@@ -57,8 +58,37 @@ build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
 	@mkdir -p build/san
 	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) $< -o $@ -lm
 
-test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS)
-	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS) $(SCRIPT_TESTS)
+# Fuzzing: a libFuzzer harness (fuzz/fuzz_NAME.cpp) per parser, built with clang, ASan and UBSan.
+# `make fuzz` runs each for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=600`) from the seeds that
+# build/fuzz_seeds writes; `make test` replays the seeds and fuzz/regressions/ through the same
+# harnesses built with g++ and the sanitizers (defined before `test`, whose prerequisites
+# make expands where it reads them).
+FUZZ_CXX ?= clang++
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS = -g -O1 -std=c++17 -I. -Wall -Wextra -Wno-unused-parameter -fsanitize=fuzzer,address,undefined \
+             -fno-sanitize-recover=all
+FUZZ_NAMES = $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
+FUZZ_REPLAYS = $(patsubst %,build/san/fuzz_%,$(FUZZ_NAMES))
+FUZZ_DEPS = fuzz/fuzz.h fuzz/common.h $(HEADERS)
+
+test: $(BINARIES) $(CPU_TESTS) $(SAN_TESTS) $(FUZZ_REPLAYS) build/fuzz/seeds/.done
+	@bash test/run_tests.sh $(CPU_TESTS) $(SAN_TESTS) $(FUZZ_REPLAYS) $(SCRIPT_TESTS)
+
+build/fuzz/fuzz_%: fuzz/fuzz_%.cpp $(FUZZ_DEPS)
+	@mkdir -p build/fuzz
+	$(FUZZ_CXX) $(FUZZ_FLAGS) $< -o $@
+
+build/san/fuzz_%: fuzz/fuzz_%.cpp $(FUZZ_DEPS)
+	@mkdir -p build/san
+	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) -DFUZZ_REPLAY -DFUZZ_TARGET='"$*"' $< -o $@ -lm
+
+build/fuzz/seeds/.done: fuzz/seeds.cpp $(FUZZ_DEPS) test/data/tokenizer_vectors.txt
+	@mkdir -p build/fuzz
+	$(CXX) $(TEST_FLAGS) $< -o build/fuzz/seeds_gen -lm
+	rm -rf build/fuzz/seeds && build/fuzz/seeds_gen && touch $@
+
+fuzz: $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_NAMES)) build/fuzz/seeds/.done
+	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_NAMES)
 
 # GPU tests, benchmarks and dev tools: built anywhere, run on a machine with a GPU
 build/gpu/test_%: test/gpu/test_%.cu test/test.h $(HEADERS) $(CUDA_HEADERS)
@@ -83,4 +113,4 @@ test-gpu: $(BINARIES) $(GPU_TESTS)
 clean:
 	rm -rf build $(BINARIES)
 
-.PHONY: all test test-gpu gpu clean
+.PHONY: all test test-gpu gpu clean fuzz

@@ -563,7 +563,7 @@ static int split_lines(char* buf, size_t len, const char** texts, size_t* lens, 
 }
 
 int main(int argc, char** argv) {
-    const char* model_path = "out/model_00002000.bin";
+    const char* model_path = NULL;
     const char* prompt = NULL;
     const char* prompt_file = NULL;
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
@@ -578,7 +578,7 @@ int main(int argc, char** argv) {
     int bench_on = 0, bench_batch = 1, bench_length = 512, max_batch = 64;
     float temperature = 1.0f, top_p = 1.0f, sparse_k = 30.0f;
     ArgSpec specs[] = {
-        {'m', "model", ARG_STRING, &model_path, 0, 0, "model checkpoint written by train_gpt_sparse", 0},
+        {'m', "model", ARG_STRING, &model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest (default: out)", 0},
         {'p', "prompt", ARG_STRING, &prompt, 0, 0, "prompt text (default: stdin if it is not a terminal, else none)", 0},
         {'f', "prompt-file", ARG_STRING, &prompt_file, 0, 0, "one prompt per line, a batch ('-' = stdin; empty lines skipped)", 0},
         {'n', "max-tokens", ARG_INT, &max_tokens, 1, 1 << 24, "most tokens to generate per prompt (--bench: decode steps)", 0},
@@ -645,6 +645,22 @@ int main(int argc, char** argv) {
         cudaDeviceProp prop;
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
         snprintf(gpu_name, sizeof(gpu_name), "%s", prop.name);
+    }
+
+    // a directory (out when no -m is given) stands for its newest model file
+    char newest_path[4096];
+    struct stat model_stat;
+    int is_dir = model_path != NULL && stat(model_path, &model_stat) == 0 && S_ISDIR(model_stat.st_mode);
+    if (!(bench_on && preset_name) && (model_path == NULL || is_dir)) {
+        const char* dir = model_path ? model_path : "out";
+        int newest = checkpoint_latest(dir, 0);
+        if (newest < 0 && model_path == NULL) {
+            fatal("no -m given, and out/ holds no checkpoint (model_<step>.bin): train one with ./train_gpt_sparse "
+                  "(on a CPU a short first run, about 10 minutes), or give -m FILE");
+        }
+        if (newest < 0) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", dir); }
+        snprintf(newest_path, sizeof(newest_path), "%s/model_%08d.bin", dir, newest);
+        model_path = newest_path;
     }
 
     if (bench_on) {

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <dirent.h>
 #include <omp.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -32,6 +33,9 @@
 #include "llmc/tokenizer.h"
 #include "llmc/watchdog.h"
 
+// steps of the default run on the CPU when -x is not given (about 10 minutes on two cores)
+#define CPU_SHORT_STEPS 150
+
 // number of CUDA GPUs; 0 when there is no GPU or no usable driver
 static int cuda_device_count(void) {
     int count = 0;
@@ -44,22 +48,117 @@ static int cuda_device_count(void) {
     return count;
 }
 
-// the largest step with a complete checkpoint in dir (llmc/checkpoint.h); -1 if none
-static int latest_checkpoint(const char* dir) {
-    DIR* d = opendir(dir);
-    if (d == NULL) { return -1; }
-    int best = -1;
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-        int step;
-        char tail;
-        if (sscanf(e->d_name, "model_%d.bi%c", &step, &tail) == 2 && tail == 'n' && step > best &&
-            checkpoint_complete(dir, step)) {
-            best = step;
+// Ctrl-C (SIGINT) and SIGTERM, which schedulers send before they end a job:
+// the first asks the run to stop after its current step, with a checkpoint; a
+// second one ends the process at once. A signal that was ignored when the
+// process started (a background job of a script, which forwards it) stays
+// ignored. The handler only sets the flag and writes a line (async-signal-safe).
+static volatile sig_atomic_t stop_signal = 0;
+
+static void write_stderr(const char* msg) {
+    ssize_t ignored = write(STDERR_FILENO, msg, strlen(msg));
+    (void)ignored;
+}
+
+static void on_stop_signal(int sig) {
+    if (stop_signal != 0) {
+        write_stderr("\nsecond signal: stopping at once, without a checkpoint (the newest complete one is intact)\n");
+        signal(sig, SIG_DFL);
+        raise(sig); // delivered when the handler returns: the process ends by this signal
+        return;
+    }
+    stop_signal = sig;
+    write_stderr("\nstop requested: finishing this step, then writing a checkpoint (a second signal stops at once)\n");
+}
+
+static void catch_stop_signals(void) {
+    const int signals[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old, sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_stop_signal;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        if (sigaction(signals[i], NULL, &old) != 0 || (old.sa_handler != SIG_IGN && sigaction(signals[i], &sa, NULL) != 0)) {
+            fatal("cannot catch signal %d: %s", signals[i], strerror(errno));
         }
     }
+}
+
+// Whether to stop, agreed by every process so that all stop at the same step:
+// each one's request (a signal) is max-reduced once per step, queued on the
+// main stream with the step's other collectives, and read where the host waits
+// for the step anyway. One process: its own request.
+typedef struct {
+    Zero* zero;   // NULL with one process
+    int* host;    // pinned: [0] this process's request, [1] the agreed answer
+    int* device;
+} StopVote;
+
+static void stop_vote_init(StopVote* v, Zero* zero) {
+    memset(v, 0, sizeof(*v));
+    v->zero = zero;
+    if (zero == NULL) { return; }
+    cudaCheck(cudaMallocHost((void**)&v->host, 2 * sizeof(int)));
+    v->device = (int*)cuda_malloc(sizeof(int));
+}
+
+// every process calls it at the same point, after the second stream's collectives were joined
+static void stop_vote_send(StopVote* v) {
+    if (v->zero == NULL) { return; }
+    v->host[0] = stop_signal != 0;
+    cudaCheck(cudaMemcpyAsync(v->device, v->host, sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    zero_all_reduce_max(v->zero, v->device);
+    cudaCheck(cudaMemcpyAsync(v->host + 1, v->device, sizeof(int), cudaMemcpyDeviceToHost, main_stream));
+}
+
+// the agreed answer of the last vote sent (waits for the main stream)
+static int stop_vote_result(StopVote* v) {
+    if (v->zero == NULL) { return stop_signal != 0; }
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    return v->host[1];
+}
+
+static void stop_vote_free(StopVote* v) {
+    if (v->zero == NULL) { return; }
+    cudaCheck(cudaFreeHost(v->host));
+    cuda_free(v->device);
+}
+
+// a checkpoint file of a run (model_<step>.bin, state_<step>_<rank>.bin, or either
+// with .tmp) or its log (log.jsonl, or with .tmp)
+static int is_run_file(const char* name) {
+    int step, rank, end = 0;
+    if (sscanf(name, "model_%d.bin%n", &step, &end) == 1 || sscanf(name, "state_%d_%d.bin%n", &step, &rank, &end) == 2) {
+        return end > 0 && (name[end] == '\0' || strcmp(name + end, ".tmp") == 0);
+    }
+    return strcmp(name, "log.jsonl") == 0 || strcmp(name, "log.jsonl.tmp") == 0;
+}
+
+// the number of files of a run in dir (an empty log.jsonl is none); with remove = 1 they are deleted
+static int run_files(const char* dir, int remove) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return 0; }
+    int count = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        int empty_log = strcmp(e->d_name, "log.jsonl") == 0 && stat(path, &st) == 0 && st.st_size == 0;
+        if (!is_run_file(e->d_name) || empty_log) { continue; }
+        count++;
+        if (remove && unlink(path) != 0) { fatal("cannot delete %s: %s", path, strerror(errno)); }
+    }
     closedir(d);
-    return best;
+    return count;
+}
+
+// "the newest complete checkpoint is <path>" or "<dir> holds no complete checkpoint", for messages
+static void describe_newest(char* out, size_t len, const char* dir) {
+    int newest = checkpoint_latest(dir, 1);
+    if (newest < 0) { snprintf(out, len, "%s holds no complete checkpoint", dir); }
+    else { snprintf(out, len, "the newest complete checkpoint is %s/model_%08d.bin", dir, newest); }
 }
 
 typedef struct {
@@ -72,11 +171,16 @@ typedef struct {
     int B, T, total_batch, grad_accum;
     int val_every, val_batches, sample_every, sample_tokens, ckpt_every;
     int resume, seed, recompute;
+    int overwrite;             // 1: delete the run in out_dir and start over
+    int max_nonfinite;         // steps in a row with a non-finite loss or gradient norm before the run stops
+    int inject_nan;            // tests: a NaN at this step (0 = never) in the gradients, or in a moment with
+                               // inject_nan_moment
+    int inject_nan_moment;
     float lambda;
     int ffn_mode;              // FfnMode (llmc/gpt.h)
     int dead_reinit;           // 1: MODEL.md's dead-neuron re-initialisation after each step
     float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
-    float hot_rate;            // break-even firing rate of a hot FFN unit (llmc/ffn.h); 0: none, < 0: measure
+    float hot_rate;            // a fixed firing rate above which an FFN unit is hot (llmc/ffn.h); 0: none, < 0: measured costs
     ProcessInfo proc;          // this process of the data-parallel run
     const char* init_method;   // how the processes meet (llmc/zero.cuh)
     const char* init_address;
@@ -177,16 +281,29 @@ void reduce_stats(GPT<T, float>* model, Zero* zero) {
     }
 }
 
-// mean CE over the first `batches` global batches of the validation set
+// mean CE over the first `batches` global batches of the validation set, the
+// validation of step `step`; with `progress`, a line every 5 seconds says how
+// far it is. A stop request cuts it short (the caller then discards it).
 template <typename T>
-double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, BatchUploader* uploader) {
+double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, BatchUploader* uploader, int step,
+                int progress) {
     dataloader_reset(val);
     gpt_stats_reset(model);
-    for (int i = 0; i < batches; i++) {
+    double start = now_seconds(), shown = start;
+    for (int i = 0; i < batches && !stop_signal; i++) {
         dataloader_next_batch(val);
         uploader_put(uploader, val->inputs, val->targets);
         gpt_forward(model, uploader->inputs, uploader->targets, val->B, val->T, 0.0f);
+        double now = now_seconds();
+        if (progress && now - shown >= 5 && i + 1 < batches) {
+            char eta[32];
+            format_duration(eta, sizeof(eta), (now - start) / (i + 1) * (batches - i - 1));
+            printf("step %d | validation: %d/%d batches | ETA %s\n", step, i + 1, batches, eta);
+            shown = now;
+        }
     }
+    // (the forwards waited for the last step's all-gather; one cut short before any did not)
+    if (zero) { zero_join(zero); }
     reduce_stats(model, zero);
     gpt_stats_read(model, (double)batches * val->B * val->T * val->num_processes);
     return model->ce;
@@ -207,8 +324,55 @@ static void save_checkpoint(const Options* o, int step, const float* params, con
     if (o->proc.rank == 0) { printf("checkpoint: %s/model_%08d.bin\n", o->out_dir, step); }
 }
 
+// What the run does with its output directory, said in one line: continue the
+// newest complete checkpoint (--resume 1), start a new run where there is no
+// other, or delete the other and start over (--overwrite 1); otherwise it is
+// refused, so that two runs never mix. Returns the step to resume, or -1.
+static int choose_start(const Options* o) {
+    int master = o->proc.rank == 0;
+    if (o->resume) {
+        int newest = checkpoint_latest(o->out_dir, 1);
+        if (newest < 0) {
+            fatal("--resume 1, but %s holds no complete checkpoint (model_<step>.bin and its state files): leave out "
+                  "--resume to start a new run there", o->out_dir);
+        }
+        return newest;
+    }
+    int files = run_files(o->out_dir, 0);
+    if (files > 0 && !o->overwrite) {
+        char newest[4200];
+        describe_newest(newest, sizeof(newest), o->out_dir);
+        fatal("%s holds another run (%d checkpoint and log files; %s): give --resume 1 to continue it, --overwrite 1 "
+              "to delete it and start over, or another --output-dir", o->out_dir, files, newest);
+    }
+    if (master) {
+        if (files > 0) {
+            run_files(o->out_dir, 1);
+            printf("output: %s, a new run (--overwrite 1: deleted the %d checkpoint and log files of the run there)\n",
+                   o->out_dir, files);
+        } else {
+            printf("output: %s, a new run\n", o->out_dir);
+        }
+    }
+    return -1;
+}
+
+// a checkpoint never holds a NaN or inf: the run stops with an error instead
+static void refuse_nonfinite(const Options* o, int step, const float* x, size_t n, const char* what) {
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) {
+            char newest[4200];
+            describe_newest(newest, sizeof(newest), o->out_dir);
+            fatal("step %d: the %s hold a non-finite value (%g at index %zu): no checkpoint written; %s", step, what,
+                  x[i], i, newest);
+        }
+    }
+}
+
+// trains to o->optim.total_steps; returns 1 if a signal stopped the run first
 template <typename T>
-void train(const Options* o, Device device) {
+int train(const Options* o, Device device) {
+    catch_stop_signals();
     const GPTConfig* config = &o->config;
     int B = o->B, T_ = o->T, M = B * T_, L = config->num_layers;
     int P = o->proc.size, rank = o->proc.rank, master = rank == 0;
@@ -240,8 +404,12 @@ void train(const Options* o, Device device) {
     gpt_build(&model, config, device);
     model.recompute = o->recompute;
     model.ffn_mode = o->ffn_mode;
-    // the CPU path is the reference: hot units only where the run asks for them
-    model.hot_rate = o->hot_rate < 0 && device == DEVICE_CPU ? 0 : o->hot_rate;
+    // hot units (llmc/ffn.h): the costs measured on the GPU, or a fixed firing rate above which a unit is hot
+    // (the same choice with a pair costing 1 and a hot unit the rate); the CPU path is the reference, hot
+    // units only where the run asks for them
+    model.hot_costs = o->hot_rate > 0 ? (FfnCosts){0.0f, o->hot_rate, 0.0f, 1.0f}
+                      : o->hot_rate < 0 && device == DEVICE_CUDA ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f}
+                                                                 : (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f};
     Optimizer opt;
     optimizer_init(&opt, &model, zero);
     size_t n_params = model.num_parameters, owned = opt.owned;
@@ -252,17 +420,20 @@ void train(const Options* o, Device device) {
     int32_t* ffn_state = (int32_t*)mallocCheck(ffn_state_ints(L) * sizeof(int32_t));
     BatchUploader uploader;
     uploader_init(&uploader, M, device);
-    TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull};
+    TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull, 0};
 
     make_dir(o->out_dir);
     char path[4096], log_path[4096];
     snprintf(log_path, sizeof(log_path), "%s/log.jsonl", o->out_dir);
-    int start_step = o->resume ? latest_checkpoint(o->out_dir) : -1;
-    if (o->resume && start_step < 0) { fatal("--resume 1, but %s holds no complete checkpoint", o->out_dir); }
+    int start_step = choose_start(o);
     if (start_step >= 0) {
         GPTConfig ckpt_config;
         snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, start_step);
-        float* params = checkpoint_load_model(path, &ckpt_config, NULL);
+        int model_step;
+        float* params = checkpoint_load_model(path, &ckpt_config, &model_step);
+        if (model_step != start_step) {
+            fatal("%s holds step %d, not the %d of its name", path, model_step, start_step);
+        }
         char msg[256];
         if (config_mismatch(&ckpt_config, config, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
         set_params_from_fp32(&model, &opt, params);
@@ -272,6 +443,20 @@ void train(const Options* o, Device device) {
                                              sizeof(loader_state), host_m, host_v, ffn_state);
         // the same sparse/dense and hot/cold choices as the run that wrote it
         if (ffn_ints) { gpt_ffn_state_set(&model, ffn_state, ffn_ints); }
+        if (state.step != start_step) {
+            state_path(path, sizeof(path), o->out_dir, start_step, 0);
+            fatal("%s holds step %d, but its model file is step %d: they are not one checkpoint", path, state.step,
+                  start_step);
+        }
+        // nothing left to do: an error, not a run that silently trains nothing
+        if (start_step > o->optim.total_steps) {
+            fatal("the newest checkpoint in %s is step %d, past -x %d: give a larger -x to train on, or --overwrite 1 "
+                  "to start over", o->out_dir, start_step, o->optim.total_steps);
+        }
+        if (start_step == o->optim.total_steps && !state.eval_pending) {
+            fatal("the run in %s already reached step %d = -x: nothing to train (give a larger -x to train on)",
+                  o->out_dir, start_step);
+        }
         long saved_batch = (long)state.B * state.T * state.grad_accum * state.num_processes;
         if (state.T != T_ || saved_batch != o->total_batch) {
             fatal("checkpoint step %d was trained with seq-len %d and %ld tokens per step (%d x %d x %d accumulation x "
@@ -290,7 +475,8 @@ void train(const Options* o, Device device) {
         dataloader_set_state(&train_loader, &loader_state);
         if (master) {
             log_truncate_after_step(log_path, start_step);
-            printf("resumed from %s/model_%08d.bin at step %d\n", o->out_dir, start_step, start_step);
+            printf("resumed from %s/model_%08d.bin at step %d (of %d)\n", o->out_dir, start_step, start_step,
+                   o->optim.total_steps);
         }
     } else {
         if (o->synthetic_k > 0) {
@@ -312,13 +498,15 @@ void train(const Options* o, Device device) {
                o->grad_accum, processes, o->total_batch, o->lambda, o->optim.lr);
         const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
-        if (o->ffn_mode != FFN_DENSE && model.hot_rate != 0) {
-            if (model.hot_rate > 0) {
-                printf("ffn: hot units: a sparse layer's units firing for more than %.3f%% of the tokens run dense\n",
-                       100 * model.hot_rate);
-            } else {
-                printf("ffn: hot units: the break-even firing rate is measured after the first sparse step\n");
-            }
+        const FfnCosts* hc = &model.hot_costs;
+        if (o->ffn_mode != FFN_DENSE && hc->dense1 < 0) {
+            printf("ffn: hot units: their costs are measured after the first sparse step\n");
+        } else if (o->ffn_mode != FFN_DENSE && hc->dense0 == 0 && hc->gate1 == 0 && hc->pair1 == 1) {
+            printf("ffn: hot units: a sparse layer's units firing for more than %.3f%% of the tokens run dense\n",
+                   100 * hc->dense1);
+        } else if (o->ffn_mode != FFN_DENSE && hc->dense1 > 0) {
+            printf("ffn: hot units: costs per token: dense part %.3g s + %.3g s per unit, gate %.3g s per unit, "
+                   "%.3g s per pair\n", hc->dense0, hc->dense1, hc->gate1, hc->pair1);
         }
     }
 
@@ -345,22 +533,47 @@ void train(const Options* o, Device device) {
     // the gradients are summed over processes, so each one's losses are scaled by 1/P too
     float dloss = 1.0f / ((float)M * o->grad_accum * P);
     float l1_scale = o->lambda / ((float)L * M * o->grad_accum * P);
-    int first_step = state.step;
-    for (int step = first_step; step <= o->optim.total_steps; step++) {
-        int last = step == o->optim.total_steps;
-        // a resumed run already validated and sampled at its first step before the checkpoint
-        int done_before = start_step >= 0 && step == first_step;
-        if (!done_before && ((o->val_every > 0 && step % o->val_every == 0) || last)) {
+    int first_step = state.step, total = o->optim.total_steps;
+    // a resumed run validated and sampled at its first step before the checkpoint, unless a stop came first
+    int first_evaluated = start_step >= 0 && !state.eval_pending;
+    StopVote vote;
+    stop_vote_init(&vote, zero);
+    int stopping = 0;         // every process agreed to stop (a signal)
+    int nonfinite = 0;        // steps in a row skipped for a non-finite loss or gradient norm
+    // for the ETA: this process's step times (but its first, which warms up) and its last validation's
+    double step_seconds = 0, val_seconds = -1;
+    int timed_steps = 0;
+    for (int step = first_step;; step++) {
+        int last = step == total;
+        int done_before = step == first_step && first_evaluated;
+        int val_due = !done_before && ((o->val_every > 0 && step % o->val_every == 0) || last);
+        int sample_due = !done_before && o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last);
+        if (val_due && !stopping) {
             watchdog_arm(&watchdog, o->timeout, "rank %d: validation at step %d", rank, step);
-            double val_ce = evaluate(&model, zero, &val_loader, val_batches, &uploader);
+            double t0 = now_seconds();
+            double val_ce = evaluate(&model, zero, &val_loader, val_batches, &uploader, step, master);
+            stop_vote_send(&vote);
+            stopping = stop_vote_result(&vote);
             watchdog_disarm(&watchdog);
-            if (master) {
-                printf("step %d | val ce %.4f\n", step, val_ce);
-                log_val(log_path, step, val_ce);
+            if (stopping) {
+                if (master) {
+                    printf("step %d | validation cut short by the stop; it runs when the run continues\n", step);
+                }
+            } else {
+                val_seconds = now_seconds() - t0;
+                if (master) {
+                    printf("step %d | val ce %.4f\n", step, val_ce);
+                    log_val(log_path, step, val_ce);
+                }
             }
         }
-        int checkpoint = step > first_step && o->ckpt_every >= 0 && ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || last);
-        int sample = !done_before && o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last);
+        // a stop writes a checkpoint of this step, marked when its validation and sample are still to do; a run
+        // resumed from such a checkpoint writes it again once they are done
+        int resumed_pending = start_step >= 0 && step == first_step && !done_before;
+        int checkpoint = !done_before && o->ckpt_every >= 0 &&
+                         (stopping || last || resumed_pending ||
+                          (step > first_step && o->ckpt_every > 0 && step % o->ckpt_every == 0));
+        int sample = sample_due && !stopping;
         watchdog_arm(&watchdog, o->timeout, "rank %d: checkpoint of step %d", rank, step);
         // a collective with several processes, so all take part whether or not rank 0 can sample
         if (checkpoint || (sample && (sampling || P > 1))) { get_params_fp32(&model, &opt, host_params); }
@@ -370,13 +583,31 @@ void train(const Options* o, Device device) {
         }
         if (checkpoint) {
             state.step = step;
+            state.eval_pending = stopping && (val_due || sample_due);
             DataLoaderState loader_state = dataloader_get_state(&train_loader);
             device_copy(host_m, opt.m, owned * sizeof(float), device);
             device_copy(host_v, opt.v, owned * sizeof(float), device);
+            refuse_nonfinite(o, step, host_params, n_params, "weights");
+            refuse_nonfinite(o, step, host_m, owned, "first moments");
+            refuse_nonfinite(o, step, host_v, owned, "second moments");
             gpt_ffn_state_get(&model, ffn_state);
             save_checkpoint(o, step, host_params, &state, &loader_state, host_m, host_v, owned, ffn_state);
         }
         watchdog_disarm(&watchdog);
+        if (stopping) {
+            if (master) {
+                char why[64] = "another process was asked to stop";
+                if (stop_signal) { snprintf(why, sizeof(why), "%s", stop_signal == SIGINT ? "SIGINT" : "SIGTERM"); }
+                if (o->ckpt_every < 0) {
+                    printf("stopped at step %d of %d (%s); no checkpoint (-n -1)\n", step, total, why);
+                } else {
+                    printf("stopped at step %d of %d (%s): the checkpoint is %s/model_%08d.bin; to continue, run the "
+                           "same command %s\n", step, total, why, o->out_dir, step,
+                           o->resume ? "again" : "with --resume 1");
+                }
+            }
+            break;
+        }
         if (last) { break; }
 
         // one optimizer step over grad_accum micro-batches
@@ -394,21 +625,50 @@ void train(const Options* o, Device device) {
         if (zero) { zero_join(zero); }
         // summed before the optimizer's collectives, whose all-gather then overlaps the next forward
         reduce_stats(&model, zero);
+        stop_vote_send(&vote);
+        if (o->inject_nan == step + 1) {
+            const float nan = NAN;
+            float* poisoned = o->inject_nan_moment ? opt.m : device == DEVICE_CPU ? model.grads : opt.grads;
+            device_copy(poisoned, &nan, sizeof(float), device);
+        }
         float step_lr = lr_at_step(&o->optim, step);
-        optimizer_step(&opt, &model, &o->optim, step_lr, step + 1);
+        optimizer_step(&opt, &model, &o->optim, step_lr, step + 1); // skipped if the loss or norm is not finite
         gpt_stats_read(&model, (double)o->total_batch); // waits for the step (but not its all-gather)
-        if (o->dead_reinit) { gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step); }
-        optimizer_hot_update(&opt, &model, (double)o->total_batch, master);
+        stopping = stop_vote_result(&vote);
+        double grad_norm = optimizer_grad_norm(&opt), loss = model.ce + o->lambda * model.l1_term;
+        int skipped = !isfinite(grad_norm) || !isfinite(model.ce);
+        if (o->dead_reinit && !skipped) {
+            gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step);
+        }
+        if (!skipped) { optimizer_hot_update(&opt, &model, step + 1, (double)o->total_batch, master); }
         double ms = (now_seconds() - t0) * 1000;
         watchdog_disarm(&watchdog);
+        if (step > first_step) {
+            step_seconds += ms / 1000;
+            timed_steps++;
+        }
 
+        if (skipped) {
+            nonfinite++;
+            if (master) { log_skip(log_path, step + 1, total, loss, grad_norm, nonfinite, o->max_nonfinite); }
+            if (nonfinite >= o->max_nonfinite) {
+                char newest[4200];
+                describe_newest(newest, sizeof(newest), o->out_dir);
+                int any = checkpoint_latest(o->out_dir, 1) >= 0;
+                fatal("steps %d to %d: the loss or gradient norm was not finite %d times in a row (--max-nonfinite "
+                      "%d), stopping; %s%s", step + 2 - nonfinite, step + 1, nonfinite, o->max_nonfinite, newest,
+                      any ? " (to continue from it: --resume 1, perhaps with a lower --lr)" : "");
+            }
+            continue;
+        }
+        nonfinite = 0;
         StepLog entry;
         entry.step = step + 1;
-        entry.loss = model.ce + o->lambda * model.l1_term;
+        entry.loss = loss;
         entry.ce = model.ce;
         entry.l1 = o->lambda * model.l1_term;
         entry.lr = step_lr;
-        entry.grad_norm = optimizer_grad_norm(&opt);
+        entry.grad_norm = grad_norm;
         entry.tok_per_s = o->total_batch / (ms / 1000);
         entry.ms = ms;
         entry.mfu = entry.mem_gib = -1;
@@ -419,10 +679,17 @@ void train(const Options* o, Device device) {
             entry.mfu = flops_per_step / (ms / 1000) / peak_flops;
             entry.mem_gib = peak_mem_gib;
         }
+        // the steps left at the mean step time, and the validations left at the last one's time (before one ran:
+        // a forward is about a third of a training micro-batch)
+        double mean_step = timed_steps ? step_seconds / timed_steps : ms / 1000;
+        int vals_left = o->val_every > 0 ? total / o->val_every - step / o->val_every : 0;
+        if (o->val_every == 0 || total % o->val_every != 0) { vals_left++; }
+        double val_time = val_seconds >= 0 ? val_seconds : val_batches * mean_step / o->grad_accum / 3;
+        entry.eta_s = (total - step - 1) * mean_step + vals_left * val_time;
         entry.num_layers = L;
         entry.hidden = config->hidden;
         entry.layers = model.stats;
-        if (master) { log_step(log_path, &entry, o->optim.total_steps); }
+        if (master) { log_step(log_path, &entry, total); }
     }
 
     if (zero) { cudaCheck(cudaStreamSynchronize(zero->stream)); } // the last all-gather, before anything is freed
@@ -443,8 +710,10 @@ void train(const Options* o, Device device) {
     gpt_free(&model);
     dataloader_free(&train_loader);
     dataloader_free(&val_loader);
+    stop_vote_free(&vote);
     if (zero) { zero_free(zero); }
     watchdog_stop(&watchdog);
+    return stopping;
 }
 
 int main(int argc, char** argv) {
@@ -461,10 +730,12 @@ int main(int argc, char** argv) {
     float synthetic_k = 0, hot_rate = -1;
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
+    const char* inject_nan = NULL;
     const char* init_method = "auto";
     const char* init_address = "";
     const char* init_file = "";
     int num_processes = 0, process_rank = -1, timeout = 300;
+    int overwrite = 0, max_nonfinite = 5;
     int resume = 0, seed = 1337, recompute = 0, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
     float lr = 1e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, lambda = 2e-5f;
     float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, rope_theta = 10000.0f, norm_eps = 1e-5f;
@@ -484,7 +755,7 @@ int main(int argc, char** argv) {
         {'b', "batch", ARG_INT, &B, 1, 1 << 16, "micro-batch size in sequences", 0},
         {'t', "seq-len", ARG_INT, &T, 2, 1 << 20, "sequence length (also the model's max_seq_len)", 0},
         {'d', "total-batch", ARG_INT, &total_batch, -1, 1 << 30, "tokens per optimizer step (-1 = one micro-batch)", 0},
-        {'x', "max-steps", ARG_INT, &max_steps, 1, 1 << 30, "optimizer steps", 0},
+        {'x', "max-steps", ARG_INT, &max_steps, 1, 1 << 30, "optimizer steps (on the CPU, if not given: a short first run)", 0},
         {'l', "lr", ARG_FLOAT, &lr, 0, 10, "peak learning rate", 0},
         {'u', "warmup", ARG_INT, &warmup, 0, 1 << 30, "warmup steps", 0},
         {'q', "final-lr-frac", ARG_FLOAT, &final_lr_frac, 0, 1, "cosine floor as a fraction of the peak lr", 0},
@@ -500,12 +771,15 @@ int main(int argc, char** argv) {
         {'g', "sample-tokens", ARG_INT, &sample_tokens, 1, 1 << 20, "tokens per text sample", 0},
         {'n', "ckpt-every", ARG_INT, &ckpt_every, -1, 1 << 30, "steps between checkpoints (0 = only at the end, -1 = never)", 0},
         {'y', "resume", ARG_INT, &resume, 0, 1, "1 = continue from the latest checkpoint in the output dir", 0},
+        {0, "overwrite", ARG_INT, &overwrite, 0, 1, "1 = delete the checkpoints and log of another run in the output dir and start over", 0},
+        {0, "max-nonfinite", ARG_INT, &max_nonfinite, 1, 1 << 30, "steps in a row skipped for a NaN/inf loss or gradient norm before the run stops", 0},
+        {0, "inject-nan", ARG_STRING, &inject_nan, 0, 0, "tests: gradient:STEP or moment:STEP puts a NaN there at that step", 0},
         {'r', "seed", ARG_INT, &seed, 0, 2147483647, "seed of the init, the data order and the samples", 0},
         {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "GPT-2 rank file, for the text samples", 0},
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
         {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
         {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer sparse or dense from its activity), dense or sparse", 0},
-        {0, "hot-rate", ARG_FLOAT, &hot_rate, -1, 1, "sparse layers run units firing for more of the tokens densely: -1 = the break-even measured on the GPU (none on the CPU), 0 = none", 0},
+        {0, "hot-rate", ARG_FLOAT, &hot_rate, -1, 1, "sparse layers run their busiest units as dense products: -1 = as many as the costs measured on the GPU say (none on the CPU), 0 = none, R = those firing for more than R of the tokens", 0},
         {0, "dead-reinit", ARG_INT, &dead_reinit, 0, 1, "1 = move gate rows that fired for no token of a step a tenth toward new noise", 0},
         {0, "synthetic-sparse", ARG_FLOAT, &synthetic_k, 0, 1e6, "benchmarks: init with about this many units firing per token (needs -n -1)", 0},
         {0, "init", ARG_STRING, &init_method, 0, 0, "how data-parallel processes meet: auto, mpi, tcp or file", 0},
@@ -560,6 +834,23 @@ int main(int argc, char** argv) {
     o.sample_tokens = sample_tokens;
     o.ckpt_every = ckpt_every;
     o.resume = resume;
+    o.overwrite = overwrite;
+    o.max_nonfinite = max_nonfinite;
+    o.inject_nan = 0;
+    o.inject_nan_moment = 0;
+    if (inject_nan) {
+        char where[16];
+        int at, end = 0;
+        if (sscanf(inject_nan, "%15[a-z]:%d%n", where, &at, &end) != 2 || inject_nan[end] != '\0' || at < 1 ||
+            (strcmp(where, "gradient") != 0 && strcmp(where, "moment") != 0)) {
+            fatal("--inject-nan %s: expected gradient:STEP or moment:STEP with STEP >= 1", inject_nan);
+        }
+        o.inject_nan = at;
+        o.inject_nan_moment = strcmp(where, "moment") == 0;
+    }
+    if (resume && overwrite) {
+        fatal("--resume 1 continues the run in the output dir, --overwrite 1 deletes it: give one");
+    }
     o.seed = seed;
     o.lambda = lambda;
     o.recompute = recompute;
@@ -585,6 +876,7 @@ int main(int argc, char** argv) {
     if (P > 1 && (gpus == 0 || strcmp(device_name, "cpu") == 0)) {
         fatal("%d processes (from %s): data parallelism needs a CUDA GPU per process", P, o.proc.launcher);
     }
+    int stopped;
     if (gpus > 0 && strcmp(device_name, "cpu") != 0) {
         int gpu = o.proc.local_rank >= 0 ? o.proc.local_rank : o.proc.rank % gpus;
         if (gpu >= gpus) { fatal("rank %d wants GPU %d of this machine, which has %d", o.proc.rank, gpu, gpus); }
@@ -595,12 +887,32 @@ int main(int argc, char** argv) {
             if (P > 1) { printf("processes: %d (from %s), one GPU each\n", P, o.proc.launcher); }
             printf("device: %s, bf16 with fp32 master weights\n", prop.name);
         }
-        train<bf16>(&o, DEVICE_CUDA);
+        stopped = train<bf16>(&o, DEVICE_CUDA);
         cublaslt_free();
     } else {
         printf("device: CPU reference path, fp32, %d OpenMP threads%s\n", omp_get_max_threads(),
                gpus ? "" : " (no CUDA GPU present)");
-        train<float>(&o, DEVICE_CPU);
+        // the default run takes hours on a CPU: unless -x is given, a short first run of the same model
+        if (!cli_given(specs, num_specs, "max-steps")) {
+            o.optim.total_steps = CPU_SHORT_STEPS;
+            if (!cli_given(specs, num_specs, "warmup")) { o.optim.warmup_steps = CPU_SHORT_STEPS / 10; }
+            if (!cli_given(specs, num_specs, "val-every")) { o.val_every = CPU_SHORT_STEPS / 3; }
+            if (!cli_given(specs, num_specs, "val-batches")) { o.val_batches = 4; }
+            if (!cli_given(specs, num_specs, "ckpt-every")) { o.ckpt_every = CPU_SHORT_STEPS / 3; }
+            printf("a short first run on the CPU: %d steps (about 10 minutes on 2 cores), validating every %d on %d "
+                   "batches; the full run is -x %d (hours on a CPU, a minute on a GPU)\n", o.optim.total_steps,
+                   o.val_every, o.val_batches, max_steps);
+        }
+        stopped = train<float>(&o, DEVICE_CPU);
+    }
+    if (stopped) {
+        // stopped by a signal: end by it, so that a shell or scheduler sees what happened; stopped because another
+        // process was: an error
+        if (stop_signal) {
+            signal(stop_signal, SIG_DFL);
+            raise(stop_signal);
+        }
+        return EXIT_FAILURE;
     }
     return 0;
 }

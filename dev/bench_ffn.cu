@@ -6,9 +6,9 @@
  per pattern: synthetic uniform k = 8, 30, 100, 300 and realistic k = 30, and
  "trained", the FFN of one layer of a checkpoint on its real inputs (f of the
  embedded corpus's val tokens; dy random). Per pattern: the times and ratios
- against dense, the break-even firing rate measured as training measures it
- (ffn_break_even: the dense part over FFN_HOT_PROBE units, the gate, the
- sparse part per pair) and the hot
+ against dense, the hot/cold costs measured as training measures them
+ (ffn_costs: the dense part over two numbers of units, the gate, the sparse
+ layer per pair) and the hot
  units it gives (ffn_hot_choose, the busiest first, as training orders them),
  what --ffn auto runs, the bytes each keeps for the backward, the errors
  against dense and the sparse stages' times. The ELL width and tail are sized
@@ -46,7 +46,7 @@ static int bench_model(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("model %s B%d T%d on %s, %s synthetic-sparse init (benchmark-only) with k = %g of %d, lr 0: %d timed steps "
-           "after 3 (sparse: hot units at the break-even measured in the first)\n", argv[2], B, T, prop.name,
+           "after 3 (sparse: hot units from the costs measured in the first)\n", argv[2], B, T, prop.name,
            skewed ? "skewed" : "uniform", k, c.hidden, steps);
     size_t n = num_parameters(&c);
     float* host = (float*)mallocCheck(n * sizeof(float));
@@ -63,7 +63,7 @@ static int bench_model(int argc, char** argv) {
         GPT<bf16, float> model;
         gpt_build(&model, &c, DEVICE_CUDA);
         model.ffn_mode = mode == 0 ? FFN_DENSE : FFN_SPARSE;
-        model.hot_rate = mode == 0 ? 0 : -1;
+        model.hot_costs = (FfnCosts){0.0f, mode == 0 ? 0.0f : -1.0f, 0.0f, 0.0f}; // sparse: measured
         Optimizer opt;
         optimizer_init(&opt, &model, NULL);
         set_params_from_fp32(&model, &opt, host);
@@ -76,7 +76,7 @@ static int bench_model(int argc, char** argv) {
             gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
             optimizer_step(&opt, &model, &oc, 0.0f, i + 1);
             gpt_stats_read(&model, M);
-            optimizer_hot_update(&opt, &model, M, i == 0); // (the break-even measure and the first hot sets)
+            optimizer_hot_update(&opt, &model, i, M, i == 0); // (the costs measured, the first hot sets)
             if (i >= 3) { t += now_seconds() - t0; }
         }
         tps[mode] = (double)M * steps / t;
@@ -88,8 +88,8 @@ static int bench_model(int argc, char** argv) {
             hot += model.ffn[l].hot.units;
         }
         printf("--ffn %-6s train %8.0f tok/s | device memory %.2f GiB | loss %.4f | mean active units %.1f | forwards "
-               "redone %d | hot units %.0f per layer (break-even %.3f%%)\n", mode == 0 ? "dense" : "sparse", tps[mode],
-               mem[mode], model.ce, l0, model.ffn_redone, (double)hot / c.num_layers, 100 * fmax(model.hot_rate, 0.0));
+               "redone %d | hot units %.0f per layer\n", mode == 0 ? "dense" : "sparse", tps[mode], mem[mode], model.ce,
+               l0, model.ffn_redone, (double)hot / c.num_layers);
         optimizer_free(&opt);
         gpt_free(&model);
     }
@@ -224,24 +224,27 @@ static void bench_pattern(Bench* b, const char* name) {
         median_ms([&] { sparse_df(b->df[1], &all.p, all.du, all.dg, b->wu, b->wg, D); }),
     };
 
-    // the hot/cold split: the break-even rate as training measures it (gpt_hot_break_even: the dense part
-    // over FFN_HOT_PROBE units against the sparse times), the hot units it gives, busiest first
-    const int probe = std::min(H, FFN_HOT_PROBE);
-    bf16* probe_buf = (bf16*)cuda_malloc(5 * (size_t)M * probe * 2);
-    FfnHot<bf16> probe_hot = {probe, probe_buf, probe_buf + (size_t)M * probe, probe_buf + 2 * (size_t)M * probe};
-    float t_probe = median_ms([&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &probe_hot, b->g, b->f, b->wg, b->wu, b->wdT, M,
-                          D, probe, &b->scratch);
-        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &probe_hot,
-                           &all.t, all.du, all.dg, probe_buf + 3 * (size_t)M * probe, probe_buf + 4 * (size_t)M * probe,
-                           b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D, probe, &b->scratch);
-    });
+    // the hot/cold split: the costs as training measures them (gpt_hot_costs: the dense part alone over
+    // FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate, the sparse layer), the hot units they give
+    const int large = std::min(H, 4 * FFN_HOT_PROBE), small = large / 4;
+    bf16* probe_buf = (bf16*)cuda_malloc(5 * (size_t)M * large * 2);
+    auto dense_part = [&](int units) {
+        FfnHot<bf16> h = {units, probe_buf, probe_buf + (size_t)M * units, probe_buf + 2 * (size_t)M * units};
+        return median_ms([&] {
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &h, b->g, b->f, b->wg, b->wu, b->wdT, M, D,
+                              units, &b->scratch);
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &h, &all.t,
+                               all.du, all.dg, probe_buf + 3 * (size_t)M * units, probe_buf + 4 * (size_t)M * units,
+                               b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D, units, &b->scratch);
+        });
+    };
+    float t_small = dense_part(small), t_large = dense_part(large);
     cuda_free(probe_buf);
     cold_free(&all);
-    double rate = ffn_break_even(t_probe, probe, t_gate, H, t_sfb, pairs, M);
+    FfnCosts costs = ffn_costs(t_small, small, t_large, large, t_gate, t_sfb, pairs, H, M);
     std::vector<int> perm(H);
-    int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, rate);
-    if (units < 0) { // no unit above the rate: all cold, in their order
+    int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, &costs);
+    if (units < 0) { // no hot set pays: all cold, in their order
         units = 0;
         for (int n = 0; n < H; n++) { perm[n] = n; }
     }
@@ -315,14 +318,14 @@ static void bench_pattern(Bench* b, const char* name) {
     cuda_free(hot_buf);
     // what --ffn auto runs for a layer with this activity (llmc/gpt.h): the split up to the limit, else dense
     int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
-    printf("%-13s %5.1f | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %5d %4.0f%% %6.3f%% | %6s %5.2fx |"
+    printf("%-13s %5.1f | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %5d %4.0f%% | %6s %5.2fx |"
            " %7.1f %7.1f | %7.1e %7.1e\n",
            name, mean, t_df, t_sf, t_df / t_sf, t_hf, t_df2 / t_hf, t_dfb, t_sfb, t_dfb / t_sfb, t_hfb, t_dfb2 / t_hfb,
-           units, pairs > 0 ? 100 * hot_pairs / pairs : 0.0, 100 * rate, auto_sparse ? "split" : "dense",
+           units, pairs > 0 ? 100 * hot_pairs / pairs : 0.0, auto_sparse ? "split" : "dense",
            auto_sparse ? t_dfb2 / t_hfb : 1.0, dense_mb, split_mb, err_sparse, err_split);
     printf("%-13s stages of the sparse path (ms): gate+pack %.3f | up %.3f | down %.3f | transpose %.3f | dh+wgrad %.3f |"
-           " df %.3f; the split's fwd+bwd: hot units alone %.3f, cold alone %.3f\n", "", t_gate, st[0], st[1], st[2],
-           st[3], st[4], t_hot, t_cold);
+           " df %.3f; the split's fwd+bwd: hot units alone %.3f, cold alone %.3f; dense part over %d / %d units %.3f / "
+           "%.3f\n", "", t_gate, st[0], st[1], st[2], st[3], st[4], t_hot, t_cold, small, large, t_small, t_large);
 }
 
 // b->f and the weights from layer l of a checkpoint on the embedded corpus's first val tokens
@@ -383,9 +386,9 @@ int main(int argc, char** argv) {
     b.tail_used = (int*)cuda_malloc(sizeof(int));
     sparse_scratch_alloc_cuda(&b.scratch, M, H);
 
-    printf("%-13s %5s | %7s %7s %6s %7s %6s | %7s %7s %6s %7s %6s | %5s %5s %7s | %6s %6s | %7s %7s | %7s %7s\n",
+    printf("%-13s %5s | %7s %7s %6s %7s %6s | %7s %7s %6s %7s %6s | %5s %5s | %6s %6s | %7s %7s | %7s %7s\n",
            "pattern", "k", "dense f", "sparse", "ratio", "split", "ratio", "dense fb", "sparse", "ratio", "split",
-           "ratio", "hot", "pairs", "rate", "auto", "ratio", "dense MB", "split MB", "err sp", "err spl");
+           "ratio", "hot", "pairs", "auto", "ratio", "dense MB", "split MB", "err sp", "err spl");
     std::vector<float> hdy(MD);
     uint64_t rng = 5;
     for (float& x : hdy) { x = (float)rng_normal(&rng); }
@@ -411,7 +414,7 @@ int main(int argc, char** argv) {
         bench_pattern(&b, name);
     }
     printf("ratio = dense time / that path's time (> 1: faster than dense); split = hot units dense, the rest sparse"
-           " (llmc/ffn.h), with the break-even rate measured as training does on this pattern; hot ="
+           " (llmc/ffn.h), with the hot units the costs measured on this pattern give, as in training; hot ="
            " hot units, pairs = their share of the (token, unit) pairs; auto = what --ffn auto runs at this k (fwd+bwd);"
            " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u, h);"
            " err = max over y, df, dW of ||path - dense|| / ||dense||\n");

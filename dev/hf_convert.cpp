@@ -316,7 +316,11 @@ static void hf_open_weights(const char* dir, HFWeights* w) {
         w->files = (SafeTensors*)callocCheck(map->length ? map->length : 1, sizeof(SafeTensors));
         for (size_t k = 0; k < map->length; k++) {
             const JsonValue* file = &map->members[k].value;
-            if (file->type != JSON_STRING || file->length == 0 || strchr(file->string, '/') != NULL ||
+            if (strlen(map->members[k].key) != map->members[k].key_length) {
+                fatal("%s: weight_map key \"%.60s...\" holds a NUL byte (\\u0000)", index.s, map->members[k].key);
+            }
+            if (file->type != JSON_STRING || file->length == 0 || strlen(file->string) != file->length ||
+                strchr(file->string, '/') != NULL ||
                 strcmp(file->string, "..") == 0 || strcmp(file->string, ".") == 0) {
                 fatal("%s: weight_map[\"%.60s\"] is not a file name in the same directory", index.s, map->members[k].key);
             }

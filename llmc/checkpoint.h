@@ -3,19 +3,31 @@
  holds the magic, the version and the whole model config, checked on load.
 
  model file (what infer loads, and the first half of a resume):
-   [0] magic 20261122, [1] version 1, [2..11] config, [12] step,
+   [0] magic 20261122, [1] version 2, [2..11] config, [12] step,
    [13..14] number of parameters (lo, hi); then the fp32 parameters in the
    flat layout of llmc/model.h.
  state file (the optimizer and data position of one process, for --resume):
-   [0] magic 20261123, [1] version 1, [2..11] config, [12] step,
+   [0] magic 20261123, [1] version 2, [2..11] config, [12] step,
    [13..14] number of parameters, [15] micro-batch B, [16] sequence length T,
    [17] gradient accumulation steps, [18] number of processes P, [19] rank,
    [20..21] sampling RNG, [22] bytes of the data loader state, [23] number of
    int32 of FFN state (3 per layer: sparse or dense, ELL width, tail rows; 0
-   when none was saved);
+   when none was saved), [24] 1 when the validation and text sample due at this
+   step have not run yet (a run stopped by a signal), else 0;
    then the loader state, then AdamW m and v (fp32) of the parameters the rank
    owns, in the packed order of llmc/zero.h (with P = 1: all of them, flat),
    then the FFN state.
+ In both, the ints up to [253] not named are 0, and [254..255] (lo, hi) are
+ the XXH64 (llmc/xxhash.h) of the whole file with these two ints read as 0.
+ Version 1 files are the same without the checksum ([254..255] are 0): they
+ still load, with a one-line note that nothing verified them.
+
+ Loading checks every header field against its bounds (llmc/model.h's for the
+ config) before any size is computed from it, the file size against the one
+ the header implies, then the checksum; parameters or moments that are not all
+ finite are refused on load, and never written. Each problem is a one-line
+ error naming the file.
+
  A checkpoint of step s in a directory is model_s.bin and state_s_r.bin for
  r < P; it is complete when all P + 1 files exist. Files are written to
  "<path>.tmp" and renamed into place, so a file that exists is whole.
@@ -23,20 +35,31 @@
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
 
+#include <dirent.h>
+#include <math.h>
 #include <stdint.h>
 #include <unistd.h>
 #include "llmc/model.h"
 #include "llmc/utils.h"
+#include "llmc/xxhash.h"
 #include "llmc/zero.h"
 
 #define CKPT_MODEL_MAGIC 20261122
 #define CKPT_STATE_MAGIC 20261123
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2
+#define CKPT_HEADER_INTS 256
+#define CKPT_HEADER_BYTES 1024
+#define CKPT_CHECKSUM 254            // the checksum's two ints
+// the bounds of the state header's run fields (the trainer's flags allow the same)
+#define CKPT_MAX_BATCH (1 << 16)
+#define CKPT_MAX_PROCESSES (1 << 20)
+#define CKPT_MAX_TOKENS_PER_STEP (1 << 30)
 
 typedef struct {
     int step;
     int B, T, grad_accum, num_processes, rank;
     uint64_t sample_rng;
+    int eval_pending; // the validation and sample of this step are still to do
 } TrainState;
 
 static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -78,53 +101,140 @@ static inline int config_mismatch(const GPTConfig* ckpt, const GPTConfig* run, c
     return 0;
 }
 
+// the checksum of a header (its own two ints read as 0), to be continued over the payload
+static inline void checkpoint_hash_header(Xxh64* x, const int32_t h[CKPT_HEADER_INTS]) {
+    int32_t copy[CKPT_HEADER_INTS];
+    memcpy(copy, h, sizeof(copy));
+    copy[CKPT_CHECKSUM] = copy[CKPT_CHECKSUM + 1] = 0;
+    xxh64_init(x);
+    xxh64_update(x, copy, sizeof(copy));
+}
+
+static inline void checkpoint_put_checksum(int32_t* h, const Xxh64* x) {
+    uint64_t sum = xxh64_digest(x);
+    h[CKPT_CHECKSUM] = (int32_t)(uint32_t)(sum & 0xffffffffu);
+    h[CKPT_CHECKSUM + 1] = (int32_t)(uint32_t)(sum >> 32);
+}
+
+static inline uint64_t checkpoint_get_checksum(const int32_t* h) {
+    return (uint64_t)(uint32_t)h[CKPT_CHECKSUM] | ((uint64_t)(uint32_t)h[CKPT_CHECKSUM + 1] << 32);
+}
+
+// the first non-finite value of x[0..n), named as element k of the model's tensors; 0 if none
+static inline int checkpoint_find_nonfinite(const float* x, size_t n, const GPTConfig* c, char* msg, size_t len) {
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(x[i])) { continue; }
+        size_t offsets[NUM_PARAM_TENSORS];
+        param_offsets(offsets, c);
+        int t = NUM_PARAM_TENSORS - 1;
+        while (offsets[t] > i) { t--; }
+        snprintf(msg, len, "%s[%zu] is %s", param_names[t], i - offsets[t], isnan(x[i]) ? "NaN" : "infinite");
+        return 1;
+    }
+    return 0;
+}
+
 static inline void checkpoint_save_model(const char* path, const GPTConfig* c, const float* params, int step) {
-    int32_t h[256] = {0};
+    int32_t h[CKPT_HEADER_INTS] = {0};
     size_t n = num_parameters(c);
     h[0] = CKPT_MODEL_MAGIC; h[1] = CKPT_VERSION;
     header_put_config(h, c);
     h[12] = step;
     h[13] = (int32_t)(uint32_t)(n & 0xffffffffu); h[14] = (int32_t)(uint32_t)(n >> 32);
+    char msg[128];
+    if (checkpoint_find_nonfinite(params, n, c, msg, sizeof(msg))) { fatal("refusing to write %s: %s", path, msg); }
+    Xxh64 x;
+    checkpoint_hash_header(&x, h);
+    xxh64_update(&x, params, n * sizeof(float));
+    checkpoint_put_checksum(h, &x);
     char tmp[4096];
     FILE* fp = atomic_open(path, tmp, sizeof(tmp));
-    fwriteCheck(h, sizeof(int32_t), 256, fp);
+    fwriteCheck(h, sizeof(int32_t), CKPT_HEADER_INTS, fp);
     fwriteCheck(params, sizeof(float), n, fp);
     atomic_commit(fp, tmp, path);
 }
 
-// reads and checks the header of either file; returns the open file positioned after it
-static inline FILE* checkpoint_open(const char* path, int32_t magic, int32_t h[256]) {
+// reads and checks the header of either file: magic, version, the config and every field's
+// bounds; returns the open file positioned after it, its size in *size
+static inline FILE* checkpoint_open(const char* path, int32_t magic, int32_t h[CKPT_HEADER_INTS], long* size) {
     FILE* fp = fopenCheck(path, "rb");
-    long size = file_size(fp);
-    if (size < 1024) { fatal("%s: %ld bytes is too short for a checkpoint header", path, size); }
-    freadCheck(h, sizeof(int32_t), 256, fp);
-    if (h[0] != magic) {
-        fatal("%s: bad magic %d (expected %d for a %s file)", path, h[0], magic,
-              magic == CKPT_MODEL_MAGIC ? "model" : "optimizer state");
+    *size = file_size(fp); // (a directory is an error here)
+    const char* kind = magic == CKPT_MODEL_MAGIC ? "model" : "optimizer state";
+    if (*size < CKPT_HEADER_BYTES) {
+        fatal("%s: %ld bytes is too short for a checkpoint (a %d-byte header, then the data)", path, *size,
+              CKPT_HEADER_BYTES);
     }
-    if (h[1] != CKPT_VERSION) { fatal("%s: version %d, this build reads version %d", path, h[1], CKPT_VERSION); }
+    freadCheck(h, sizeof(int32_t), CKPT_HEADER_INTS, fp);
+    if (h[0] != magic) { fatal("%s: bad magic %d (expected %d for a %s file)", path, h[0], magic, kind); }
+    if (h[1] != 1 && h[1] != CKPT_VERSION) {
+        fatal("%s: version %d, this build reads versions 1 and %d", path, h[1], CKPT_VERSION);
+    }
     GPTConfig c = header_get_config(h);
-    config_validate(&c);
+    config_validate_from(&c, path);
+    if (h[12] < 0) { fatal("%s: step %d must be >= 0", path, h[12]); }
     size_t n = (size_t)(uint32_t)h[13] | ((size_t)(uint32_t)h[14] << 32);
     if (n != num_parameters(&c)) { fatal("%s: header says %zu parameters, its config has %zu", path, n, num_parameters(&c)); }
+    int named = magic == CKPT_MODEL_MAGIC ? 15 : 25; // the ints that hold fields
+    for (int i = named; i < CKPT_CHECKSUM; i++) {
+        if (h[i] != 0) { fatal("%s: header int %d is %d, expected 0 (a corrupt or foreign %s file)", path, i, h[i], kind); }
+    }
+    if (h[1] == 1 && checkpoint_get_checksum(h) != 0) {
+        fatal("%s: a version 1 checkpoint with a checksum, expected none (corrupt?)", path);
+    }
     return fp;
+}
+
+// one-line note for a version 1 file, which has no checksum
+static inline void checkpoint_note_unverified(const char* path, const int32_t* h) {
+    if (h[1] == 1) { fprintf(stderr, "note: %s is a version 1 checkpoint: it has no checksum, loaded unverified\n", path); }
+}
+
+static inline void checkpoint_check_sum(const char* path, const int32_t* h, const Xxh64* x) {
+    uint64_t want = checkpoint_get_checksum(h), got = xxh64_digest(x);
+    if (h[1] != 1 && got != want) {
+        fatal("%s: checksum mismatch (header %016llx, contents %016llx): the file is corrupt", path,
+              (unsigned long long)want, (unsigned long long)got);
+    }
+}
+
+// the file's size must be the header's plus the payload's that the header implies
+static inline void checkpoint_check_size(const char* path, long size, uint64_t payload) {
+    if ((uint64_t)size != CKPT_HEADER_BYTES + payload) {
+        fatal("%s: file is %ld bytes, its header describes %llu (%s)", path, size,
+              (unsigned long long)(CKPT_HEADER_BYTES + payload), (uint64_t)size < CKPT_HEADER_BYTES + payload
+              ? "truncated?" : "trailing bytes?");
+    }
 }
 
 // loads a model file: fills the config and returns malloc'd fp32 parameters
 static inline float* checkpoint_load_model(const char* path, GPTConfig* config, int* step) {
-    int32_t h[256];
-    FILE* fp = checkpoint_open(path, CKPT_MODEL_MAGIC, h);
+    int32_t h[CKPT_HEADER_INTS];
+    long size;
+    FILE* fp = checkpoint_open(path, CKPT_MODEL_MAGIC, h, &size);
     *config = header_get_config(h);
     if (step) { *step = h[12]; }
     size_t n = num_parameters(config);
-    long expected = 1024 + (long)(n * sizeof(float));
-    if (file_size(fp) != expected) {
-        fatal("%s: file is %ld bytes, a model of this config is %ld bytes (truncated?)", path, file_size(fp), expected);
-    }
+    checkpoint_check_size(path, size, (uint64_t)n * sizeof(float));
     float* params = (float*)mallocCheck(n * sizeof(float));
     freadCheck(params, sizeof(float), n, fp);
     fcloseCheck(fp);
+    Xxh64 x;
+    checkpoint_hash_header(&x, h);
+    xxh64_update(&x, params, n * sizeof(float));
+    checkpoint_check_sum(path, h, &x);
+    char msg[128];
+    if (checkpoint_find_nonfinite(params, n, config, msg, sizeof(msg))) {
+        fatal("%s: %s: a checkpoint's parameters must all be finite", path, msg);
+    }
+    checkpoint_note_unverified(path, h);
     return params;
+}
+
+// the index of the first of the `owned` moments m, v that is not finite; owned if none
+static inline size_t checkpoint_find_nonfinite_moment(const float* m, const float* v, size_t owned) {
+    size_t i = 0;
+    while (i < owned && isfinite(m[i]) && isfinite(v[i])) { i++; }
+    return i;
 }
 
 // m and v: the `owned` moments of rank s->rank of s->num_processes (llmc/zero.h);
@@ -132,7 +242,7 @@ static inline float* checkpoint_load_model(const char* path, GPTConfig* config, 
 static inline void checkpoint_save_state(const char* path, const GPTConfig* c, const TrainState* s,
                                          const void* loader_state, size_t loader_bytes, const float* m, const float* v,
                                          size_t owned, const int32_t* ffn) {
-    int32_t h[256] = {0};
+    int32_t h[CKPT_HEADER_INTS] = {0};
     size_t n = num_parameters(c);
     h[0] = CKPT_STATE_MAGIC; h[1] = CKPT_VERSION;
     header_put_config(h, c);
@@ -142,9 +252,19 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     h[20] = (int32_t)(uint32_t)(s->sample_rng & 0xffffffffu); h[21] = (int32_t)(uint32_t)(s->sample_rng >> 32);
     h[22] = (int32_t)loader_bytes;
     h[23] = ffn ? ffn_state_ints(c->num_layers) : 0;
+    h[24] = s->eval_pending;
+    size_t bad = checkpoint_find_nonfinite_moment(m, v, owned);
+    if (bad < owned) { fatal("refusing to write %s: optimizer moment %zu is not finite (m %g, v %g)", path, bad, m[bad], v[bad]); }
+    Xxh64 x;
+    checkpoint_hash_header(&x, h);
+    xxh64_update(&x, loader_state, loader_bytes);
+    xxh64_update(&x, m, owned * sizeof(float));
+    xxh64_update(&x, v, owned * sizeof(float));
+    if (ffn) { xxh64_update(&x, ffn, (size_t)h[23] * sizeof(int32_t)); }
+    checkpoint_put_checksum(h, &x);
     char tmp[4096];
     FILE* fp = atomic_open(path, tmp, sizeof(tmp));
-    fwriteCheck(h, sizeof(int32_t), 256, fp);
+    fwriteCheck(h, sizeof(int32_t), CKPT_HEADER_INTS, fp);
     fwriteCheck(loader_state, 1, loader_bytes, fp);
     fwriteCheck(m, sizeof(float), owned, fp);
     fwriteCheck(v, sizeof(float), owned, fp);
@@ -156,35 +276,71 @@ static inline void state_path(char* out, size_t len, const char* dir, int step, 
     snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, rank);
 }
 
-// opens a state file written for the same config and reads its header into s
-// (else an error naming the field); returns the rank's count of moments and
-// of FFN state ints
+// the checksum of an open checkpoint over its whole contents, read in chunks; leaves fp after the header
+static inline void checkpoint_verify_file(FILE* fp, const char* path, const int32_t* h) {
+    if (h[1] == 1) { checkpoint_note_unverified(path, h); return; }
+    Xxh64 x;
+    checkpoint_hash_header(&x, h);
+    const size_t chunk = (size_t)1 << 22;
+    unsigned char* buf = (unsigned char*)mallocCheck(chunk);
+    for (size_t got; (got = fread(buf, 1, chunk, fp)) > 0;) { xxh64_update(&x, buf, got); }
+    if (ferror(fp)) { fatal("cannot read %s: %s", path, strerror(errno)); }
+    free(buf);
+    checkpoint_check_sum(path, h, &x);
+    fseekCheck(fp, CKPT_HEADER_BYTES, SEEK_SET);
+}
+
+// opens a state file written for the same config, checks its header, size and checksum, and
+// reads its header into s (else an error naming the field); returns the rank's count of moments
+// and of FFN state ints
 static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run, TrainState* s, size_t loader_bytes,
                                           size_t* owned, int* ffn_ints) {
-    int32_t h[256];
-    FILE* fp = checkpoint_open(path, CKPT_STATE_MAGIC, h);
+    int32_t h[CKPT_HEADER_INTS];
+    long size;
+    FILE* fp = checkpoint_open(path, CKPT_STATE_MAGIC, h, &size);
     GPTConfig c = header_get_config(h);
     char msg[256];
     if (config_mismatch(&c, run, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
     s->step = h[12]; s->B = h[15]; s->T = h[16]; s->grad_accum = h[17]; s->num_processes = h[18]; s->rank = h[19];
     s->sample_rng = (uint64_t)(uint32_t)h[20] | ((uint64_t)(uint32_t)h[21] << 32);
-    if (s->num_processes < 1 || s->num_processes > 1000000 || s->rank < 0 || s->rank >= s->num_processes) {
-        fatal("%s: rank %d of %d processes is corrupt", path, s->rank, s->num_processes);
+    s->eval_pending = h[24];
+    if (h[24] != 0 && h[24] != 1) { fatal("%s: eval-pending flag %d is corrupt (expected 0 or 1)", path, h[24]); }
+    if (s->num_processes < 1 || s->num_processes > CKPT_MAX_PROCESSES || s->rank < 0 || s->rank >= s->num_processes) {
+        fatal("%s: rank %d of %d processes, expected 0 <= rank < processes <= %d", path, s->rank, s->num_processes,
+              CKPT_MAX_PROCESSES);
+    }
+    if (s->B < 1 || s->B > CKPT_MAX_BATCH || s->T < 1 || s->T > GPT_MAX_SEQ_LEN || s->grad_accum < 1 ||
+        (double)s->B * s->T * s->grad_accum * s->num_processes > CKPT_MAX_TOKENS_PER_STEP) {
+        fatal("%s: batch %d x seq-len %d x %d accumulation x %d processes, expected each >= 1 and at most %d tokens "
+              "per step", path, s->B, s->T, s->grad_accum, s->num_processes, CKPT_MAX_TOKENS_PER_STEP);
+    }
+    if ((size_t)h[22] != loader_bytes) {
+        fatal("%s: %d bytes of data loader state, this build's is %zu bytes (from another version?)", path, h[22],
+              loader_bytes);
+    }
+    // (3 ints per layer: written before the hot/cold split)
+    if (h[23] != 0 && h[23] != 3 * run->num_layers && h[23] != ffn_state_ints(run->num_layers)) {
+        fatal("%s: %d ints of FFN state, expected 0, %d or %d", path, h[23], ffn_state_ints(run->num_layers),
+              3 * run->num_layers);
     }
     ZeroLayout z;
     zero_layout_init(&z, run, s->num_processes, s->rank);
     *owned = z.owned;
     zero_layout_free(&z);
     *ffn_ints = h[23];
-    // (3 ints per layer: written before the hot/cold split)
-    if (h[23] != 0 && h[23] != 3 * run->num_layers && h[23] != ffn_state_ints(run->num_layers)) {
-        fatal("%s: %d ints of FFN state is corrupt", path, h[23]);
-    }
-    long expected = 1024 + (long)loader_bytes + 2 * (long)(*owned * sizeof(float)) + 4L * h[23];
-    if ((size_t)h[22] != loader_bytes || file_size(fp) != expected) {
-        fatal("%s: file is %ld bytes, expected %ld (truncated or from another build)", path, file_size(fp), expected);
-    }
+    checkpoint_check_size(path, size, loader_bytes + 2 * (uint64_t)*owned * sizeof(float) + 4 * (uint64_t)h[23]);
+    checkpoint_verify_file(fp, path, h);
     return fp;
+}
+
+// reads the m and v of an open state file (after its loader state); both must be finite
+static inline void checkpoint_read_moments(FILE* fp, const char* path, float* m, float* v, size_t owned) {
+    freadCheck(m, sizeof(float), owned, fp);
+    freadCheck(v, sizeof(float), owned, fp);
+    size_t i = checkpoint_find_nonfinite_moment(m, v, owned);
+    if (i < owned) {
+        fatal("%s: optimizer moment %zu (of the %zu this file holds) is not finite: m %g, v %g", path, i, owned, m[i], v[i]);
+    }
 }
 
 // the optimizer state of step `step` in dir for rank `rank` of P processes,
@@ -201,28 +357,29 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
     state_path(path, sizeof(path), dir, step, 0);
     FILE* fp = checkpoint_open_state(path, run, s, loader_bytes, &owned, &ffn_ints);
     freadCheck(loader_state, 1, loader_bytes, fp);
-    if (ffn_ints) { // rank 0's, unless this rank's own file is read below
-        fseekCheck(fp, 2 * (long)(owned * sizeof(float)), SEEK_CUR);
-        freadCheck(ffn, sizeof(int32_t), (size_t)ffn_ints, fp);
-    }
     int writers = s->num_processes;
     if (writers == P) { // the file of this rank holds exactly its moments
-        fcloseCheck(fp);
-        state_path(path, sizeof(path), dir, step, rank);
-        TrainState mine;
-        int my_ffn_ints;
-        fp = checkpoint_open_state(path, run, &mine, loader_bytes, &owned, &my_ffn_ints);
-        if (mine.step != s->step || mine.num_processes != writers || mine.rank != rank || my_ffn_ints != ffn_ints) {
-            fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, mine.step, mine.rank,
-                  mine.num_processes, s->step, writers);
+        if (rank != 0) {
+            fcloseCheck(fp);
+            state_path(path, sizeof(path), dir, step, rank);
+            TrainState mine;
+            int my_ffn_ints;
+            fp = checkpoint_open_state(path, run, &mine, loader_bytes, &owned, &my_ffn_ints);
+            if (mine.step != s->step || mine.num_processes != writers || mine.rank != rank || my_ffn_ints != ffn_ints) {
+                fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, mine.step,
+                      mine.rank, mine.num_processes, s->step, writers);
+            }
+            fseekCheck(fp, (long)loader_bytes, SEEK_CUR);
         }
-        fseekCheck(fp, (long)loader_bytes, SEEK_CUR);
-        freadCheck(m, sizeof(float), owned, fp);
-        freadCheck(v, sizeof(float), owned, fp);
+        checkpoint_read_moments(fp, path, m, v, owned);
         // the ranks choose each layer's path alike, but each sized its tail for its own tokens
         if (ffn_ints) { freadCheck(ffn, sizeof(int32_t), (size_t)ffn_ints, fp); }
         fcloseCheck(fp);
         return ffn_ints;
+    }
+    if (ffn_ints) { // rank 0's
+        fseekCheck(fp, 2 * (long)(owned * sizeof(float)), SEEK_CUR);
+        freadCheck(ffn, sizeof(int32_t), (size_t)ffn_ints, fp);
     }
     // re-shard: every writer's moments into full arrays, then this rank's share
     fcloseCheck(fp);
@@ -240,14 +397,15 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
         }
         ZeroLayout z;
         zero_layout_init(&z, run, writers, r);
-        float* packed = (float*)mallocCheck(owned * sizeof(float));
+        float* packed_m = (float*)mallocCheck(owned * sizeof(float));
+        float* packed_v = (float*)mallocCheck(owned * sizeof(float));
         fseekCheck(fp, (long)loader_bytes, SEEK_CUR);
-        freadCheck(packed, sizeof(float), owned, fp);
-        zero_unpack(full_m, packed, &z);
-        freadCheck(packed, sizeof(float), owned, fp);
-        zero_unpack(full_v, packed, &z);
+        checkpoint_read_moments(fp, path, packed_m, packed_v, owned);
+        zero_unpack(full_m, packed_m, &z);
+        zero_unpack(full_v, packed_v, &z);
         fcloseCheck(fp);
-        free(packed);
+        free(packed_m);
+        free(packed_v);
         zero_layout_free(&z);
     }
     ZeroLayout mine;
@@ -267,14 +425,34 @@ static inline int checkpoint_complete(const char* dir, int step) {
     if (access(path, R_OK) != 0) { return 0; }
     state_path(path, sizeof(path), dir, step, 0);
     FILE* fp = fopen(path, "rb");
-    int32_t h[256];
-    int ok = fp != NULL && fread(h, sizeof(int32_t), 256, fp) == 256 && h[0] == CKPT_STATE_MAGIC && h[18] >= 1;
+    int32_t h[CKPT_HEADER_INTS];
+    int ok = fp != NULL && fread(h, sizeof(int32_t), CKPT_HEADER_INTS, fp) == CKPT_HEADER_INTS &&
+             h[0] == CKPT_STATE_MAGIC && h[18] >= 1 && h[18] <= CKPT_MAX_PROCESSES;
     if (fp) { fclose(fp); }
     for (int r = 1; ok && r < h[18]; r++) {
         state_path(path, sizeof(path), dir, step, r);
         ok = access(path, R_OK) == 0;
     }
     return ok;
+}
+
+// the newest step in dir with a model file (complete = 0) or a complete
+// checkpoint (complete = 1); -1 if none
+static inline int checkpoint_latest(const char* dir, int complete) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int best = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step, end = 0;
+        char path[4096];
+        int is_model = sscanf(e->d_name, "model_%d.bin%n", &step, &end) == 1 && end > 0 && e->d_name[end] == '\0';
+        if (!is_model || step <= best) { continue; }
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (complete ? checkpoint_complete(dir, step) : access(path, R_OK) == 0) { best = step; }
+    }
+    closedir(d);
+    return best;
 }
 
 #endif // LLMC_CHECKPOINT_H

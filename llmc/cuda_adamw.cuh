@@ -6,8 +6,9 @@
                                 m = b1 m + (1-b1) g,  v = b2 v + (1-b2) g^2
                                 master -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * master )
                                 params = bf16(master), rounded to nearest
- The same math as llmc/adamw.h.
-     permute_rows_cuda:         out[r] = in[perm[r]] (a new order of a layer's FFN units, llmc/optimizer.h) The norm is a two-stage sum in a fixed order (a fixed grid of block
+                                all unchanged when the norm or the step's summed loss is not finite
+     permute_rows_cuda:         out[r] = in[perm[r]] (a new order of a layer's FFN units, llmc/optimizer.h)
+ The same math as llmc/adamw.h. The norm is a two-stage sum in a fixed order (a fixed grid of block
  partials, then one block), so it is the same on every run.
 */
 #ifndef LLMC_CUDA_ADAMW_CUH
@@ -65,7 +66,9 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
 adamw_kernel(float* __restrict__ master, bf16* __restrict__ params, const float* __restrict__ grads,
              float* __restrict__ m, float* __restrict__ v, size_t n, float lr, float beta1, float beta2,
              float b1_correction, float b2_correction, float eps, float weight_decay, const float* grad_norm_sq,
-             float grad_clip) {
+             float grad_clip, const double* loss) {
+    // a NaN or inf in the loss or any gradient: the step is skipped, weights and moments stay as they are
+    if (!isfinite(*grad_norm_sq) || (loss != NULL && !isfinite(*loss))) { return; }
     const float norm = sqrtf(*grad_norm_sq);
     const float scale = grad_clip > 0.0f && norm > grad_clip ? grad_clip / norm : 1.0f;
     const size_t first = (size_t)blockIdx.x * ADAMW_THREADS * ADAMW_PER_THREAD + threadIdx.x;
@@ -87,16 +90,17 @@ adamw_kernel(float* __restrict__ master, bf16* __restrict__ params, const float*
     }
 }
 
-// t is the 1-based step; weight_decay is 0 for the tensors that take none (norm weights)
+// t is the 1-based step; weight_decay is 0 for the tensors that take none (norm weights); loss: the
+// step's summed loss on the device, or NULL
 void adamw_update_cuda(float* master, bf16* params, const float* grads, float* m, float* v, size_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, int t, const float* grad_norm_sq,
-                       float grad_clip) {
+                       float grad_clip, const double* loss) {
     const float b1_correction = 1.0f - powf(beta1, (float)t);
     const float b2_correction = 1.0f - powf(beta2, (float)t);
     const size_t per_block = (size_t)ADAMW_THREADS * ADAMW_PER_THREAD;
     adamw_kernel<<<(unsigned)((n + per_block - 1) / per_block), ADAMW_THREADS, 0, main_stream>>>(
         master, params, grads, m, v, n, lr, beta1, beta2, b1_correction, b2_correction, eps, weight_decay,
-        grad_norm_sq, grad_clip);
+        grad_norm_sq, grad_clip, loss);
     cudaCheck(cudaGetLastError());
 }
 

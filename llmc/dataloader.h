@@ -332,10 +332,17 @@ static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState
                            (unsigned long long)s->epoch, (unsigned long long)s->shard_pos, dl->num_shards);
     }
     // the position in samples, in global batches of this loader (whose B and
-    // process count may differ from the writer's: a run resumed on other GPUs)
+    // process count may differ from the writer's: a run resumed on other GPUs);
+    // bounded first by a division, since the product of the three could wrap
+    // (no shard holds 2^31 samples)
+    if (s->B <= 0 || s->num_processes <= 0 ||
+        s->batch_pos > (uint64_t)INT32_MAX / ((uint64_t)s->B * (uint64_t)s->num_processes)) {
+        return shard_error(err, errlen, "data loader state is corrupt: batch %llu of %d x %d processes is past any shard",
+                           (unsigned long long)s->batch_pos, s->B, s->num_processes);
+    }
     uint64_t sample_pos = s->batch_pos * (uint64_t)s->B * (uint64_t)s->num_processes;
     uint64_t global_batch = (uint64_t)dl->B * (uint64_t)dl->num_processes;
-    if (s->B <= 0 || s->num_processes <= 0 || sample_pos % global_batch != 0) {
+    if (sample_pos % global_batch != 0) {
         return shard_error(err, errlen, "data loader state at sample %llu (batches of %d x %d processes) is not a "
                            "multiple of this run's %d x %d", (unsigned long long)sample_pos, s->B, s->num_processes,
                            dl->B, dl->num_processes);

@@ -13,7 +13,8 @@
  llmc/sparse_ffn.h over the cold rows (the weight pointers offset by hot rows,
  the pattern's H = H - hot). A unit that fires for a fraction p of the tokens
  costs the dense part a fixed amount per token and the sparse part p times the
- cost of a gathered pair, so the units above the break-even p run hot.
+ cost of a gathered pair; the hot set is the number of busiest units with the
+ least modelled time (FfnCosts, measured on the running device).
 
  Forward (cold first: its kernels write row_l1, row_active and y; the hot part adds to them):
      cold:  pattern of g over units [hot, H), u on it, y = h_cold WdT[hot:]
@@ -38,53 +39,73 @@
 #include "llmc/cuda_sparse_ffn.cuh"
 #endif
 
-// The hot set is re-chosen after every optimizer step from that step's counts,
-// with this hysteresis (a unit joins above rate * FFN_HOT_HYSTERESIS and leaves
-// below rate / FFN_HOT_HYSTERESIS), in multiples of FFN_HOT_ALIGN units (GEMM tiles)
-#define FFN_HOT_HYSTERESIS 1.25
-#define FFN_HOT_ALIGN 64
-// the break-even rate is measured with this many hot units: the cost per unit of a hot set of that size
-#define FFN_HOT_PROBE 256
+// What moving units between the parts costs, measured on the running device
+// (ffn_measure_costs), in seconds per token: the dense part over h > 0 hot
+// units takes dense0 + dense1 h (small hot sets use the tensor cores less
+// well, so a constant and a slope, not a rate); each cold unit adds gate1 (its
+// column of the gate product), each (token, cold unit) pair pair1. All zero:
+// no hot units; dense1 < 0: not measured yet.
+typedef struct {
+    float dense0, dense1, gate1, pair1;
+} FfnCosts;
 
-// The break-even firing rate of a hot unit from measured times (seconds) on
-// M tokens: the dense FFN over dense_units units (a = its time per unit and
-// token), the gate alone over gate_units (c, paid hot or cold), the sparse FFN
-// with that gate over `pairs` (token, unit) pairs (b = its time per pair
-// without the gate). A unit firing for a fraction p of the tokens costs a M
-// hot and c M + b p M cold, so p* = (a - c) / b, at most 1.
-static inline double ffn_break_even(double dense, int dense_units, double gate, int gate_units, double sparse,
-                                    double pairs, int M) {
-    double per_unit = dense / ((double)dense_units * M) - gate / ((double)gate_units * M);
-    double per_pair = (sparse - gate) / (pairs > 0 ? pairs : 1);
-    double rate = per_unit > 0 && per_pair > 0 ? per_unit / per_pair : 1.0;
-    return rate < 1.0 ? rate : 1.0;
+// hot sets come in multiples of FFN_HOT_ALIGN units (GEMM tiles); they are
+// re-chosen every FFN_HOT_EVERY steps, and a hot set is replaced only when the
+// new one saves more than FFN_HOT_MARGIN of the layer's modelled time (gate
+// included): counts near a boundary do not flip it back and forth; the dense
+// part is measured at FFN_HOT_PROBE and 4 FFN_HOT_PROBE units
+#define FFN_HOT_ALIGN 64
+#define FFN_HOT_EVERY 10
+#define FFN_HOT_MARGIN 0.02
+#define FFN_HOT_PROBE 128
+
+// the modelled time per token of a layer with h hot units whose cold units fire for cold_rate pairs per token
+static inline double ffn_split_time(const FfnCosts* c, int h, double cold_rate) {
+    return (h > 0 ? c->dense0 + ((double)c->dense1 - c->gate1) * h : 0.0) + c->pair1 * cold_rate;
+}
+
+// The costs from timed runs on M tokens (seconds): dense(h) the dense part
+// alone over h units, gate the gate alone over all H units, sparse the whole
+// layer with no hot units over `pairs` (token, unit) pairs.
+static inline FfnCosts ffn_costs(double dense_small, int small, double dense_large, int large, double gate,
+                                 double sparse, double pairs, int H, int M) {
+    FfnCosts c;
+    double slope = (dense_large - dense_small) / (large - small), base = dense_small - slope * small;
+    if (slope <= 0 || base < 0) { slope = dense_large / large, base = 0; } // (noise: the larger set's mean)
+    c.dense0 = (float)(base / M);
+    c.dense1 = (float)(slope / M);
+    c.gate1 = (float)(gate / ((double)H * M));
+    c.pair1 = (float)(fmax(sparse - gate, 0.0) / fmax(pairs, 1.0));
+    return c;
 }
 
 // The hot set of a layer of H units whose first `hot` are hot now, from each
-// unit's count over `tokens` tokens: the hot units that still fire for at
-// least rate / FFN_HOT_HYSTERESIS of the tokens and the cold ones above rate *
-// FFN_HOT_HYSTERESIS, rounded up to FFN_HOT_ALIGN units with the most active
-// of the others. Returns -1 when the hot set stays, else the new number of hot
+// unit's count over `tokens` tokens: the busiest h units, h the multiple of
+// FFN_HOT_ALIGN (or H) with the least modelled time. Returns -1 when the hot
+// set stays (no better one saves FFN_HOT_MARGIN of the layer's time with its
+// gate), else the new number of hot
 // units with perm[i] = the unit (in today's order) that goes to position i:
 // the hot units by decreasing count, then the cold ones in today's order.
-static inline int ffn_hot_choose(int* perm, const uint32_t* count, int H, int hot, double tokens, double rate) {
-    double join = rate * FFN_HOT_HYSTERESIS * tokens, stay = rate / FFN_HOT_HYSTERESIS * tokens;
-    auto chosen = [&](int n) { return n < hot ? count[n] >= stay : count[n] > join; };
-    int keep = 0, joined = 0;
-    for (int n = 0; n < H; n++) {
-        if (n < hot) { keep += chosen(n); } else { joined += chosen(n); }
-    }
-    int wanted = keep + joined, units = wanted == 0 ? 0 : (wanted + FFN_HOT_ALIGN - 1) / FFN_HOT_ALIGN * FFN_HOT_ALIGN;
-    if (units > H) { units = H; }
-    if (joined == 0 && units == hot) { return -1; }
-    // the chosen units first, each group by decreasing count (ties: today's order)
+static inline int ffn_hot_choose(int* perm, const uint32_t* count, int H, int hot, double tokens, const FfnCosts* c) {
     for (int n = 0; n < H; n++) { perm[n] = n; }
-    std::stable_sort(perm, perm + H, [&](int x, int y) {
-        if (chosen(x) != chosen(y)) { return chosen(x); }
-        return count[x] > count[y];
-    });
-    std::sort(perm + units, perm + H); // the cold units in today's order
-    return units;
+    std::stable_sort(perm, perm + H, [&](int x, int y) { return count[x] > count[y]; });
+    double total = 0, cold_now = 0;
+    for (int n = 0; n < H; n++) {
+        total += count[n];
+        cold_now += n >= hot ? count[n] : 0;
+    }
+    int best = 0;
+    double best_time = ffn_split_time(c, 0, total / tokens), hot_count = 0;
+    for (int h = 0, i = 0; h < H;) {
+        h = std::min(h + FFN_HOT_ALIGN, H);
+        for (; i < h; i++) { hot_count += count[perm[i]]; }
+        double t = ffn_split_time(c, h, (total - hot_count) / tokens);
+        if (t < best_time) { best_time = t, best = h; }
+    }
+    double now = ffn_split_time(c, hot, cold_now / tokens);
+    if (now - best_time <= FFN_HOT_MARGIN * (now + (double)c->gate1 * H)) { return -1; }
+    std::sort(perm + best, perm + H); // the cold units in today's order
+    return best;
 }
 
 // the hot units of a layer: how many, and their dense activations [M, units], kept for the backward

@@ -71,9 +71,9 @@ struct Activations {
     G* lse;        // [L, B, NH, T] attention log-sum-exp per query
     T* ffn_in;     // [L, M, D] RMSNorm output f
     G* ffn_rstd;   // [L, M]
-    T* g;          // [L, M, H] gate pre-activation ([1, M, H] when recomputed or --ffn sparse)
-    T* u;          // [L, M, H] up projection (same; none with --ffn sparse)
-    T* h;          // [L, M, H] relu(g) * u (same)
+    T* g;          // [M, H] the sparse gate's scratch, or g of the layer that --recompute recomputes
+    T* u;          // [M, H] with --recompute only (a layer that keeps g, u, h has its own: FfnLayer.dense)
+    T* h;          // [M, H] (same)
     G* row_l1;     // [L, M] sum_n |h|
     int* row_active; // [L, M] firing units
     T* final_out;  // [M, D]
@@ -97,9 +97,10 @@ typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
 // dense up to about k = 1% of H at the standard point), with 25% hysteresis
 #define FFN_AUTO_MAX_ACTIVE 0.01
 
-// the sparse FFN state of a layer
+// the FFN state of a layer
 template <typename T>
 struct SparseFfnLayer {
+    T* dense;                // [3, M, H] g, u, h while the layer runs dense and keeps them (else NULL)
     int on;                  // this step's choice: 1 sparse, 0 dense
     SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
@@ -139,7 +140,7 @@ struct GPT {
     size_t sparse_scratch_entries;
     SparseScratch sparse_scratch; // the GPU kernels' scratch
     int ffn_redone;               // forwards redone after a tail overflow, since gpt_build
-    double hot_rate;              // break-even firing rate of a hot unit (0: none; < 0: not measured yet)
+    FfnCosts hot_costs;           // what moving units between the hot and cold parts costs (llmc/ffn.h)
     T *hot_dh, *hot_du;           // [M, hot_scratch_units] the hot units' backward scratch
     int hot_scratch_units;
     // called by gpt_backward once layer l's gradients are final (l = -1: the
@@ -183,6 +184,20 @@ void gpt_build(GPT<T, G>* model, const GPTConfig* config, Device device) {
 template <typename T, typename G>
 static inline int gpt_keeps_ffn(const GPT<T, G>* model) {
     return !model->recompute && model->ffn_mode != FFN_SPARSE;
+}
+
+// layer l's dense g, u, h [M, H]: its own while it keeps them (allocated at its first dense forward, given
+// back when it turns sparse), else the shared ones a recomputed layer fills again in the backward
+template <typename T, typename G>
+static void gpt_ffn_dense_acts(GPT<T, G>* model, int l, T** g, T** u, T** h) {
+    size_t MH = (size_t)model->B * model->T_ * model->config.hidden;
+    SparseFfnLayer<T>* f = &model->ffn[l];
+    if (!gpt_keeps_ffn(model)) {
+        *g = model->acts.g, *u = model->acts.u, *h = model->acts.h;
+        return;
+    }
+    if (f->dense == NULL) { f->dense = (T*)device_malloc(3 * MH * sizeof(T), model->device); }
+    *g = f->dense, *u = f->dense + MH, *h = f->dense + 2 * MH;
 }
 
 // every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0; made on
@@ -242,15 +257,18 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     // attention backward wants B*NKV*T values (CPU) or B*NH*T (GPU: a delta per query);
     // the norm backward (GPU) wants a block's partial sums of D
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
-    size_t LH = gpt_keeps_ffn(model) ? L : 1; // layers whose dense FFN activations are kept
-    size_t dense = model->ffn_mode != FFN_SPARSE; // g is also the sparse gate's scratch; u, h, d_h, d_u only dense
+    // a dense layer that keeps g, u, h has them in its own buffer (gpt_ffn_dense_acts), which it gives back
+    // when it turns sparse; here the shared ones: the sparse gate's scratch, a recomputed layer's g, u, h,
+    // and the dense backward's d_h, d_u
+    size_t dense = model->ffn_mode != FFN_SPARSE, recomputed = dense && model->recompute;
+    size_t scratch_g = model->ffn_mode != FFN_DENSE || recomputed;
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
         {(void**)&a->qkv, L * M * QKV * sizeof(T)}, {(void**)&a->att, L * M * D * sizeof(T)},
         {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, L * M * D * sizeof(T)},
-        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, LH * M * H * sizeof(T)},
-        {(void**)&a->u, dense * LH * M * H * sizeof(T)}, {(void**)&a->h, dense * LH * M * H * sizeof(T)},
+        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, scratch_g * M * H * sizeof(T)},
+        {(void**)&a->u, recomputed * M * H * sizeof(T)}, {(void**)&a->h, recomputed * M * H * sizeof(T)},
         {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
         {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
         {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
@@ -374,6 +392,7 @@ void gpt_free(GPT<T, G>* model) {
     for (int l = 0; l < model->config.num_layers; l++) {
         sparse_pattern_free(&model->ffn[l].p, model->device);
         device_free(model->ffn[l].hot.g, model->device);
+        device_free(model->ffn[l].dense, model->device);
     }
     device_free(model->hot_dh, model->device);
     free(model->ffn);
@@ -421,6 +440,10 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1
             printf("ffn: layer %d -> %s (%.1f of %d units active per token, sparse up to %.0f)\n", l,
                    on ? "sparse" : "dense", k, H, limit);
         }
+        if (on && f->dense) { // its g, u, h are not needed again until it turns dense
+            device_free(f->dense, model->device);
+            f->dense = NULL;
+        }
         f->on = on;
     }
     int W = sparse_choose_width(k_cold, H);
@@ -429,8 +452,8 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1
 
 // the layers' FFN choices as ffn_state_ints(L) ints (llmc/model.h): per layer
 // sparse or dense, ELL width, tail rows (0 before the first forward) and hot
-// units, then the hot break-even rate in units of 1e-9, so that a resumed run
-// makes the same choices (the hot units themselves are the first rows of the
+// units, then the hot/cold costs (4 floats' bits), so that a resumed run makes
+// the same choices (the hot units themselves are the first rows of the
 // layer's weights, which the checkpoint holds in that order)
 template <typename T, typename G>
 void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
@@ -442,11 +465,11 @@ void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
         state[4 * l + 2] = f->tail_capacity;
         state[4 * l + 3] = f->hot.units;
     }
-    state[4 * L] = (int32_t)lround(model->hot_rate * 1e9);
+    memcpy(state + 4 * L, &model->hot_costs, sizeof(FfnCosts));
 }
 
 // before the first forward; n: the ints the checkpoint held (3 per layer from
-// before the hot/cold split: no hot units, the rate as the run asks)
+// before the hot/cold split: no hot units, the costs as the run asks)
 template <typename T, typename G>
 void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
     int H = model->config.hidden, L = model->config.num_layers, per = n == 3 * L ? 3 : 4;
@@ -463,9 +486,14 @@ void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
         f->tail_capacity = s[2];
         f->hot.units = hot;
     }
-    if (per == 4 && state[4 * L] != 0) {
-        if (state[4 * L] < 0) { fatal("checkpoint: hot break-even rate %d is corrupt", state[4 * L]); }
-        model->hot_rate = state[4 * L] * 1e-9;
+    if (per == 4) {
+        FfnCosts costs;
+        memcpy(&costs, state + 4 * L, sizeof(costs));
+        float v[4] = {costs.dense0, costs.dense1, costs.gate1, costs.pair1};
+        for (float x : v) {
+            if (!isfinite(x) || x < -1 || x > 1) { fatal("checkpoint: hot/cold cost %g is corrupt", x); }
+        }
+        model->hot_costs = costs;
     }
 }
 
@@ -537,18 +565,20 @@ static double gpt_time(Device device, F fn) {
     return t[2];
 }
 
-// The break-even firing rate of a hot unit on the running device (ffn_break_even),
-// measured on sparse layer l (which has no hot units yet) with the inputs and
-// weights of the last step: the dense part over FFN_HOT_PROBE units, the
-// cold part over all of them, and its gate alone. What it writes is scratch until the next forward (the projection and
+// The costs of moving units between the hot and cold parts on the running
+// device (FfnCosts), measured on sparse layer l (which has no hot units yet)
+// with the inputs and weights of the last step: the dense part alone over
+// FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate alone, the whole layer
+// cold. What it writes is scratch until the next forward (the projection and
 // gradient buffers, the weight gradients, which the next step zeroes, the
 // pattern, recomputed by the next forward).
 template <typename T, typename G>
-double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
+FfnCosts gpt_hot_costs(GPT<T, G>* model, int l, int verbose) {
     const GPTConfig* c = &model->config;
-    int M = model->B * model->T_, D = c->channels, H = c->hidden, probe = H < FFN_HOT_PROBE ? H : FFN_HOT_PROBE;
+    int M = model->B * model->T_, D = c->channels, H = c->hidden;
+    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
     SparseFfnLayer<T>* f = &model->ffn[l];
-    if (!f->on || f->hot.units != 0 || f->p.M == 0) { fatal("gpt_hot_break_even: layer %d is not sparse and cold", l); }
+    if (!f->on || f->hot.units != 0 || f->p.M == 0 || H < 2) { fatal("gpt_hot_costs: layer %d is not sparse and cold", l); }
     if (model->params_needed) { model->params_needed(model->params_needed_ctx, l); }
     Activations<T, G>* a = &model->acts;
     size_t LD = (size_t)l * H * D;
@@ -561,20 +591,20 @@ double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
     uint32_t* count = (uint32_t*)device_malloc(H * sizeof(uint32_t), model->device);
     device_zero(fired, H, model->device);
     device_zero(count, H * sizeof(uint32_t), model->device);
-    // the dense part alone: FFN_HOT_PROBE hot units and no cold ones
-    FfnHot<T> probe_hot = {probe, NULL, NULL, NULL};
-    probe_hot.g = (T*)device_malloc(5 * (size_t)M * probe * sizeof(T), model->device);
-    probe_hot.u = probe_hot.g + (size_t)M * probe;
-    probe_hot.h = probe_hot.u + (size_t)M * probe;
-    T *probe_dh = probe_hot.h + (size_t)M * probe, *probe_du = probe_dh + (size_t)M * probe;
-    double dense = gpt_time(model->device, [&] {
-        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &probe_hot, a->g, ffn_in, wg, wu, wdT, M, D,
-                          probe, &model->sparse_scratch);
-        ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &probe_hot, &model->transposed, model->sparse_du,
-                           model->sparse_dg, probe_dh, probe_du, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D, probe,
-                           &model->sparse_scratch);
-    });
-    device_free(probe_hot.g, model->device);
+    // the dense part alone: `units` hot units and no cold ones
+    T* probe = (T*)device_malloc(5 * (size_t)M * large * sizeof(T), model->device);
+    auto dense = [&](int units) {
+        FfnHot<T> hot = {units, probe, probe + (size_t)M * units, probe + 2 * (size_t)M * units};
+        return gpt_time(model->device, [&] {
+            ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &hot, a->g, ffn_in, wg, wu, wdT, M, D, units,
+                              &model->sparse_scratch);
+            ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &hot, &model->transposed, model->sparse_du,
+                               model->sparse_dg, probe + 3 * (size_t)M * units, probe + 4 * (size_t)M * units, a->d_res,
+                               ffn_in, wg, wu, wdT, 0.0f, M, D, units, &model->sparse_scratch);
+        });
+    };
+    double dense_small = dense(small), dense_large = dense(large);
+    device_free(probe, model->device);
     FfnHot<T> none = {0, NULL, NULL, NULL};
     double gate = gpt_time(model->device, [&] {
         ffn_cold_gate(&f->p, row_active, fired, a->g, ffn_in, wg, D, &model->sparse_scratch);
@@ -593,22 +623,21 @@ double gpt_hot_break_even(GPT<T, G>* model, int l, int verbose) {
     free(active);
     device_free(fired, model->device);
     device_free(count, model->device);
-    double rate = ffn_break_even(dense, probe, gate, H, sparse, pairs, M);
     if (verbose) {
-        printf("ffn: hot units: break-even firing rate %.3f%% of the tokens, measured on layer %d: dense FFN of %d "
-               "units %.3f ms, sparse %.3f ms of which the gate %.3f, %.1f pairs per token (--hot-rate sets it)\n",
-               100 * rate, l, probe, 1e3 * dense, 1e3 * sparse, 1e3 * gate, pairs / M);
+        printf("ffn: hot units: costs measured on layer %d: the dense part over %d / %d units %.3f / %.3f ms, the "
+               "layer all cold %.3f ms (its gate %.3f) at %.1f pairs per token\n", l, small, large, 1e3 * dense_small,
+               1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
     }
-    return rate;
+    return ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
 }
 
 // the hot set of sparse layer l after a training step of `tokens` tokens, from
-// its units' counts (gpt_stats_read): ffn_hot_choose at the model's rate
+// its units' counts (gpt_stats_read): ffn_hot_choose with the model's costs
 template <typename T, typename G>
 int gpt_hot_choose(const GPT<T, G>* model, int l, double tokens, int* perm) {
     int H = model->config.hidden;
     return ffn_hot_choose(perm, model->unit_count_host + (size_t)l * H, H, model->ffn[l].hot.units, tokens,
-                          model->hot_rate);
+                          &model->hot_costs);
 }
 
 // out[M,N] = inp[M,K] W[N,K]^T: a linear layer in the PyTorch weight layout
@@ -644,7 +673,7 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
     int B = model->B, T_ = model->T_, L = c->num_layers, D = c->channels, H = c->hidden, M = B * T_;
     int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
     Activations<T, G>* a = &model->acts;
-    size_t MD = (size_t)M * D, MH = (size_t)M * H;
+    size_t MD = (size_t)M * D;
 
     if (model->params_needed) {
         model->params_needed(model->params_needed_ctx, -1);
@@ -658,8 +687,6 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
         T* qkv = a->qkv + (size_t)l * M * QKV;
         T* att = a->att + l * MD;
         T* ffn_in = a->ffn_in + l * MD;
-        size_t ffn = gpt_keeps_ffn(model) ? l * MH : 0;
-        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
         const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
 
         linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
@@ -674,10 +701,12 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
             SparseFfnLayer<T>* f = &model->ffn[l];
             gpt_sparse_ensure(model, l);
             ffn_split_forward(a->proj, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M,
-                              model->fired + (size_t)l * H, &f->p, &f->hot, g, ffn_in,
+                              model->fired + (size_t)l * H, &f->p, &f->hot, a->g, ffn_in,
                               model->param[P_WG] + (size_t)l * H * D, model->param[P_WU] + (size_t)l * H * D, wdT, M,
                               D, H, &model->sparse_scratch);
         } else {
+            T *g, *u, *h;
+            gpt_ffn_dense_acts(model, l, &g, &u, &h);
             gpt_ffn_activations(model, l, g, u, h);
             gemm(a->proj, h, wdT, M, D, H, 0, 0, 0);
         }
@@ -735,7 +764,7 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
     int L = c->num_layers, D = c->channels, H = c->hidden, Vp = c->padded_vocab_size;
     int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
     Activations<T, G>* a = &model->acts;
-    size_t MD = (size_t)M * D, MH = (size_t)M * H;
+    size_t MD = (size_t)M * D;
     T* d_res = a->d_res; // dL/dx of the residual stream, walking down the layers
 
     // classifier and final norm
@@ -748,8 +777,6 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
         const T* wg = model->param[P_WG] + (size_t)l * H * D;
         const T* wu = model->param[P_WU] + (size_t)l * H * D;
         const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
-        size_t ffn = gpt_keeps_ffn(model) ? l * MH : 0;
-        T *g = a->g + ffn, *u = a->u + ffn, *h = a->h + ffn;
         const T* ffn_in = a->ffn_in + l * MD;
         G *dwg = model->grad[P_WG] + (size_t)l * H * D, *dwu = model->grad[P_WU] + (size_t)l * H * D;
         G* dwdT = model->grad[P_WDT] + (size_t)l * H * D;
@@ -763,6 +790,8 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
                                model->sparse_du, model->sparse_dg, model->hot_dh, model->hot_du, d_res, ffn_in, wg, wu,
                                wdT, l1_scale, M, D, H, &model->sparse_scratch);
         } else {
+            T *g, *u, *h;
+            gpt_ffn_dense_acts(model, l, &g, &u, &h);
             if (!gpt_keeps_ffn(model)) { gpt_ffn_activations(model, l, g, u, h); }
             // (FFN_AUTO: the counts choose the hot units once the layer runs sparse)
             if (model->ffn_mode == FFN_AUTO) { unit_count_add(unit_count, g, M, H); }

@@ -4,9 +4,9 @@
 
  json_parse builds a tree of the whole text. Whatever RFC 8259 does not allow is a one-line fatal
  error naming the file, the line and column, and what is wrong: trailing commas, comments, single
- quotes, leading zeros, NaN and Infinity, numbers out of double range, raw control characters or
- invalid UTF-8 in strings, unknown escapes, unpaired UTF-16 surrogates, repeated keys in one
- object, anything after the value; and nesting deeper than JSON_MAX_DEPTH.
+ quotes, leading zeros, NaN and Infinity, numbers out of double range (of any length otherwise),
+ raw control characters or invalid UTF-8 in strings, unknown escapes, unpaired UTF-16 surrogates,
+ repeated keys in one object, anything after the value; and nesting deeper than JSON_MAX_DEPTH.
 */
 #ifndef LLMC_JSON_H
 #define LLMC_JSON_H
@@ -198,19 +198,21 @@ static inline void json_parse_number(JsonParser* p, JsonValue* v) {
         if (p->i >= p->n || s[p->i] < '0' || s[p->i] > '9') { json_fail_at(p, start, "an exponent needs digits"); }
         while (p->i < p->n && s[p->i] >= '0' && s[p->i] <= '9') { p->i++; }
     }
-    char buf[64];
+    // strtod wants a NUL-terminated copy; a number has any number of digits
+    char small[64];
     size_t len = p->i - start;
-    if (len >= sizeof(buf)) { json_fail_at(p, start, "number too long"); }
+    char* buf = len < sizeof(small) ? small : (char*)mallocCheck(len + 1);
     memcpy(buf, s + start, len);
     buf[len] = '\0';
     v->type = JSON_NUMBER;
     v->number = strtod(buf, NULL);
-    if (!isfinite(v->number)) { json_fail_at(p, start, "number out of range"); }
     if (integer) {
         errno = 0;
         long long x = strtoll(buf, NULL, 10);
         if (errno == 0) { v->integer = x; v->is_integer = 1; }
     }
+    if (buf != small) { free(buf); }
+    if (!isfinite(v->number)) { json_fail_at(p, start, "number out of range"); }
 }
 
 static inline void json_parse_value(JsonParser* p, JsonValue* v);

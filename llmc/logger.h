@@ -1,11 +1,14 @@
 /*
  The training log: one console line per optimizer step, and the same numbers
  as one JSON object per line in <output dir>/log.jsonl, with the per-layer
- sparsity statistics (mean and max L0, dead fraction) as arrays.
+ sparsity statistics (mean and max L0, dead fraction) as arrays. A step skipped
+ for a non-finite loss or gradient norm is a "skip" line (JSON has no NaN: a
+ non-finite value is null).
 */
 #ifndef LLMC_LOGGER_H
 #define LLMC_LOGGER_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "llmc/gpt.h"
@@ -16,9 +19,18 @@ typedef struct {
     double loss, ce, l1;   // l1 = lambda * the L1 term, so loss = ce + l1
     double lr, grad_norm, tok_per_s, ms;
     double mfu, mem_gib;   // GPU only: model FLOPs utilisation and peak device memory (< 0: not shown)
+    double eta_s;          // seconds the rest of the run will take (< 0: not shown)
     int num_layers, hidden;
     const LayerStats* layers; // [L]
 } StepLog;
+
+// a duration for people: 41s, 9m41s, 2h05m
+static inline void format_duration(char* out, size_t len, double seconds) {
+    long s = seconds < 0 ? 0 : (long)(seconds + 0.5);
+    if (s < 60) { snprintf(out, len, "%lds", s); }
+    else if (s < 3600) { snprintf(out, len, "%ldm%02lds", s / 60, s % 60); }
+    else { snprintf(out, len, "%ldh%02ldm", s / 3600, (s % 3600) / 60); }
+}
 
 static inline void log_step(const char* path, const StepLog* e, int max_steps) {
     double l0 = 0, dead = 0;
@@ -32,7 +44,13 @@ static inline void log_step(const char* path, const StepLog* e, int max_steps) {
            e->step, max_steps, e->loss, e->ce, e->l1, l0, e->hidden, l0_max, 100 * dead, e->lr, e->grad_norm,
            e->tok_per_s);
     if (e->mfu >= 0) { printf(" | MFU %.1f%% | %.1f GiB", 100 * e->mfu, e->mem_gib); }
-    printf(" | %.0f ms\n", e->ms);
+    printf(" | %.0f ms", e->ms);
+    if (e->eta_s >= 0) {
+        char eta[32];
+        format_duration(eta, sizeof(eta), e->eta_s);
+        printf(" | ETA %s", eta);
+    }
+    printf("\n");
     fflush(stdout);
     FILE* fp = fopenCheck(path, "a");
     fprintf(fp, "{\"type\":\"train\",\"step\":%d,\"loss\":%.9g,\"ce\":%.9g,\"l1\":%.9g,\"l0_mean\":%.6g,\"l0_max\":%d,"
@@ -46,6 +64,24 @@ static inline void log_step(const char* path, const StepLog* e, int max_steps) {
     fprintf(fp, "],\"dead\":[");
     for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%.6g", l ? "," : "", e->layers[l].dead); }
     fprintf(fp, "]}}\n");
+    fcloseCheck(fp);
+}
+
+// step `step` was skipped (weights and moments unchanged): the `in_row`-th of at most `limit` in a row
+static inline void log_skip(const char* path, int step, int max_steps, double loss, double grad_norm, int in_row,
+                            int limit) {
+    printf("step %5d/%d | loss %.4f | norm %.3f | skipped: not finite, weights and moments unchanged (%d in a row; "
+           "the run stops after %d)\n", step, max_steps, loss, grad_norm, in_row, limit);
+    fflush(stdout);
+    FILE* fp = fopenCheck(path, "a");
+    fprintf(fp, "{\"type\":\"skip\",\"step\":%d", step);
+    const char* names[2] = {"loss", "grad_norm"};
+    double values[2] = {loss, grad_norm};
+    for (int i = 0; i < 2; i++) {
+        if (isfinite(values[i])) { fprintf(fp, ",\"%s\":%.9g", names[i], values[i]); }
+        else { fprintf(fp, ",\"%s\":null", names[i]); }
+    }
+    fprintf(fp, "}\n");
     fcloseCheck(fp);
 }
 

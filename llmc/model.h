@@ -44,8 +44,8 @@ static inline int qkv_dim(const GPTConfig* c) { return c->channels + 2 * kv_dim(
 
 static inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-// the FFN state a checkpoint keeps (llmc/gpt.h, gpt_ffn_state_get): 4 ints per layer and the hot rate
-static inline int ffn_state_ints(int num_layers) { return 4 * num_layers + 1; }
+// the FFN state a checkpoint keeps (llmc/gpt.h, gpt_ffn_state_get): 4 ints per layer and the hot/cold costs
+static inline int ffn_state_ints(int num_layers) { return 4 * num_layers + 4; }
 
 static inline void param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {
     size_t L = c->num_layers, D = c->channels, H = c->hidden;
@@ -106,26 +106,52 @@ static inline void param_offsets(size_t offsets[NUM_PARAM_TENSORS], const GPTCon
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { offsets[i] = off; off += sizes[i]; }
 }
 
-// one-line error for a config no kernel supports
-static inline void config_validate(const GPTConfig* c) {
-    if (c->vocab_size < 2) { fatal("vocab_size %d must be >= 2", c->vocab_size); }
+// Bounds of every config field (the trainer's flags allow the same). They keep all size arithmetic
+// in range: qkv_dim <= 3 * D fits an int, and a tensor's elements (at most L * H * D < 2^47) and
+// the parameter count fit a size_t with room to multiply by 4 bytes.
+#define GPT_MAX_VOCAB (1 << 24)
+#define GPT_MAX_LAYERS 1024
+#define GPT_MAX_CHANNELS 65536
+#define GPT_MAX_HEADS 1024
+#define GPT_MAX_HIDDEN (1 << 20)
+#define GPT_MAX_SEQ_LEN (1 << 20)
+#define GPT_MAX_ROPE_THETA 1e12f
+
+// one-line error (naming `what`, the file or flags it came from) for a config out of bounds or
+// that no kernel supports; each field is checked before anything is computed from it
+static inline void config_validate_from(const GPTConfig* c, const char* what) {
+    const struct { const char* name; int value, min, max; } fields[] = {
+        {"vocab_size", c->vocab_size, 2, GPT_MAX_VOCAB},
+        {"num_layers", c->num_layers, 1, GPT_MAX_LAYERS},
+        {"channels", c->channels, 2, GPT_MAX_CHANNELS},
+        {"num_heads", c->num_heads, 1, GPT_MAX_HEADS},
+        {"num_kv_heads", c->num_kv_heads, 1, GPT_MAX_HEADS},
+        {"hidden", c->hidden, 1, GPT_MAX_HIDDEN},
+        {"max_seq_len", c->max_seq_len, 1, GPT_MAX_SEQ_LEN},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (fields[i].value < fields[i].min || fields[i].value > fields[i].max) {
+            fatal("%s: %s %d is outside [%d, %d]", what, fields[i].name, fields[i].value, fields[i].min, fields[i].max);
+        }
+    }
     if (c->padded_vocab_size != round_up(c->vocab_size, 128)) {
-        fatal("padded_vocab_size %d must be vocab_size %d rounded up to a multiple of 128",
+        fatal("%s: padded_vocab_size %d must be vocab_size %d rounded up to a multiple of 128", what,
               c->padded_vocab_size, c->vocab_size);
     }
-    if (c->num_layers < 1) { fatal("num_layers %d must be >= 1", c->num_layers); }
-    if (c->channels < 2) { fatal("channels %d must be >= 2", c->channels); }
-    if (c->num_heads < 1 || c->channels % c->num_heads != 0) {
-        fatal("channels %d must be a multiple of num_heads %d", c->channels, c->num_heads);
+    if (c->channels % c->num_heads != 0) {
+        fatal("%s: channels %d must be a multiple of num_heads %d", what, c->channels, c->num_heads);
     }
-    if (head_size(c) % 2 != 0) { fatal("head size %d must be even for RoPE", head_size(c)); }
-    if (c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads != 0) {
-        fatal("num_heads %d must be a multiple of num_kv_heads %d", c->num_heads, c->num_kv_heads);
+    if (head_size(c) % 2 != 0) { fatal("%s: head size %d must be even for RoPE", what, head_size(c)); }
+    if (c->num_heads % c->num_kv_heads != 0) {
+        fatal("%s: num_heads %d must be a multiple of num_kv_heads %d", what, c->num_heads, c->num_kv_heads);
     }
-    if (c->hidden < 1) { fatal("hidden %d must be >= 1", c->hidden); }
-    if (c->max_seq_len < 1) { fatal("max_seq_len %d must be >= 1", c->max_seq_len); }
-    if (!(c->rope_theta > 0)) { fatal("rope_theta %g must be > 0", c->rope_theta); }
-    if (!(c->norm_eps > 0)) { fatal("norm_eps %g must be > 0", c->norm_eps); }
+    // !(x <= max) is also true for NaN
+    if (!(c->rope_theta > 0 && c->rope_theta <= GPT_MAX_ROPE_THETA)) {
+        fatal("%s: rope_theta %g must be in (0, %g]", what, c->rope_theta, GPT_MAX_ROPE_THETA);
+    }
+    if (!(c->norm_eps > 0 && c->norm_eps <= 1)) { fatal("%s: norm_eps %g must be in (0, 1]", what, c->norm_eps); }
 }
+
+static inline void config_validate(const GPTConfig* c) { config_validate_from(c, "model config"); }
 
 #endif // LLMC_MODEL_H

@@ -129,11 +129,14 @@ static inline void get_params_fp32(GPT<bf16, float>* model, const Optimizer* opt
 }
 #endif
 
-// one AdamW step from the accumulated gradients; t is the 1-based step count
+// one AdamW step from the accumulated gradients; t is the 1-based step count.
+// A step whose loss (the model's summed statistics) or gradient norm is not
+// finite changes nothing: the weights and moments stay as they were.
 static inline void optimizer_step(Optimizer* opt, GPT<float, float>* model, const OptimConfig* cfg, float lr, int t) {
     size_t sizes[NUM_PARAM_TENSORS];
     param_sizes(sizes, &model->config);
     opt->grad_norm = global_norm(model->grads, opt->n);
+    if (!isfinite(opt->grad_norm) || !isfinite(model->stats_acc[0])) { return; }
     float clip = (cfg->grad_clip > 0 && opt->grad_norm > cfg->grad_clip) ? (float)(cfg->grad_clip / opt->grad_norm) : 1.0f;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         size_t off = model->param[i] - model->params;
@@ -144,7 +147,9 @@ static inline void optimizer_step(Optimizer* opt, GPT<float, float>* model, cons
 
 #ifdef __CUDACC__
 // with P processes the gradients must have been reduced (zero_join after the
-// backward); the new weights are then gathered while the next forward runs
+// backward) and the statistics summed; the new weights are then gathered while
+// the next forward runs. The kernel skips a step whose summed loss or gradient
+// norm is not finite, as on the CPU, without the host waiting for either.
 static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const OptimConfig* cfg, float lr, int t) {
     // the clip factor is computed on the device from the norm, so the step never waits for it
     global_norm_squared_cuda(opt->norm_sq, opt->grads, opt->owned, opt->scratch);
@@ -157,7 +162,8 @@ static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const
         size_t first = z->segments[i].packed, count = z->segments[j - 1].packed + z->segments[j - 1].count - first;
         adamw_update_cuda(opt->master + first, (bf16*)opt->params + first, opt->grads + first, opt->m + first,
                           opt->v + first, count, lr, cfg->beta1, cfg->beta2, cfg->eps,
-                          z->segments[i].decay ? cfg->weight_decay : 0.0f, t, opt->norm_sq, cfg->grad_clip);
+                          z->segments[i].decay ? cfg->weight_decay : 0.0f, t, opt->norm_sq, cfg->grad_clip,
+                          model->stats_acc);
         i = j;
     }
     if (opt->zero) { zero_all_gather_params(opt->zero, model->params, (const bf16*)opt->params); }
@@ -217,40 +223,38 @@ void optimizer_permute_units(Optimizer* opt, GPT<T, G>* model, int l, const int*
     device_free(dev_perm, model->device);
 }
 
-// The hot/cold split after an optimizer step of `tokens` tokens (llmc/ffn.h):
-// the break-even rate is measured once where the run asks for it (hot_rate <
-// 0), then every sparse layer's hot set is re-chosen from the step's counts
-// (gpt_hot_choose); a layer whose set changes gets its units permuted. Every
-// process makes the same choices (the counts and the rate are summed over
-// them). Logs the rate and each change when verbose.
+// The hot/cold split after optimizer step `step` of `tokens` tokens (llmc/ffn.h):
+// the costs are measured once where the run asks for them (dense1 < 0), then
+// every FFN_HOT_EVERY steps every sparse layer's hot set is re-chosen from the
+// step's counts (gpt_hot_choose); a layer whose set changes gets its units
+// permuted (the choice depends on the step's number, not on when a run
+// started, so a resumed run makes the same ones). Every
+// process makes the same choices (the counts are summed over them, the costs
+// are their mean). Logs the costs and each change when verbose.
 template <typename T, typename G>
-void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, double tokens, int verbose) {
+void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, int step, double tokens, int verbose) {
     const int L = model->config.num_layers, H = model->config.hidden;
-    if (model->hot_rate < 0) {
+    FfnCosts* costs = &model->hot_costs;
+    if (costs->dense1 < 0) {
         int probe = -1;
         for (int l = 0; l < L && probe < 0; l++) {
             if (model->ffn[l].on && model->ffn[l].hot.units == 0 && model->ffn[l].p.M > 0) { probe = l; }
         }
         if (probe < 0) { return; } // measured once a layer has run sparse
-        double rate = gpt_hot_break_even(model, probe, verbose && opt->zero == NULL);
+        *costs = gpt_hot_costs(model, probe, verbose);
         if (opt->zero) {
 #ifdef __CUDACC__
-            float* mean = (float*)device_malloc(sizeof(float), model->device);
-            float r = (float)(rate / opt->zero->proc.size);
-            device_copy(mean, &r, sizeof(float), model->device);
-            zero_all_reduce_sum(opt->zero, mean, 1);
-            device_copy(&r, mean, sizeof(float), model->device);
-            device_free(mean, model->device);
-            rate = r;
+            float* sum = (float*)device_malloc(sizeof(FfnCosts), model->device);
+            device_copy(sum, costs, sizeof(FfnCosts), model->device);
+            zero_all_reduce_sum(opt->zero, sum, 4);
+            device_copy(costs, sum, sizeof(FfnCosts), model->device);
+            device_free(sum, model->device);
+            float* v[4] = {&costs->dense0, &costs->dense1, &costs->gate1, &costs->pair1};
+            for (float* x : v) { *x /= opt->zero->proc.size; }
 #endif
         }
-        model->hot_rate = fmax(1e-9, lround(rate * 1e9) * 1e-9); // what a checkpoint keeps, exactly
-        if (verbose && opt->zero) {
-            printf("ffn: hot units: break-even firing rate %.3f%% of the tokens (the processes' mean measure on "
-                   "layer %d; --hot-rate sets it)\n", 100 * model->hot_rate, probe);
-        }
     }
-    if (model->hot_rate <= 0) { return; }
+    if ((costs->dense1 <= 0 && costs->dense0 <= 0) || step % FFN_HOT_EVERY != 0) { return; } // (none: all zero)
     int* perm = (int*)mallocCheck(H * sizeof(int));
     for (int l = 0; l < L; l++) {
         SparseFfnLayer<T>* f = &model->ffn[l];

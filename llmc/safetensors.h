@@ -103,6 +103,11 @@ static inline void safetensors_open(SafeTensors* st, const char* path) {
     for (size_t k = 0; k < header.length; k++) {
         const JsonMember* m = &header.members[k];
         const JsonValue* v = &m->value;
+        // names are C strings from here on: a NUL inside one would cut it short ("w\u0000a" and
+        // "w\u0000b" would both be "w"), so it is refused
+        if (memchr(m->key, '\0', m->key_length) != NULL) {
+            fatal("%s: tensor name \"%.60s...\" holds a NUL byte (\\u0000)", path, m->key);
+        }
         if (strcmp(m->key, "__metadata__") == 0) {
             if (v->type != JSON_OBJECT) { fatal("%s: __metadata__ is %s, not an object", path, json_type_name(v->type)); }
             for (size_t j = 0; j < v->length; j++) {
@@ -123,7 +128,8 @@ static inline void safetensors_open(SafeTensors* st, const char* path) {
         if (dtype == NULL || shape == NULL || offsets == NULL || v->length != 3) {
             fatal("%s: tensor %s needs exactly the keys dtype, shape and data_offsets", path, t->name);
         }
-        size_t elem = dtype->type == JSON_STRING && dtype->length < sizeof(t->dtype_name) ? safetensors_dtype_size(dtype->string) : 0;
+        size_t elem = dtype->type == JSON_STRING && dtype->length < sizeof(t->dtype_name) &&
+                      strlen(dtype->string) == dtype->length ? safetensors_dtype_size(dtype->string) : 0;
         if (elem == 0) {
             fatal("%s: tensor %s has an unknown dtype %.40s", path, t->name,
                   dtype->type == JSON_STRING ? dtype->string : "(not a string)");

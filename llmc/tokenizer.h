@@ -8,6 +8,11 @@
  turns each piece into ids as tiktoken does: the piece's own id if it is a token, else repeatedly
  merge the adjacent pair of parts whose concatenation has the lowest rank (leftmost on ties).
  Text is encoded as ordinary text: "<|endoftext|>" in it is not the special token.
+ One difference, for bounded memory: a piece longer than TOKENIZER_MAX_PIECE (64 KiB: a run of
+ letters, digits, punctuation or spaces that long, which no natural text has) is encoded in
+ consecutive chunks of at most 64 KiB cut at character boundaries, as if each were a piece; its ids
+ may then differ from tiktoken's near the cuts, but they decode to the same bytes, and the encoder's
+ time and memory stay linear in the text (a piece otherwise needs up to 92 bytes of work memory a byte).
  tokenizer_init_pattern(t, path, TOKENIZER_PATTERN_LLAMA3) instead splits with Llama-3's pattern (also
  tiktoken's cl100k_base's)
      (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -40,6 +45,9 @@
 #include "llmc/utils.h"
 
 #define TOKENIZER_DEFAULT_PATH "data/r50k_base.tiktoken"
+// the longest piece encoded whole; see tokenizer_encode
+#define TOKENIZER_MAX_PIECE ((size_t)1 << 16)
+#define TOKENIZER_MAX_TOKENS (1 << 24)
 
 typedef struct {
     int vocab_size;          // ranks in the file + 1
@@ -452,8 +460,22 @@ static inline void tokenizer_merge_hf(const Tokenizer* t, const unsigned char* p
 // ----------------------------------------------------------------------------
 // public API
 
+// ids of one piece (or chunk of a piece) p[0..m), appended to *ids
+static inline void tokenizer_encode_piece(const Tokenizer* t, const unsigned char* p, size_t m, TokenizerScratch* w,
+                                          int** ids, size_t* n_ids, size_t* cap) {
+    if (t->hf_bpe) {
+        tokenizer_merge_hf(t, p, m, w, ids, n_ids, cap);
+    } else {
+        int id = tokenizer_lookup(t, p, m);
+        if (id >= 0) { tokenizer_push(id, ids, n_ids, cap); }
+        else { tokenizer_merge(t, p, m, w, ids, n_ids, cap); }
+    }
+}
+
 // appends the ids of text[0..len) to the growable array *ids (*n_ids used of *cap); returns 0,
-// or -1 (appending nothing) if the text is not valid UTF-8
+// or -1 (appending nothing) if the text is not valid UTF-8. A piece longer than
+// TOKENIZER_MAX_PIECE bytes is encoded as chunks of at most that many, each cut at the last
+// character boundary that fits, so that memory (besides the ids) and time stay linear in len
 static inline int tokenizer_encode(const Tokenizer* t, const char* text, size_t len,
                                    int** ids, size_t* n_ids, size_t* cap) {
     if (!utf8_valid(text, len, NULL)) { return -1; }
@@ -467,13 +489,13 @@ static inline int tokenizer_encode(const Tokenizer* t, const char* text, size_t 
             if (i >= run_end) { run_end = tokenizer_digit_run_end(s, len, i); }
             end = tokenizer_piece_end(s, run_end, i);
         } else { end = tokenizer_piece_end(s, len, i); }
-        if (t->hf_bpe) {
-            tokenizer_merge_hf(t, s + i, end - i, &w, ids, n_ids, cap);
-        } else {
-            int id = tokenizer_lookup(t, s + i, end - i);
-            if (id >= 0) { tokenizer_push(id, ids, n_ids, cap); }
-            else { tokenizer_merge(t, s + i, end - i, &w, ids, n_ids, cap); }
+        while (end - i > TOKENIZER_MAX_PIECE) {
+            size_t cut = i + TOKENIZER_MAX_PIECE;
+            while ((s[cut] & 0xC0) == 0x80) { cut--; } // not inside a character
+            tokenizer_encode_piece(t, s + i, cut - i, &w, ids, n_ids, cap);
+            i = cut;
         }
+        tokenizer_encode_piece(t, s + i, end - i, &w, ids, n_ids, cap);
         i = end;
     }
     free(w.next);
@@ -545,6 +567,9 @@ static inline void tokenizer_init_pattern(Tokenizer* t, const char* path, int pa
     for (size_t i = 0; i < size; i++) { n_lines += text[i] == '\n'; }
     if (size > 0 && text[size - 1] != '\n') { n_lines++; }
     if (n_lines < 256) { fatal("tokenizer file %s has %zu lines; a rank file has one for each byte at least", path, n_lines); }
+    if (n_lines >= TOKENIZER_MAX_TOKENS) {
+        fatal("tokenizer file %s has %zu lines; at most %d ranks are supported", path, n_lines, TOKENIZER_MAX_TOKENS - 1);
+    }
 
     static const char eot[] = "<|endoftext|>";
     t->vocab_size = (int)n_lines + 1;
@@ -634,7 +659,6 @@ static inline void tokenizer_write_llmc(const Tokenizer* t, const char* path) {
 // ----------------------------------------------------------------------------
 // Hugging Face tokenizer.json
 
-#define TOKENIZER_MAX_TOKENS (1 << 24)
 #define TOKENIZER_GPT2_REGEX "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define TOKENIZER_LLAMA3_REGEX \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"

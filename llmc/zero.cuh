@@ -14,8 +14,10 @@
  Every collective of a step is ordered after the one before it through the
  two streams' events, so no two ever run at once on the communicator.
  The loss and sparsity statistics are summed (maxima: maximised) over the
- processes before they are read. Ranks meet through MPI (when built with it
- and started by mpirun), a TCP address or a shared file (llmc/rendezvous.h).
+ processes before they are read, and with them a flag that says whether
+ any process was asked to stop (a signal), so that all stop at the same step.
+ Ranks meet through MPI (when built with it and started by mpirun), a TCP
+ address or a shared file (llmc/rendezvous.h).
 */
 #ifndef LLMC_ZERO_CUH
 #define LLMC_ZERO_CUH
@@ -155,6 +157,11 @@ static inline void zero_join(Zero* z) {
 
 static inline void zero_all_reduce_sum(Zero* z, float* x, size_t n) {
     ncclCheck(ncclAllReduce(x, x, n, ncclFloat, ncclSum, z->comm, main_stream));
+}
+
+// x[0] = the largest of every process's x[0], on the main stream: how the processes agree on a stop
+static inline void zero_all_reduce_max(Zero* z, int* x) {
+    ncclCheck(ncclAllReduce(x, x, 1, ncclInt32, ncclMax, z->comm, main_stream));
 }
 
 // full[flat] <- every rank's packed values of what it owns, for the buckets of `layer`

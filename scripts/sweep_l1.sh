@@ -19,8 +19,9 @@
 #
 # Resumable: a run whose log.jsonl has the validation line of its last step and
 # whose last checkpoint exists is skipped; an unfinished run continues from its
-# newest checkpoint with --resume 1, or starts over if it has none. Run the
-# same command again after an interruption. Each run's console output is
+# newest checkpoint with --resume 1, or starts over (--overwrite 1) if it has
+# none. Run the same command again after an interruption (each run in progress
+# writes a checkpoint of its step as it stops). Each run's console output is
 # appended to DIR/lambda_v/train.log and its command line is in
 # DIR/lambda_v/command.txt.
 #
@@ -84,7 +85,7 @@ if [ $report_only -eq 0 ]; then
         case "$a" in
             -a|--l1|--l1=*) die "lambda is set by --lambdas, not by '$a' in the trainer's arguments" ;;
             -o|--output-dir|--output-dir=*) die "each run's directory is set by --out, not by '$a' in the trainer's arguments" ;;
-            -y|--resume|--resume=*) die "resuming is automatic; drop '$a' from the trainer's arguments" ;;
+            -y|--resume|--resume=*|--overwrite|--overwrite=*) die "resuming is automatic; drop '$a' from the trainer's arguments" ;;
         esac
     done
     [ -e "$bin" ] || die "$bin not found: build it with 'make' (or give --bin PATH)"
@@ -103,6 +104,8 @@ if [ $report_only -eq 0 ]; then
     if [ -z "$max_steps" ]; then
         max_steps=$("$bin" --help | sed -n 's/.*--max-steps .*\[\([0-9][0-9]*\)\]$/\1/p')
         [ -n "$max_steps" ] || die "cannot read the default --max-steps from '$bin --help'"
+        # given to every run: on the CPU the trainer's default without -x is a short first run
+        extra=(-x "$max_steps" "${extra[@]+"${extra[@]}"}")
     fi
     [[ "$max_steps" =~ ^[0-9]+$ ]] || die "-x/--max-steps '$max_steps' is not a number"
     max_steps=$((10#$max_steps))
@@ -165,7 +168,8 @@ if [ $report_only -eq 0 ]; then
         mkdir -p "$d"
         state=$(run_state "$d")
         local cmd=("$bin" -a "$v" -o "$d" "${extra[@]+"${extra[@]}"}")
-        if [ "$state" = resume ]; then cmd+=(-y 1); fi
+        # fresh: whatever an earlier attempt left there (a log, no checkpoint) is replaced
+        if [ "$state" = resume ]; then cmd+=(-y 1); else cmd+=(--overwrite 1); fi
         printf '%q ' "${cmd[@]}" > "$d/command.txt"
         echo >> "$d/command.txt"
         # on the CPU, hide every GPU so that the trainer takes the CPU path

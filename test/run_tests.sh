@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test (binary or script) given on the command line, adds up their
-# "N passed, M failed" lines and prints the total.
+# "N passed, M failed" lines and prints the total. A test that leaves part of
+# itself out (a tool or a GPU missing) says so in a line "SKIP <test>: <what>
+# (<why>)"; each such line counts as one skipped, and the list ends the output.
 set -u
 cd "$(dirname "$0")/.."
 passed=0; failed=0; broken=0
+skips=()
 run() {
     local out
     out=$("$@" 2>&1); local rc=$?
@@ -20,10 +23,16 @@ run() {
         passed=$((passed + $(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')))
         failed=$((failed + $(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')))
     fi
+    local skip
+    while IFS= read -r skip; do skips+=("${skip#SKIP }"); done < <(echo "$out" | grep -E "^SKIP ")
 }
 for t in "$@"; do
     case "$t" in *.sh) run bash "$t" ;; *) run "$t" ;; esac
 done
 failed=$((failed + broken))
-echo "total: $passed passed, $failed failed"
+if [ ${#skips[@]} -gt 0 ]; then
+    echo "skipped:"
+    for s in "${skips[@]}"; do echo "  $s"; done
+fi
+echo "total: $passed passed, $failed failed, ${#skips[@]} skipped"
 [ $failed -eq 0 ]

@@ -1,13 +1,17 @@
 /*
  Tests for checkpoint files (llmc/checkpoint.h): exact round trips of the model
  and the optimizer state, and one clear error for a checkpoint of another
- config, a truncated file, a wrong magic and a wrong version; also the
- training log's truncation on resume (llmc/logger.h).
+ config, a truncated file, a wrong magic and a wrong version; crafted headers
+ (sizes that would overflow, fields out of bounds, inf and NaN), flipped bytes
+ (the checksum), non-finite parameters, version 1 files, a directory, and a
+ write that fails (nothing half written left); XXH64 against the reference;
+ also the training log's truncation on resume (llmc/logger.h).
 */
 #include "llmc/checkpoint.h"
 #include "llmc/logger.h"
 #include "llmc/rng.h"
 #include "test/test.h"
+#include <sys/resource.h>
 
 static GPTConfig small_config(void) {
     GPTConfig c = {300, 384, 2, 16, 4, 2, 40, 32, 10000.0f, 1e-5f};
@@ -25,17 +29,22 @@ static void load_model(const void* path) {
     free(checkpoint_load_model((const char*)path, &c, NULL));
 }
 
+// loads the optimizer state of `step` in dir for config c, as one process with 24 bytes of loader state
+static void load_state_as(const char* dir, int step, const GPTConfig* c) {
+    TrainState s;
+    char loader[24];
+    size_t n = num_parameters(c);
+    float* m = (float*)mallocCheck(n * sizeof(float));
+    float* v = (float*)mallocCheck(n * sizeof(float));
+    int32_t ffn[3 * 2];
+    checkpoint_load_state(dir, step, c, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
+}
+
 // path: a checkpoint directory with a state of step 17
 static void load_state_other_config(const void* dir) {
     GPTConfig other = small_config();
     other.hidden = 48;
-    TrainState s;
-    char loader[24];
-    size_t n = num_parameters(&other);
-    float* m = (float*)mallocCheck(n * sizeof(float));
-    float* v = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn[3 * 2];
-    checkpoint_load_state((const char*)dir, 17, &other, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
+    load_state_as((const char*)dir, 17, &other);
 }
 
 // overwrites 4 bytes at offset
@@ -73,21 +82,23 @@ static void test_round_trip(void) {
 
     float* m = random_floats(n, 2);
     float* v = random_floats(n, 3);
-    TrainState s = {17, 4, 32, 3, 1, 0, 0x1234567890abcdefull};
+    TrainState s = {17, 4, 32, 3, 1, 0, 0x1234567890abcdefull, 1};
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
-    const int32_t ffn[4 * 2 + 1] = {1, 64, 32, 128, 0, 256, 16, 0, 12345}; // the FFN choices of c's 2 layers
+    const int32_t ffn[4 * 2 + 4] = {1, 64, 32, 128, 0, 256, 16, 0, 12345, 0, 7, 9}; // the FFN choices of c's 2 layers
     checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n, ffn);
     CHECK(checkpoint_complete(tmp_dir, 17), "model and state make a complete checkpoint");
     TrainState s2;
     char loader2[24];
     float* m2 = (float*)mallocCheck(n * sizeof(float));
     float* v2 = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn2[4 * 2 + 1] = {0};
+    int32_t ffn2[4 * 2 + 4] = {0};
     int ffn_ints = checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
     CHECK(ffn_ints == ffn_state_ints(2) && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
-    CHECK(memcmp(&s, &s2, sizeof(s)) == 0, "train state differs after the round trip");
+    CHECK(s.step == s2.step && s.B == s2.B && s.T == s2.T && s.grad_accum == s2.grad_accum &&
+          s.num_processes == s2.num_processes && s.rank == s2.rank && s.sample_rng == s2.sample_rng &&
+          s.eval_pending == s2.eval_pending, "train state differs after the round trip");
     CHECK(memcmp(loader, loader2, sizeof(loader)) == 0, "loader state differs");
     CHECK(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0, "moments differ");
 
@@ -141,7 +152,7 @@ static void test_resharding(void) {
             float* pv = (float*)mallocCheck(z.owned * sizeof(float));
             zero_pack(pm, m, &z);
             zero_pack(pv, v, &z);
-            TrainState s = {40, 2, 32, 1, writers, r, 99};
+            TrainState s = {40, 2, 32, 1, writers, r, 99, 0};
             state_path(path, sizeof(path), dir.s, 40, r);
             CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
             const int32_t ffn[3 * 2] = {1, 64, 100 + r, 0, 32, 200 + r}; // tails sized per rank
@@ -197,6 +208,198 @@ static void test_resharding(void) {
     free(v);
 }
 
+// path: a model file; copies it to "crafted.bin" with header int `index` set to value
+static Path crafted(const char* path, int index, int32_t value) {
+    Path out = tmp_path("crafted.bin");
+    copy_prefix(path, out.s, size_of(path));
+    poke(out.s, 4L * index, value);
+    return out;
+}
+
+// a model file with a valid header of config c (and checksum) followed by `bytes` bytes of zeros
+static void write_header_only(const char* path, const GPTConfig* c, uint64_t claimed_params, long bytes) {
+    int32_t h[CKPT_HEADER_INTS] = {0};
+    h[0] = CKPT_MODEL_MAGIC; h[1] = CKPT_VERSION;
+    header_put_config(h, c);
+    h[13] = (int32_t)(uint32_t)claimed_params; h[14] = (int32_t)(uint32_t)(claimed_params >> 32);
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(h, 4, CKPT_HEADER_INTS, fp);
+    for (long i = 0; i < bytes; i++) { fputc(0, fp); }
+    fcloseCheck(fp);
+}
+
+static void save_model_with_nan(const void* path) {
+    GPTConfig c = small_config();
+    float* params = (float*)callocCheck(num_parameters(&c), sizeof(float));
+    params[num_parameters(&c) - 1] = NAN; // the last element of final_norm
+    checkpoint_save_model((const char*)path, &c, params, 1);
+}
+
+// a model write that fails half way (a file size limit, as a full disk does)
+static void save_model_too_big(const void* path) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit limit = {4096, 4096};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    GPTConfig c = small_config();
+    float* params = (float*)callocCheck(num_parameters(&c), sizeof(float));
+    checkpoint_save_model((const char*)path, &c, params, 1);
+}
+
+static void test_crafted_headers(void) {
+    // XXH64 as the reference implementation (libxxhash) computes it
+    const struct { const char* text; uint64_t hash; } vectors[] = {
+        {"", 0xef46db3751d8e999ull}, {"a", 0xd24ec4f1a98c6e5bull}, {"abc", 0x44bc2cf5ad770999ull},
+        {"The quick brown fox jumps over the lazy dog", 0x0b242d361fda71bcull},
+    };
+    for (size_t k = 0; k < sizeof(vectors) / sizeof(vectors[0]); k++) {
+        Xxh64 x;
+        xxh64_init(&x);
+        size_t len = strlen(vectors[k].text);
+        xxh64_update(&x, vectors[k].text, len / 2); // in two pieces: the streaming
+        xxh64_update(&x, vectors[k].text + len / 2, len - len / 2);
+        CHECK(xxh64_digest(&x) == vectors[k].hash, "XXH64(\"%s\") = %016llx", vectors[k].text,
+              (unsigned long long)xxh64_digest(&x));
+    }
+    unsigned char bytes[100];
+    for (int i = 0; i < 100; i++) { bytes[i] = (unsigned char)i; }
+    Xxh64 x;
+    xxh64_init(&x);
+    for (int i = 0; i < 100; i += 7) { xxh64_update(&x, bytes + i, i + 7 < 100 ? 7 : 100 - i); }
+    CHECK(xxh64_digest(&x) == 0x6ac1e58032166597ull, "XXH64 of bytes 0..99 in pieces of 7");
+
+    GPTConfig c = small_config();
+    size_t n = num_parameters(&c);
+    float* params = random_floats(n, 9);
+    Path model = tmp_path("model_00000003.bin");
+    checkpoint_save_model(model.s, &c, params, 3);
+
+    // sizes that would overflow: 2056 bytes claiming ~9.2e18 parameters, huge fields, vocab INT_MAX
+    Path big = tmp_path("big.bin");
+    write_header_only(big.s, &c, 0x7fffffffffffffffull, 1032);
+    CHECK(size_of(big.s) == 2056, "the crafted file is %ld bytes", size_of(big.s));
+    expect_child_error(load_model, big.s, "header says 9223372036854775807 parameters, its config has");
+    GPTConfig huge = c;
+    huge.num_layers = 1 << 30; huge.channels = 1 << 16; huge.hidden = 1 << 20;
+    write_header_only(big.s, &huge, 0, 1032);
+    expect_child_error(load_model, big.s, "num_layers 1073741824 is outside [1, 1024]");
+    huge = c;
+    huge.num_kv_heads = huge.num_heads = 1 << 30;
+    write_header_only(big.s, &huge, 0, 1032);
+    expect_child_error(load_model, big.s, "num_heads 1073741824 is outside");
+    expect_child_error(load_model, crafted(model.s, 2, INT32_MAX).s, "vocab_size 2147483647 is outside [2, 16777216]");
+    expect_child_error(load_model, crafted(model.s, 3, -128).s, "padded_vocab_size -128 must be vocab_size 300 rounded up");
+    expect_child_error(load_model, crafted(model.s, 9, INT32_MIN).s, "max_seq_len -2147483648 is outside");
+    expect_child_error(load_model, crafted(model.s, 10, (int32_t)float_bits(INFINITY)).s, "rope_theta inf must be in (0, 1e+12]");
+    expect_child_error(load_model, crafted(model.s, 10, (int32_t)float_bits(NAN)).s, "rope_theta nan must be in");
+    expect_child_error(load_model, crafted(model.s, 11, (int32_t)float_bits(INFINITY)).s, "norm_eps inf must be in (0, 1]");
+    expect_child_error(load_model, crafted(model.s, 11, (int32_t)float_bits(-NAN)).s, "norm_eps -nan must be in");
+    expect_child_error(load_model, crafted(model.s, 12, -5).s, "step -5 must be >= 0");
+    expect_child_error(load_model, crafted(model.s, 100, 7).s, "header int 100 is 7, expected 0");
+    expect_child_error(load_model, crafted(model.s, 13, (int32_t)(n + 1)).s, "parameters, its config has");
+
+    // a flipped byte anywhere: the checksum
+    Path flipped = tmp_path("flipped.bin");
+    copy_prefix(model.s, flipped.s, size_of(model.s));
+    FILE* fp = fopenCheck(flipped.s, "r+b");
+    fseekCheck(fp, 1024 + 4 * 100 + 1, SEEK_SET);
+    int byte = fgetc(fp);
+    fseekCheck(fp, 1024 + 4 * 100 + 1, SEEK_SET);
+    fputc(byte ^ 0x10, fp);
+    fcloseCheck(fp);
+    expect_child_error(load_model, flipped.s, "flipped.bin: checksum mismatch");
+    expect_child_error(load_model, crafted(model.s, 12, 4).s, "crafted.bin: checksum mismatch"); // the step
+
+    // version 1: no checksum, loads with a one-line note; non-finite parameters are refused by name
+    Path v1 = tmp_path("v1.bin");
+    copy_prefix(model.s, v1.s, size_of(model.s));
+    poke(v1.s, 4, 1);
+    poke(v1.s, 4 * CKPT_CHECKSUM, 0);
+    poke(v1.s, 4 * (CKPT_CHECKSUM + 1), 0);
+    char err[1024];
+    int rc = run_child(load_model, v1.s, err, sizeof(err));
+    CHECK(rc == 0 && strstr(err, "v1.bin is a version 1 checkpoint: it has no checksum, loaded unverified") != NULL &&
+          strchr(err, '\n') == strrchr(err, '\n'), "a version 1 file: exit %d, '%s'", rc, err);
+    size_t offsets[NUM_PARAM_TENSORS];
+    param_offsets(offsets, &c);
+    poke(v1.s, 1024 + 4 * (long)(offsets[P_WQKV] + 5), (int32_t)float_bits(NAN));
+    expect_child_error(load_model, v1.s, "v1.bin: wqkv[5] is NaN: a checkpoint's parameters must all be finite");
+    poke(v1.s, 1024 + 4 * (long)(offsets[P_WQKV] + 5), 0);
+    poke(v1.s, 1024 + 4 * (long)(offsets[P_WO]), (int32_t)float_bits(-INFINITY));
+    expect_child_error(load_model, v1.s, "v1.bin: wo[0] is infinite");
+    poke(v1.s, 4 * CKPT_CHECKSUM, 1);
+    expect_child_error(load_model, v1.s, "a version 1 checkpoint with a checksum");
+
+    // nothing non-finite is written; a failed write names the file and leaves no .tmp
+    Path nan_path = tmp_path("nan.bin");
+    expect_child_error(save_model_with_nan, nan_path.s, "refusing to write");
+    expect_child_error(save_model_with_nan, nan_path.s, "final_norm[15] is NaN");
+    CHECK(!file_exists(nan_path.s) && !file_exists(tmp_path("nan.bin.tmp").s), "a refused write left a file");
+    Path full = tmp_path("full.bin");
+    expect_child_error(save_model_too_big, full.s, "cannot write");
+    expect_child_error(save_model_too_big, full.s, "full.bin.tmp: File too large");
+    CHECK(!file_exists(full.s) && !file_exists(tmp_path("full.bin.tmp").s), "a failed write left its .tmp behind");
+
+    // a directory is not a checkpoint
+    expect_child_error(load_model, tmp_dir, "is a directory, not a regular file");
+    free(params);
+}
+
+// state files: loader state of another size, bad fields, and a corrupt moment
+static void load_state_of(const void* dir) {
+    GPTConfig c = small_config();
+    load_state_as((const char*)dir, 5, &c);
+}
+
+static void save_state_with_nan_moment(const void* dir) {
+    GPTConfig c = small_config();
+    size_t n = num_parameters(&c);
+    float* m = (float*)callocCheck(n, sizeof(float));
+    float* v = (float*)callocCheck(n, sizeof(float));
+    v[10] = NAN;
+    TrainState s = {6, 4, 32, 2, 1, 0, 7, 0};
+    char loader[24] = "loader", path[4096];
+    state_path(path, sizeof(path), (const char*)dir, 6, 0);
+    checkpoint_save_state(path, &c, &s, loader, sizeof(loader), m, v, n, NULL);
+}
+
+static void test_crafted_state(void) {
+    GPTConfig c = small_config();
+    size_t n = num_parameters(&c);
+    float* m = random_floats(n, 10);
+    float* v = random_floats(n, 11);
+    Path dir = tmp_path("crafted_state");
+    make_dir(dir.s);
+    char path[4096];
+    state_path(path, sizeof(path), dir.s, 5, 0);
+    TrainState s = {5, 4, 32, 2, 1, 0, 7, 0};
+    char loader[20] = "a shorter state";
+    checkpoint_save_state(path, &c, &s, loader, sizeof(loader), m, v, n, NULL);
+    expect_child_error(load_state_of, dir.s, "20 bytes of data loader state, this build's is 24 bytes");
+    char loader24[24] = "loader";
+    checkpoint_save_state(path, &c, &s, loader24, sizeof(loader24), m, v, n, NULL);
+    Path copy = tmp_path("state_copy.bin");
+    copy_prefix(path, copy.s, size_of(path));
+    poke(path, 4 * 15, 1 << 20); // B
+    expect_child_error(load_state_of, dir.s, "batch 1048576 x seq-len 32 x 2 accumulation x 1 processes, expected");
+    copy_prefix(copy.s, path, size_of(copy.s));
+    poke(path, 4 * 18, -1);
+    expect_child_error(load_state_of, dir.s, "rank 0 of -1 processes, expected");
+    copy_prefix(copy.s, path, size_of(copy.s));
+    poke(path, 4 * 23, 5);
+    expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 12 or 6");
+    copy_prefix(copy.s, path, size_of(copy.s) - 8);
+    expect_child_error(load_state_of, dir.s, "its header describes");
+    copy_prefix(copy.s, path, size_of(copy.s));
+    poke(path, 1024 + 24 + 4 * 10, 0x7fc00000); // m[10] = NaN: the checksum first
+    expect_child_error(load_state_of, dir.s, "checksum mismatch");
+    expect_child_error(save_state_with_nan_moment, dir.s, "optimizer moment 10 is not finite");
+    remove(path);
+    remove(copy.s);
+    rmdir(dir.s);
+    free(m);
+    free(v);
+}
+
 // every parameter is owned by exactly one rank, in flat order within a rank,
 // and bucket shares are what zero_share says
 static void test_zero_layout(void) {
@@ -247,6 +450,8 @@ static void test_log_truncation(void) {
 int main(void) {
     make_tmp_dir("test_checkpoint");
     test_round_trip();
+    test_crafted_headers();
+    test_crafted_state();
     test_zero_layout();
     test_resharding();
     test_log_truncation();

@@ -486,6 +486,18 @@ static void test_state_errors(void) {
     st.shard_pos = 3;
     CHECK(dataloader_try_set_state(&dl, &st, err, sizeof(err)) == -1 && strstr(err, "shard 3 of 3"),
           "corrupt shard_pos: %s", err);
+    // a position whose sample count would wrap 64 bits (3 * 2^62 * 4 = 3 * 2^64: 0 mod 2^64)
+    st = dataloader_get_state(&dl);
+    st.batch_pos = 1ull << 62;
+    st.B = 3;
+    st.num_processes = 4;
+    CHECK(dataloader_try_set_state(&dl, &st, err, sizeof(err)) == -1 && strstr(err, "is past any shard"),
+          "wrapping batch_pos: %s", err);
+    st.batch_pos = 1;
+    st.B = INT32_MAX;
+    st.num_processes = INT32_MAX;
+    CHECK(dataloader_try_set_state(&dl, &st, err, sizeof(err)) == -1 && strstr(err, "is past any shard"),
+          "huge B and process count: %s", err);
     // a refused state leaves the loader where it was
     CHECK(dl.epoch == 0 && dl.shard_pos == 0 && dl.batch_pos == 0 && dl.seed == 3, "refused state moved the loader");
     dataloader_free(&dl);

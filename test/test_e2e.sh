@@ -99,7 +99,13 @@ expect_error "bad magic" ./infer -m "$work/a/state_00000040_00000.bin" -p hi
 expect_error "cannot open" ./infer -m "$work/nothing.bin" -p hi
 cp "$model" "$work/nan.bin" # a NaN in token 0's embedding (tied: its logit too)
 printf '\x00\x00\xc0\x7f' | dd of="$work/nan.bin" bs=1 seek=1024 conv=notrunc 2> /dev/null
-expect_error "are not finite (token 0: nan)" ./infer -m "$work/nan.bin" -p "The sea" -n 5 --device cpu -q 1
+expect_error "nan.bin: checksum mismatch" ./infer -m "$work/nan.bin" -p "The sea" -n 5 --device cpu -q 1
+# the same as a version 1 file (no checksum): the loader finds the NaN
+printf '\x01\x00\x00\x00' | dd of="$work/nan.bin" bs=1 seek=4 conv=notrunc 2> /dev/null
+head -c 8 /dev/zero | dd of="$work/nan.bin" bs=1 seek=1016 conv=notrunc 2> /dev/null
+expect_error "nan.bin: wte[0] is NaN: a checkpoint's parameters must all be finite" ./infer -m "$work/nan.bin" -p "The sea" -n 5 --device cpu -q 1
+mkdir -p "$work/empty_dir"
+expect_error "the directory holds no checkpoint" ./infer -m "$work/empty_dir" -p hi
 printf 'The sea\n\nIt was\n' > "$work/prompts.txt"
 ./infer -m "$model" -f "$work/prompts.txt" -n 10 -t 0 -q 1 > "$work/batch.txt" 2>&1
 { printf '[1] '; ./infer -m "$model" -p "The sea" -n 10 -t 0 -q 1; printf '[2] '; ./infer -m "$model" -p "It was" -n 10 -t 0 -q 1; } > "$work/batch_expect.txt" 2>&1

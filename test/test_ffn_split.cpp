@@ -135,38 +135,44 @@ static void test_permutation(void) {
     CHECK(rel_err(y[1].data(), y[0].data(), y[0].size()) < 1e-13, "permuted units: the same FFN");
 }
 
-// the hot set from counts: H 256, rate 0.1 of 1000 tokens (join above 125, stay from 80)
+// the hot set from counts: H 256 over 1000 tokens; a hot unit costs 0.1 a token, a cold pair 1 (so a unit
+// pays its way hot above a rate of 0.1), in blocks of FFN_HOT_ALIGN
 static void test_choose(void) {
     GPTConfig c = {37, 128, 1, 16, 2, 1, 256, 8, 10000.0f, 1e-5f};
     GPT<float, float> model;
     gpt_build(&model, &c, DEVICE_CPU);
-    model.hot_rate = 0.1;
+    model.hot_costs = (FfnCosts){0.0f, 0.1f, 0.0f, 1.0f};
     std::vector<int> perm(256);
     uint32_t* count = model.unit_count_host;
     for (int n = 0; n < 256; n++) { count[n] = n % 7; } // all cold
     CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "no unit above the rate: no hot units");
-    count[200] = 126, count[10] = 300, count[50] = 125;
+    count[200] = 300, count[10] = 126;
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "two busy units do not pay for a block of 64");
+    for (int n = 100; n < 164; n++) { count[n] = 300 + n; }
     int units = gpt_hot_choose(&model, 0, 1000, perm.data());
-    CHECK(units == FFN_HOT_ALIGN, "two units join: one aligned block (%d)", units);
-    CHECK(perm[0] == 10 && perm[1] == 200, "the joining units first, by count (%d %d)", perm[0], perm[1]);
-    CHECK(perm[2] == 50, "then the most active others (%d)", perm[2]);
+    CHECK(units == FFN_HOT_ALIGN, "64 busy units: one block (%d)", units);
+    CHECK(perm[0] == 163 && perm[63] == 100, "the busiest first, by count (%d .. %d)", perm[0], perm[63]);
     std::vector<int> seen(256, 0);
     int ordered = 1;
     for (int n = 0; n < 256; n++) { seen[perm[n]]++; }
     for (int n = units + 1; n < 256; n++) { ordered &= perm[n] > perm[n - 1]; }
     CHECK(std::count(seen.begin(), seen.end(), 1) == 256 && ordered, "a permutation; the cold units in order");
 
-    // as if applied: units [0, 64) hot, the two above the rate first
+    // as if applied: units [0, 64) hot
     model.ffn[0].hot.units = 64;
-    for (int n = 0; n < 256; n++) { count[n] = n % 7; }
-    count[0] = 90, count[1] = 81; // below the join rate but above the stay rate: they stay
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "hysteresis: units between the rates stay");
-    count[1] = 79;
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "one left, still one block: no change");
-    count[0] = 10;
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 0, "every hot unit below the stay rate: none hot");
+    for (int n = 0; n < 256; n++) { count[n] = n < 64 ? 99 : n % 7; }
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "hysteresis: a hot set just below the rate stays");
+    for (int n = 0; n < 64; n++) { count[n] = 97; }
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 0, "once it costs more than the margin: none hot");
     for (int n = 0; n < 256; n++) { count[n] = 500; }
     CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 256, "every unit busy: all hot");
+    // a fixed cost of the dense part: worth it for enough units only
+    model.ffn[0].hot.units = 0;
+    for (int n = 0; n < 256; n++) { count[n] = n < 64 ? 300 : n % 7; }
+    model.hot_costs.dense0 = 5;
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 64, "64 units pay for a fixed cost of 5");
+    model.hot_costs.dense0 = 20;
+    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "not for one of 20");
     gpt_free(&model);
 }
 
@@ -208,7 +214,7 @@ static void test_model(void) {
         GPT<float, float> m;
         gpt_build(&m, &c, DEVICE_CPU);
         m.ffn_mode = mode ? FFN_SPARSE : FFN_DENSE;
-        m.hot_rate = mode ? 0.3 : 0;
+        m.hot_costs = (FfnCosts){0.0f, mode ? 0.3f : 0.0f, 0.0f, 1.0f};
         memcpy(m.params, w.data(), w.size() * sizeof(float));
         Optimizer o;
         optimizer_init(&o, &m, NULL);
@@ -221,7 +227,7 @@ static void test_model(void) {
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
             int before = m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
-            optimizer_hot_update(&o, &m, M, 0);
+            optimizer_hot_update(&o, &m, step, M, 0);
             changes += mode && before != m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
             loss[mode][step] = m.ce;
         }
@@ -234,7 +240,7 @@ static void test_model(void) {
     CHECK(worst < 1e-4, "sparse with hot units tracks dense: worst relative loss difference %g", worst);
 }
 
-// the FFN state a checkpoint keeps: the hot units and the rate round-trip; a state from before the
+// the FFN state a checkpoint keeps: the hot units and the costs round-trip; a state from before the
 // split (3 ints per layer) loads with no hot units
 static void test_state(void) {
     GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f};
@@ -242,19 +248,20 @@ static void test_state(void) {
     gpt_build(&a, &c, DEVICE_CPU);
     gpt_build(&b, &c, DEVICE_CPU);
     a.ffn_mode = b.ffn_mode = FFN_AUTO;
-    a.ffn[0] = {1, {}, 32, 100, {64, NULL, NULL, NULL}, 0};
-    a.ffn[1] = {0, {}, 16, 50, {0, NULL, NULL, NULL}, 0};
-    a.hot_rate = 0.0123456789;
+    a.ffn[0] = {NULL, 1, {}, 32, 100, {64, NULL, NULL, NULL}, 0};
+    a.ffn[1] = {NULL, 0, {}, 16, 50, {0, NULL, NULL, NULL}, 0};
+    a.hot_costs = (FfnCosts){1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f};
     std::vector<int32_t> state(ffn_state_ints(2));
     gpt_ffn_state_get(&a, state.data());
     gpt_ffn_state_set(&b, state.data(), (int)state.size());
     CHECK(b.ffn[0].on == 1 && b.ffn[0].W == 32 && b.ffn[0].tail_capacity == 100 && b.ffn[0].hot.units == 64 &&
-          b.ffn[1].on == 0 && b.ffn[1].hot.units == 0 && fabs(b.hot_rate - 0.012345679) < 1e-12, "FFN state round trip");
+          b.ffn[1].on == 0 && b.ffn[1].hot.units == 0 && memcmp(&b.hot_costs, &a.hot_costs, sizeof(FfnCosts)) == 0,
+          "FFN state round trip");
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
-    b.hot_rate = -1;
+    b.hot_costs = (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f};
     gpt_ffn_state_set(&b, old, 6);
     CHECK(b.ffn[0].W == 48 && b.ffn[1].tail_capacity == 10 && b.ffn[0].hot.units == 0 && b.ffn[1].hot.units == 0 &&
-          b.hot_rate == -1, "an FFN state from before the hot/cold split");
+          b.hot_costs.dense1 == -1, "an FFN state from before the hot/cold split");
     gpt_free(&a);
     gpt_free(&b);
 }

@@ -166,6 +166,17 @@ static void test_json_valid(void) {
     CHECK(json_get(&v, "missing") == NULL && json_get(a, "a") == NULL, "json_get misses");
     json_free(&v);
 
+    // numbers of any length (RFC 8259 sets no limit)
+    char digits[400] = "[0.";
+    memset(digits + 3, '3', 300);
+    strcpy(digits + 303, "e-2, 1");
+    memset(digits + 309, '0', 80);
+    strcpy(digits + 389, "]");
+    json_parse(digits, strlen(digits), "long.json", &v);
+    CHECK(v.type == JSON_ARRAY && v.length == 2 && fabs(v.items[0].number - 1.0 / 300) < 1e-18 &&
+          v.items[1].number == 1e80 && !v.items[1].is_integer, "numbers of 306 and 81 characters");
+    json_free(&v);
+
     // json_write_string round trip
     const Path p = tmp_path("write.json");
     FILE* fp = fopenCheck(p.s, "wb");
@@ -343,6 +354,11 @@ static void test_safetensors_errors(void) {
         {"{\"a\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, "tensor a is I32; only F32, BF16 and F16"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
          -1, 8, "invalid JSON at line 1, column 1: key \"a\" appears twice"},
+        // a NUL would cut a name or dtype short: "w\0a" and "w\0b" would both be "w", "F32\0junk" F32
+        {"{\"w\\u0000a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"w\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         -1, 8, "tensor name \"w...\" holds a NUL byte (\\u0000)"},
+        {"{\"__metadata__\\u0000\":{}}", -1, 0, "tensor name \"__metadata__...\" holds a NUL byte"},
+        {"{\"t\":{\"dtype\":\"F32\\u0000junk\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, "tensor t has an unknown dtype F32"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         write_st(p.s, cases[k].header, cases[k].len, cases[k].data);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end runs of the FFN hot/cold split on the CPU path (llmc/ffn.h): with a
-# fixed break-even rate the sparse layers' hot sets change during training and
+# fixed hot rate (--hot-rate) the sparse layers' hot sets change during training and
 # are logged, the loss stays within float noise of --ffn dense, and a run
 # resumed from a checkpoint taken after the hot sets changed repeats the
 # uninterrupted one bit for bit (the hot units are the first rows of the saved

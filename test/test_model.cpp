@@ -7,6 +7,7 @@
    the training forward's logits.
 */
 #include "llmc/gpt.h"
+#include "llmc/optimizer.h"
 #include "test/test.h"
 
 static double rel_err(double a, double b) { return fabs(a - b) / fmax(fmax(fabs(a), fabs(b)), 1e-7); }
@@ -206,8 +207,45 @@ static void test_cached_forward(void) {
     gpt_free(&model);
 }
 
+// an AdamW step with a NaN or inf in a gradient or the loss changes nothing; a finite one changes the weights
+static void test_optimizer_skips_nonfinite(void) {
+    GPTConfig c = tiny_config();
+    GPT<float, float> model;
+    gpt_build(&model, &c, DEVICE_CPU);
+    init_params_random(model.params, &c, 7);
+    gpt_zero_grad(&model); // allocates the gradients
+    Optimizer opt;
+    optimizer_init(&opt, &model, NULL);
+    OptimConfig cfg = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 0, 10, 0.1f};
+    size_t n = model.num_parameters;
+    uint64_t rng = 11;
+    for (size_t i = 0; i < n; i++) { opt.m[i] = 1e-3f * (float)rng_normal(&rng); opt.v[i] = 1e-6f; }
+    float* before = (float*)mallocCheck(3 * n * sizeof(float));
+    const char* cases[] = {"a NaN gradient", "an inf gradient", "a NaN loss", "an inf loss"};
+    for (int k = 0; k < 5; k++) {
+        for (size_t i = 0; i < n; i++) { model.grads[i] = 1e-2f * (float)rng_normal(&rng); }
+        model.stats_acc[0] = 3.0;
+        if (k == 0) { model.grads[n / 2] = NAN; }
+        if (k == 1) { model.grads[0] = INFINITY; }
+        if (k == 2) { model.stats_acc[0] = NAN; }
+        if (k == 3) { model.stats_acc[0] = INFINITY; }
+        memcpy(before, model.params, n * sizeof(float));
+        memcpy(before + n, opt.m, n * sizeof(float));
+        memcpy(before + 2 * n, opt.v, n * sizeof(float));
+        optimizer_step(&opt, &model, &cfg, cfg.lr, k + 1);
+        int same = memcmp(before, model.params, n * sizeof(float)) == 0 &&
+                   memcmp(before + n, opt.m, n * sizeof(float)) == 0 && memcmp(before + 2 * n, opt.v, n * sizeof(float)) == 0;
+        if (k < 4) { CHECK(same, "a step with %s changed the weights or moments", cases[k]); }
+        else { CHECK(!same && isfinite(opt.grad_norm), "a finite step changed nothing"); }
+    }
+    free(before);
+    optimizer_free(&opt);
+    gpt_free(&model);
+}
+
 int main(void) {
     test_gemm();
+    test_optimizer_skips_nonfinite();
     test_gradients(0.0);
     test_gradients(0.05);
     test_recompute();

@@ -91,7 +91,7 @@ if command -v gnuplot > /dev/null 2>&1; then
     done
     check "the plots are not empty" test "$(wc -c < "$work/sw/loss_curves.png")" -gt 5000
 else
-    echo "test_sweep: gnuplot is not installed, PNG checks skipped (apt-get install gnuplot-nox)"
+    echo "SKIP sweep: the PNG checks of the plots (gnuplot is not installed: apt-get install gnuplot-nox)"
     check "the sweep says why it made no plots" grep -q "apt-get install gnuplot-nox" "$work/sw.txt"
 fi
 
@@ -179,6 +179,8 @@ if command -v jq > /dev/null 2>&1; then
     check "analyze: the JSON parses" jq -e '.tokens == 128 and (.layer.l0_mean | length) == 2 and (.least_active | length) == 5' "$work/an.json" > /dev/null
     check "analyze: positions average to the mean L0" \
         jq -e '((.position.l0_mean | add / length) - .l0_mean | fabs) < 1e-3' "$work/an.json" > /dev/null
+else
+    echo "SKIP sweep: the analysis JSON parsed by jq (jq is not installed: apt-get install jq)"
 fi
 expect_error "--analyze reads shards, not a prompt" ./infer -m "$model" --analyze "data/corpus_val_*.bin" -p hi
 expect_error "--analyze-out needs --analyze" ./infer -m "$model" -p hi --analyze-out "$work/x.json"

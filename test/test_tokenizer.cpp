@@ -318,6 +318,34 @@ static void test_bad_files(void) {
     }
 }
 
+// a piece longer than TOKENIZER_MAX_PIECE is encoded as chunks of at most that many bytes, cut at
+// character boundaries: the ids are the chunks' ids, and they decode to the text
+static void test_long_pieces(const Tokenizer* t) {
+    static const char* fills[] = {"7", "\xE6\x97\xA5", " "}; // a digit run, a CJK letter run, spaces
+    for (size_t f = 0; f < sizeof(fills) / sizeof(fills[0]); f++) {
+        Buf text = {NULL, 0, 0};
+        while (text.len < 3 * TOKENIZER_MAX_PIECE + 1000) { buf_put(&text, fills[f], strlen(fills[f])); }
+        int *ids = NULL, *part = NULL;
+        size_t n = 0, cap = 0, n_part = 0, part_cap = 0;
+        CHECK(tokenizer_encode(t, text.data, text.len, &ids, &n, &cap) == 0, "long run of \"%s\"", fills[f]);
+        size_t char_len = strlen(fills[f]), at = 0;
+        while (at < text.len) { // the documented cuts, chunk by chunk
+            size_t len = text.len - at;
+            if (len > TOKENIZER_MAX_PIECE) { len = TOKENIZER_MAX_PIECE / char_len * char_len; }
+            tokenizer_encode(t, text.data + at, len, &part, &n_part, &part_cap);
+            at += len;
+        }
+        Buf back = decode_all(t, ids, n);
+        CHECK(n == n_part && memcmp(ids, part, n * sizeof(int)) == 0, "long run of \"%s\": %zu ids, by chunks %zu",
+              fills[f], n, n_part);
+        CHECK(back.len == text.len && memcmp(back.data, text.data, text.len) == 0, "long run of \"%s\" round trip", fills[f]);
+        free(back.data);
+        free(ids);
+        free(part);
+        free(text.data);
+    }
+}
+
 int main(void) {
     make_tmp_dir("test_tokenizer");
     Tokenizer t;
@@ -337,6 +365,7 @@ int main(void) {
 
     test_vectors(&t);
     test_random(&t);
+    test_long_pieces(&t);
     test_utf8(&t);
     test_llmc_file(&t);
     test_bad_files();

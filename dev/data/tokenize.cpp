@@ -11,6 +11,12 @@
  llama3 (Llama-3's tiktoken ranks and pre-tokenizer; uint32 tokens, magic 20240801; separator
  <|begin_of_text|> = 128000, as llm.c uses it).
 
+ Text that is not valid UTF-8 stops the run with an error naming the file and the byte, unless
+ --invalid-utf8 says otherwise: "replace" puts U+FFFD for each maximal ill-formed subsequence, as
+ Python's bytes.decode(errors="replace") does (and the WHATWG and Unicode's recommended practice),
+ "skip" leaves the document out (it still counts as an input document for --val_docs and --resume);
+ the summary counts both.
+
  Documents are tokenized in parallel (OpenMP) a batch at a time; one thread writes the previous batch in
  input order and reads the next while the others tokenize, so the shards are the same bytes whatever the
  thread count. After each complete shard <out>.state records how much of the input the complete shards
@@ -30,6 +36,8 @@
 // a batch ends at this many input bytes (or --batch-docs documents); a longer document is a batch alone
 enum { BATCH_BYTES = 8 << 20 };
 
+enum { UTF8_STOP, UTF8_REPLACE, UTF8_SKIP }; // --invalid-utf8
+
 typedef struct {
     const char* out;          // shard path prefix
     const char* rank_file;
@@ -42,6 +50,7 @@ typedef struct {
     size_t total_docs;        // documents in the whole input, for the ETA and a check (0: unknown)
     size_t first_doc;         // the input starts at this document of the stream (the caller skipped the rest)
     size_t batch_docs;
+    int invalid_utf8;         // UTF8_STOP, UTF8_REPLACE or UTF8_SKIP
     char** inputs;
     int n_inputs;
 } Options;
@@ -112,6 +121,9 @@ typedef struct {
     size_t n_tail;
     int stop;              // --max-shards reached, or an error
     char err[512];         // the error, empty if none
+    size_t replaced_docs;  // documents with invalid UTF-8 replaced (--invalid-utf8 replace), this run
+    size_t replaced_seqs;  // the U+FFFD put in them
+    size_t skipped_docs;   // documents left out for invalid UTF-8 (--invalid-utf8 skip), this run
     Progress* progress;
 } ShardWriter;
 
@@ -208,6 +220,19 @@ static void writer_add_document(ShardWriter* w, const int* ids, size_t n) {
         writer_append(w, ids + done, n - done);
         w->docs++;
     }
+}
+
+// a document left out (--invalid-utf8 skip): it adds no tokens but counts as an input document
+static void writer_skip_document(ShardWriter* w) {
+    if (w->drop > 0) { // the document that the last complete shard continues cannot be one left out
+        snprintf(w->err, sizeof(w->err), "--resume: document %zu does not continue the last complete shard as %s.state "
+                 "says; is the input the one the interrupted run had?", w->docs + 1, w->o->out);
+        w->stop = 1;
+        return;
+    }
+    w->docs++;
+    w->skipped_docs++;
+    if (w->o->val_docs > 0 && w->shards == 0 && w->docs == w->o->val_docs) { writer_flush(w, w->docs, 0); }
 }
 
 // ----------------------------------------------------------------------------
@@ -454,8 +479,10 @@ typedef struct {
     int* ids;          // separator + tokens, once tokenized
     size_t n_ids, ids_cap;
     const char* err;   // what is wrong with it, NULL if nothing
-    int bad_utf8;      // the error is invalid UTF-8, at byte err_at of the input
+    int bad_utf8;      // it is not valid UTF-8, first at byte err_at of the input
     size_t err_at;
+    size_t replaced;   // --invalid-utf8 replace: the U+FFFD put in it
+    int skip;          // --invalid-utf8 skip: left out
 } Doc;
 
 typedef struct {
@@ -641,24 +668,68 @@ static void reader_fill(Reader* r, Batch* b) {
 typedef struct {
     char* text;   // a decoded JSON string
     size_t len, cap;
+    char* fixed;  // the document with its invalid UTF-8 replaced
+    size_t fixed_len, fixed_cap;
 } Scratch;
+
+// length of the maximal subpart of a well-formed sequence at s[i] (which is ill-formed there): the
+// lead byte and the continuation bytes that fit it, at least 1 (Unicode's Table 3-7 ranges)
+static size_t utf8_ill_formed_length(const unsigned char* s, size_t len, size_t i) {
+    unsigned char c = s[i], lo = 0x80, hi = 0xBF;
+    size_t n;
+    if (c >= 0xC2 && c <= 0xDF) { n = 2; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
+    else { return 1; }
+    size_t k = 1;
+    if (i + k < len && s[i + k] >= lo && s[i + k] <= hi) {
+        for (k = 2; k < n && i + k < len && (s[i + k] & 0xC0) == 0x80; k++) {}
+    }
+    return k;
+}
+
+// s[0..len) with each maximal ill-formed subsequence replaced by U+FFFD (EF BF BD), into *out;
+// returns how many were replaced
+static size_t utf8_replace_invalid(const char* s, size_t len, char** out, size_t* out_len, size_t* cap) {
+    static const char fffd[3] = {'\xEF', '\xBF', '\xBD'};
+    const unsigned char* u = (const unsigned char*)s;
+    size_t replaced = 0, i = 0, run = 0; // run: start of the valid bytes not yet copied
+    *out_len = 0;
+    while (i < len) {
+        size_t n = utf8_sequence_length(u, len, i);
+        if (n > 0) { i += n; continue; }
+        put_bytes(out, out_len, cap, s + run, i - run);
+        put_bytes(out, out_len, cap, fffd, 3);
+        replaced++;
+        i += utf8_ill_formed_length(u, len, i);
+        run = i;
+    }
+    put_bytes(out, out_len, cap, s + run, len - run);
+    return replaced;
+}
 
 // separator + encode(text) of one document into d->ids, or d->err
 static void tokenize_doc(const Options* o, const Tokenizer* tok, const Batch* b, Doc* d, Scratch* s) {
     const char* raw = b->data + d->off;
+    size_t raw_len = d->len;
     d->n_ids = 0;
     d->err = NULL;
+    d->replaced = 0;
+    d->skip = 0;
     size_t bad;
-    d->bad_utf8 = !utf8_valid(raw, d->len, &bad);
+    d->bad_utf8 = !utf8_valid(raw, raw_len, &bad);
     if (d->bad_utf8) {
-        d->err = "not valid UTF-8";
         d->err_at = d->file_off + bad;
-        return;
+        if (o->invalid_utf8 == UTF8_STOP) { d->err = "not valid UTF-8"; return; }
+        if (o->invalid_utf8 == UTF8_SKIP) { d->skip = 1; return; }
+        d->replaced = utf8_replace_invalid(raw, raw_len, &s->fixed, &s->fixed_len, &s->fixed_cap);
+        raw = s->fixed;
+        raw_len = s->fixed_len;
     }
     const char* text = raw;
-    size_t len = d->len;
+    size_t len = raw_len;
     if (o->jsonl_field != NULL) {
-        d->err = json_field(raw, d->len, o->jsonl_field, &s->text, &s->len, &s->cap);
+        d->err = json_field(raw, raw_len, o->jsonl_field, &s->text, &s->len, &s->cap);
         if (d->err != NULL) { return; }
         text = s->text;
         len = s->len;
@@ -676,18 +747,25 @@ static void write_batch(ShardWriter* w, const Batch* b) {
         if (d->err != NULL) {
             const char* path = input_name(o->inputs[d->input]);
             const char* unit = o->records ? "record" : "line";
-            if (d->index == 0) {
-                snprintf(w->err, sizeof(w->err), "%s is %s at byte %zu", path, d->err, d->err_at);
+            const char* hint = "; --invalid-utf8 replace or skip goes on";
+            if (d->bad_utf8 && d->index == 0) {
+                snprintf(w->err, sizeof(w->err), "%s is %s at byte %zu%s", path, d->err, d->err_at, hint);
             } else if (d->bad_utf8) {
-                snprintf(w->err, sizeof(w->err), "%s: %s %zu is %s at byte %zu of the file", path, unit, d->index,
-                         d->err, d->err_at);
+                snprintf(w->err, sizeof(w->err), "%s: %s %zu is %s at byte %zu of the file%s", path, unit, d->index,
+                         d->err, d->err_at, hint);
             } else {
                 snprintf(w->err, sizeof(w->err), "%s:%zu: %s (--jsonl %s)", path, d->index, d->err, o->jsonl_field);
             }
             w->stop = 1;
             return;
         }
-        writer_add_document(w, d->ids, d->n_ids);
+        if (d->skip) {
+            writer_skip_document(w);
+        } else {
+            writer_add_document(w, d->ids, d->n_ids);
+            w->replaced_docs += d->replaced > 0;
+            w->replaced_seqs += d->replaced;
+        }
         w->progress->bytes += d->used;
     }
     progress_show(w->progress, w->docs, w->tokens);
@@ -713,6 +791,8 @@ static void usage(void) {
             "  --total-docs N    the input has N documents (for the ETA; another count is an error)\n"
             "  --first-doc K     with --resume: the input starts at document K (the caller skipped K)\n"
             "  --batch-docs N    documents per parallel batch (default 16384)\n"
+            "  --invalid-utf8 A  what a document that is not valid UTF-8 does: stop (default: an error), replace\n"
+            "                    (U+FFFD for each ill-formed sequence, as Python's errors=\"replace\") or skip\n"
             "  threads: OMP_NUM_THREADS (default: all cores)\n");
     exit(EXIT_FAILURE);
 }
@@ -741,7 +821,7 @@ static void make_parent_dirs(const char* out) {
 }
 
 int main(int argc, char** argv) {
-    Options o = {NULL, NULL, NULL, 0, 0, 100000000, 0, 0, 0, 0, 0, 16384, NULL, 0};
+    Options o = {NULL, NULL, NULL, 0, 0, 100000000, 0, 0, 0, 0, 0, 16384, UTF8_STOP, NULL, 0};
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (a[0] != '-' || strcmp(a, "-") == 0) {
@@ -762,7 +842,12 @@ int main(int argc, char** argv) {
         else if (strcmp(a, "--total-docs") == 0) { o.total_docs = parse_count(a, v, 1); }
         else if (strcmp(a, "--first-doc") == 0) { o.first_doc = parse_count(a, v, 0); }
         else if (strcmp(a, "--batch-docs") == 0) { o.batch_docs = parse_count(a, v, 1); }
-        else if (strcmp(a, "--vocab") == 0) {
+        else if (strcmp(a, "--invalid-utf8") == 0) {
+            if (strcmp(v, "stop") == 0) { o.invalid_utf8 = UTF8_STOP; }
+            else if (strcmp(v, "replace") == 0) { o.invalid_utf8 = UTF8_REPLACE; }
+            else if (strcmp(v, "skip") == 0) { o.invalid_utf8 = UTF8_SKIP; }
+            else { fatal("--invalid-utf8 is stop, replace or skip, got '%s'", v); }
+        } else if (strcmp(a, "--vocab") == 0) {
             if (strcmp(v, "gpt2") != 0 && strcmp(v, "llama3") != 0) { fatal("--vocab is gpt2 or llama3, got '%s'", v); }
             o.llama3 = strcmp(v, "llama3") == 0;
         } else {
@@ -872,12 +957,22 @@ int main(int argc, char** argv) {
                "(%.1f MB/s, %d threads)\n", w.docs, w.tokens, w.val_tokens, w.tokens - w.val_tokens, w.shards,
                (double)progress.bytes / 1e6, seconds, (double)progress.bytes / 1e6 / seconds, n_threads);
     }
+    if (w.replaced_docs > 0) {
+        printf("tokenize: invalid UTF-8: %zu ill-formed sequence%s replaced with U+FFFD in %zu document%s\n",
+               w.replaced_seqs, w.replaced_seqs == 1 ? "" : "s", w.replaced_docs, w.replaced_docs == 1 ? "" : "s");
+    }
+    if (w.skipped_docs > 0) {
+        printf("tokenize: invalid UTF-8: %zu document%s skipped\n", w.skipped_docs, w.skipped_docs == 1 ? "" : "s");
+    }
     for (int i = 0; i < 3; i++) {
         for (size_t d = 0; d < batches[i].docs_cap; d++) { free(batches[i].docs[d].ids); }
         free(batches[i].docs);
         free(batches[i].data);
     }
-    for (int i = 0; i < n_threads; i++) { free(scratch[i].text); }
+    for (int i = 0; i < n_threads; i++) {
+        free(scratch[i].text);
+        free(scratch[i].fixed);
+    }
     free(scratch);
     free(r.buf);
     free(w.buf);

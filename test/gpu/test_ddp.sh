@@ -3,7 +3,8 @@
 # of the same global batch within bf16 noise; a resume on the same number of
 # GPUs is bit-identical and one on another number works (re-sharded optimizer
 # state); a killed rank makes the other stop with a clear error within the
-# timeout, and the last checkpoint still resumes.
+# timeout, and the last checkpoint still resumes; SIGTERM stops both ranks at
+# the same step with a complete checkpoint.
 set -u
 cd "$(dirname "$0")/../.."
 passed=0; failed=0
@@ -13,7 +14,7 @@ check() {
 }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$gpus" -lt 2 ]; then
-    echo "ddp: needs 2 GPUs, this machine has $gpus: nothing run"
+    echo "SKIP ddp: every data-parallel test (needs 2 GPUs, this machine has $gpus)"
     echo "ddp: 0 passed, 0 failed"
     exit 0
 fi
@@ -110,12 +111,49 @@ if mpicc --showme:compile > /dev/null 2>&1 && command -v mpirun > /dev/null; the
     check "processes meeting through MPI train the same steps" cmp -s <(strip_timing "$work/two/log.jsonl") <(strip_timing "$work/by_mpi/log.jsonl")
     [ -f "$work/by_mpi/log.jsonl" ] || tail -n 5 "$work/by_mpi.txt"
 else
-    echo "ddp: no Open MPI here: the MPI launch is not tested"
+    echo "SKIP ddp: the MPI launch (no Open MPI here)"
 fi
 
 # 6. two processes with no way to meet: one line, not a hang
 RANK=0 WORLD_SIZE=2 ./train_gpt_sparse "${small[@]}" -o "$work/alone" > "$work/alone.txt" 2>&1
 check "no rendezvous given is an error" grep -q "2 processes (from environment) but no way for them to meet" "$work/alone.txt"
+
+# 7. a stop: SIGTERM to the launcher, which passes it on once; both processes stop after the same step
+# with their parts of one checkpoint, and the continued run repeats the uninterrupted one bit for bit.
+# SIGTERM to one process only: the other stops at the same step too (the flag is all-reduced each step)
+stopargs=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -u 5 -l 3e-3 -s 0 -m 4 -a 1e-2
+          -v 500 -n 500 -x 2000 --ffn "$ffn")
+source test/train_lib.sh
+two "${stopargs[@]}" -o "$work/stop_ref" > "$work/stop_ref.txt" 2>&1
+check "uninterrupted 2-GPU run of 2000 steps exits 0" test $? -eq 0
+scripts/launch_local.sh 2 "${stopargs[@]}" -o "$work/stopped" > "$work/stopped.txt" 2>&1 &
+stop_at "$work/stopped" 50 $! TERM
+check "SIGTERM: the 2-GPU run ends by the signal (exit $rc)" test $rc -eq 143
+stop=$(sed -n 's/^stopped at step \([0-9]*\) of 2000 (SIGTERM): the checkpoint is .*/\1/p' "$work/stopped.txt")
+check "SIGTERM: rank 0 says where the checkpoint is (step ${stop:-none})" test -n "$stop"
+stop=${stop:-0}
+check "SIGTERM: both processes wrote their part of step $stop" \
+    test -f "$work/stopped/$(printf 'state_%08d_00000.bin' "$stop")" -a -f "$work/stopped/$(printf 'state_%08d_00001.bin' "$stop")"
+two "${stopargs[@]}" -o "$work/stopped" -y 1 > "$work/stopped2.txt" 2>&1
+check "SIGTERM: the continued 2-GPU run exits 0" test $? -eq 0
+check "SIGTERM: continued, the log equals the uninterrupted run's" \
+    cmp -s <(strip_timing "$work/stop_ref/log.jsonl") <(strip_timing "$work/stopped/log.jsonl")
+check "SIGTERM: continued, the last checkpoint equals the uninterrupted run's" \
+    cmp -s "$work/stop_ref/model_00002000.bin" "$work/stopped/model_00002000.bin"
+port=$((32000 + RANDOM % 1000))
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_gpt_sparse "${stopargs[@]}" -o "$work/one_signal" --init-address 127.0.0.1:$port > "$work/one_signal0.txt" 2>&1 &
+pid0=$!
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 ./train_gpt_sparse "${stopargs[@]}" -o "$work/one_signal" --init-address 127.0.0.1:$port > "$work/one_signal1.txt" 2>&1 &
+pid1=$!
+wait_for_step "$work/one_signal" 50 $pid0
+kill -TERM $pid1
+wait $pid1; rc1=$?
+wait $pid0; rc0=$?
+check "SIGTERM to rank 1 only: it ends by the signal (exit $rc1)" test $rc1 -eq 143
+check "... and rank 0 stops with an error (exit $rc0)" test $rc0 -eq 1
+stop=$(sed -n 's/^stopped at step \([0-9]*\) of 2000 (another process was asked to stop): the checkpoint is .*/\1/p' "$work/one_signal0.txt")
+check "... at a step of which both wrote their part (step ${stop:-none})" test -n "$stop" -a \
+    -f "$work/one_signal/$(printf 'state_%08d_00000.bin' "${stop:-0}")" -a -f "$work/one_signal/$(printf 'state_%08d_00001.bin' "${stop:-0}")"
 
 echo "ddp: $passed passed, $failed failed"
 [ $failed -eq 0 ]

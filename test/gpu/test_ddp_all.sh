@@ -12,7 +12,7 @@ check() {
 }
 n=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$n" -lt 3 ]; then
-    echo "ddp_all: needs 3 or more GPUs, this machine has $n: nothing run"
+    echo "SKIP ddp_all: every test (needs 3 or more GPUs, this machine has $n)"
     echo "ddp_all: 0 passed, 0 failed"
     exit 0
 fi
@@ -47,6 +47,8 @@ if [ $((n % 2)) -eq 0 ]; then # the same tokens per step on 2 GPUs
     d=$(max_diff "$work/to_two" "$work/all")
     echo "ddp_all: resumed on 2 GPUs from step 10: max |loss difference| to the $n-GPU run $d"
     check "$n -> 2 GPU resume follows the $n-GPU run ($d)" below "$d" 0.01
+else
+    echo "SKIP ddp_all: the resume on 2 GPUs (needs an even number of GPUs, this machine has $n)"
 fi
 echo "ddp_all: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -11,7 +11,7 @@
  - the model (llmc/gpt.h, llmc/optimizer.h): a layer's units permuted in the
    bf16 weights, the master weights and the moments keep the losses; training
    with --ffn sparse and the hot sets re-chosen every step follows --ffn dense;
-   the break-even rate measured on the GPU is in (0, 1].
+   the hot/cold costs measured on the GPU are positive and finite.
 */
 #include <algorithm>
 #include <vector>
@@ -253,7 +253,7 @@ static void test_model(void) {
     optimizer_free(&opt);
     gpt_free(&model);
 
-    // training: dense, then sparse with the break-even measured and the hot sets re-chosen every step;
+    // training: dense, then sparse with the costs measured and the hot sets re-chosen every step;
     // then with a low fixed rate so that hot sets surely change
     const int steps = 8;
     double loss[3][steps];
@@ -262,7 +262,8 @@ static void test_model(void) {
         GPT<bf16, float> m;
         gpt_build(&m, &c, DEVICE_CUDA);
         m.ffn_mode = mode ? FFN_SPARSE : FFN_DENSE;
-        m.hot_rate = mode == 1 ? -1 : mode == 2 ? 0.02 : 0;
+        m.hot_costs = mode == 1 ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f} // measured
+                      : (FfnCosts){0.0f, mode == 2 ? 0.02f : 0.0f, 0.0f, 1.0f};
         Optimizer o;
         optimizer_init(&o, &m, NULL);
         set_params_from_fp32(&m, &o, w.data());
@@ -275,11 +276,16 @@ static void test_model(void) {
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
             int before = m.ffn[0].hot.units + 10000 * m.ffn[1].hot.units;
-            optimizer_hot_update(&o, &m, M, 0);
+            optimizer_hot_update(&o, &m, step, M, 0);
             changed += mode == 2 && before != m.ffn[0].hot.units + 10000 * m.ffn[1].hot.units;
             loss[mode][step] = m.ce;
         }
-        if (mode == 1) { CHECK(m.hot_rate > 0 && m.hot_rate <= 1, "measured break-even rate %g", m.hot_rate); }
+        if (mode == 1) {
+            const FfnCosts* hc = &m.hot_costs;
+            CHECK(hc->dense0 >= 0 && hc->dense1 > 0 && hc->gate1 > 0 && hc->pair1 > 0 && hc->dense1 < 1e-3,
+                  "measured costs per token: dense %g + %g per unit, gate %g per unit, %g per pair", hc->dense0,
+                  hc->dense1, hc->gate1, hc->pair1);
+        }
         optimizer_free(&o);
         gpt_free(&m);
     }

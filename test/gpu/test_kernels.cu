@@ -505,9 +505,10 @@ static void test_adamw(size_t n, double grad_std, float grad_clip, int t, float 
     for (auto& x : v) { x = (float)(1e-6 * rng_uniform(&rng)); }
     float *d_master = upload(master), *d_m = upload(m), *d_v = upload(v);
     bf16* d_params = poisoned<bf16>(n);
+    double* d_loss = upload(std::vector<double>{3.5});
     adamw_update(master.data(), grads.data(), m.data(), v.data(), n, opt.lr, &opt, t, scale, 1);
     adamw_update_cuda(d_master, d_params, d_grads, d_m, d_v, n, opt.lr, opt.beta1, opt.beta2, opt.eps, weight_decay, t,
-                      d_norm_sq, grad_clip);
+                      d_norm_sq, grad_clip, d_loss);
     std::vector<float> master_gpu = download(d_master, n);
     check_close("adamw_update", "master", shape, master_gpu, to_double(master), 1e-6);
     check_close("adamw_update", "m", shape, download(d_m, n), to_double(m), 1e-6);
@@ -515,8 +516,23 @@ static void test_adamw(size_t n, double grad_std, float grad_clip, int t, float 
     std::vector<bf16> params_expected(n);
     for (size_t i = 0; i < n; i++) { params_expected[i] = __float2bfloat16_rn(master_gpu[i]); }
     check_exact("adamw_update", "params = bf16(master)", shape, download(d_params, n), params_expected);
+
+    // a NaN gradient norm or an infinite loss: the step changes nothing
+    std::vector<float> m_gpu = download(d_m, n), v_gpu = download(d_v, n);
+    std::vector<bf16> params_gpu = download(d_params, n);
+    for (int bad = 0; bad < 2; bad++) {
+        reupload(d_norm_sq, std::vector<float>{bad == 0 ? NAN : norm_sq[0]});
+        reupload(d_loss, std::vector<double>{bad == 0 ? 3.5 : INFINITY});
+        adamw_update_cuda(d_master, d_params, d_grads, d_m, d_v, n, opt.lr, opt.beta1, opt.beta2, opt.eps, weight_decay,
+                          t + 1, d_norm_sq, grad_clip, d_loss);
+        const char* what = bad == 0 ? "skipped on a NaN norm: master, m, v, params unchanged"
+                                    : "skipped on an inf loss: master, m, v, params unchanged";
+        CHECK(same_bits(master_gpu, download(d_master, n)) && same_bits(m_gpu, download(d_m, n)) &&
+              same_bits(v_gpu, download(d_v, n)) && same_bits(params_gpu, download(d_params, n)),
+              "adamw_update %s (%s)", what, shape);
+    }
     cuda_free(d_grads); cuda_free(d_norm_sq); cuda_free(d_scratch); cuda_free(d_master); cuda_free(d_m);
-    cuda_free(d_v); cuda_free(d_params);
+    cuda_free(d_v); cuda_free(d_params); cuda_free(d_loss);
 }
 
 // ----------------------------------------------------------------------------
@@ -649,7 +665,7 @@ static void bench(void) {
     bench_row("global_norm_squared", shape, median_ms([&] { global_norm_squared_cuda(norm_sq, grads, n, norm_scratch); }),
               4.0 * n);
     bench_row("adamw_update", shape, median_ms([&] {
-        adamw_update_cuda(master, params, grads, m, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, norm_sq, 1.0f);
+        adamw_update_cuda(master, params, grads, m, v, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10, norm_sq, 1.0f, NULL);
     }), 30.0 * n);
     cuda_free(master); cuda_free(grads); cuda_free(m); cuda_free(v); cuda_free(norm_sq); cuda_free(norm_scratch);
     cuda_free(params);

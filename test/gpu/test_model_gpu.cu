@@ -80,6 +80,11 @@ static void gpu_step(GPT<bf16, float>* model, const int* d_in, const int* d_tg, 
     gpt_zero_grad(model);
     gpt_stats_reset(model);
     if (model->acts_memory) { cudaCheck(cudaMemset(model->acts_memory, 0xFF, model->acts_bytes)); }
+    for (int l = 0; l < model->config.num_layers; l++) { // the layers' own g, u, h
+        if (model->ffn[l].dense) {
+            cudaCheck(cudaMemset(model->ffn[l].dense, 0xFF, 3 * (size_t)B * T * model->config.hidden * sizeof(bf16)));
+        }
+    }
     gpt_forward(model, d_in, d_tg, B, T, dloss);
     gpt_backward(model, d_in, l1_scale);
     gpt_stats_read(model, (double)B * T);
@@ -147,11 +152,15 @@ static void test_model(int NKV, float lambda) {
         {"x_res", gpu.acts.x_res, cpu.acts.x_res, MD + (size_t)M * c.channels}, {"attn_in", gpu.acts.attn_in, cpu.acts.attn_in, MD},
         {"qkv", gpu.acts.qkv, cpu.acts.qkv, (size_t)M * c.num_layers * qkv_dim(&c)}, {"att", gpu.acts.att, cpu.acts.att, MD},
         {"x_mid", gpu.acts.x_mid, cpu.acts.x_mid, MD}, {"ffn_in", gpu.acts.ffn_in, cpu.acts.ffn_in, MD},
-        {"g", gpu.acts.g, cpu.acts.g, MH}, {"u", gpu.acts.u, cpu.acts.u, MH}, {"h", gpu.acts.h, cpu.acts.h, MH},
         {"final_out", gpu.acts.final_out, cpu.acts.final_out, (size_t)M * c.channels},
         {"dlogits", gpu.acts.logits, cpu.acts.logits, (size_t)M * c.padded_vocab_size},
         {"d_res", gpu.acts.d_res, cpu.acts.d_res, (size_t)M * c.channels},
     };
+    for (int l = 0; l < c.num_layers; l++) { // each layer's g, u, h, kept in the layer's own buffer
+        double err = act_err(gpu.ffn[l].dense, cpu.ffn[l].dense, 3 * MH / c.num_layers);
+        printf("  act  g,u,h of %d max rel err %.2e\n", l, err);
+        CHECK(err < 2e-2, "NKV %d: layer %d's g, u, h rel err %g", NKV, l, err);
+    }
     for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
         double err = act_err(acts[i].gpu, acts[i].cpu, acts[i].n);
         printf("  act  %-10s max rel err %.2e\n", acts[i].name, err);
