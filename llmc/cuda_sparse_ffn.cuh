@@ -349,6 +349,7 @@ constexpr int GATHER_MIN_CTAS = 12;
 constexpr int GATHER_MIN_CTAS = 16;
 #endif
 
+// a CTA's threads: one per 8 columns up to 128, a power of two (so a tail row's streams split them evenly)
 static inline int sparse_gather_threads(int D) {
     int threads = 32;
     while (threads < GATHER_MAX_THREADS && threads * 8 < D) { threads *= 2; }
