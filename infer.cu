@@ -64,6 +64,7 @@ typedef struct {
     float sparse_k;
     // from the flags and the machine
     int ffn_mode;        // FFN_DENSE or FFN_SPARSE (--ffn)
+    int ffn_given;       // --ffn was given (else a SiLU model runs dense by itself)
     int gpus;            // CUDA GPUs present
     bool use_gpu;
     char gpu_name[256];
@@ -203,6 +204,16 @@ static int split_lines(char* buf, size_t len, const char** texts, size_t* lens, 
     return n;
 }
 
+// the GPU's FFN path for this model: TwELL needs ReLU, so a SiLU model runs dense (an error if --ffn twell was given)
+static int ffn_mode_for(const InferOptions* o, const GPTConfig* config) {
+    if (o->ffn_mode == FFN_DENSE || config->activation == ACT_RELU) { return o->ffn_mode; }
+    if (o->ffn_given) {
+        fatal("--ffn twell needs a ReLU model: %s is %s, which runs dense (--ffn dense)", o->model_path,
+              activation_names[config->activation]);
+    }
+    return FFN_DENSE;
+}
+
 // the checkpoint's config and fp32 weights, and a tokenizer of its vocabulary
 static float* load_model(const InferOptions* o, GPTConfig* config, int* step, Tokenizer* tok) {
     float* params = checkpoint_load_model(o->model_path, config, step);
@@ -312,10 +323,12 @@ static void generate_main(const InferOptions* opt) {
         total_tokens += (int)seqs[i].n_ids;
         if ((int)seqs[i].n_ids > longest) { longest = (int)seqs[i].n_ids; }
     }
+    int ffn_mode = opt->use_gpu ? ffn_mode_for(opt, &config) : FFN_DENSE;
     if (!opt->quiet) {
         if (opt->use_gpu) {
-            fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d) on the GPU (%s), FFN %s, bf16\n", opt->model_path,
-                    step, config.num_layers, config.channels, config.hidden, opt->gpu_name, opt->ffn_name);
+            fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d, %s) on the GPU (%s), FFN %s, bf16\n",
+                    opt->model_path, step, config.num_layers, config.channels, config.hidden,
+                    activation_names[config.activation], opt->gpu_name, ffn_mode == FFN_SPARSE ? "twell" : "dense");
         } else {
             fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d) on the CPU reference path%s\n", opt->model_path,
                     step, config.num_layers, config.channels, config.hidden, opt->gpus ? "" : " (no CUDA GPU present)");
@@ -339,7 +352,7 @@ static void generate_main(const InferOptions* opt) {
         GPT<bf16, float> model;
         InferState<bf16> s;
         gpt_build(&model, &config, DEVICE_CUDA);
-        model.ffn_mode = opt->ffn_mode;
+        model.ffn_mode = ffn_mode;
         infer_state_alloc(&s, &model, nseq, total_tokens, cache_len);
         s.use_graph = opt->graph;
         s.twell.min_rows = opt->twell_min_rows;
@@ -774,10 +787,15 @@ static void bench_main(const InferOptions* opt) {
     if (opt->preset_name) {
         const ModelPreset* p = find_preset(opt->preset_name);
         if (p == NULL) { fatal("--preset %s: not a model shape (default, 124m, 0.5b, 1b, 1.5b, 2b)", opt->preset_name); }
-        config = (GPTConfig){50257, round_up(50257, 128), p->layers, p->dim, p->heads, p->heads, p->hidden, 2048, 10000.0f, 1e-5f};
+        config = (GPTConfig){50257, round_up(50257, 128), p->layers, p->dim, p->heads, p->heads, p->hidden, 2048, 10000.0f,
+                             1e-5f, ACT_RELU, 0};
     } else {
         int step = 0;
         free(checkpoint_load_model(opt->model_path, &config, &step)); // the config now, the weights below
+        if (config.activation != ACT_RELU) {
+            fatal("--bench compares the dense and TwELL paths, and TwELL needs ReLU: %s is %s", opt->model_path,
+                  activation_names[config.activation]);
+        }
     }
     if (T + steps > config.max_seq_len) {
         steps = config.max_seq_len - T;
@@ -879,6 +897,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     }
     if (strcmp(o->ffn_name, "twell") != 0 && strcmp(o->ffn_name, "dense") != 0) { fatal("--ffn %s: expected twell or dense", o->ffn_name); }
     o->ffn_mode = strcmp(o->ffn_name, "dense") == 0 ? FFN_DENSE : FFN_SPARSE;
+    o->ffn_given = cli_given(specs, num_specs, "ffn");
 
     if (cudaGetDeviceCount(&o->gpus) != cudaSuccess) { o->gpus = 0; }
     o->use_gpu = strcmp(o->device_name, "cuda") == 0 || (strcmp(o->device_name, "auto") == 0 && o->gpus > 0);

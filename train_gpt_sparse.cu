@@ -5,7 +5,11 @@
      loss = CE + lambda * (1/L) sum_l (1/M) sum_{m,n} |h_l[m, n]|
 
  With no arguments it trains the small default model on the corpus shipped in
- data/. This file is the training loop: flags, data, the optimizer step, the
+ data/. It also trains dense SiLU models (--activation silu, lambda 0), and
+ sparsifies a pretrained dense one (ReLUfication): --init-from takes a model
+ file's weights (hf_convert --import writes one from a Hugging Face Llama) with
+ a fresh optimizer from step 0, --activation relu replaces its SiLU, and
+ --l1-ramp grows lambda from 0 so that the model first adapts to ReLU. This file is the training loop: flags, data, the optimizer step, the
  logs, validation, samples and checkpoints. The model's forward and backward
  live in llmc/gpt.h over the kernels of the backend.
 
@@ -178,6 +182,8 @@ typedef struct {
                                // inject_nan_moment
     int inject_nan_moment;
     float lambda;
+    int l1_ramp;               // lambda grows linearly from 0 over this many steps (0: none)
+    const char* init_from;     // a model file whose weights start the run (NULL: a random init)
     int ffn_mode;              // FfnMode (llmc/gpt.h)
     int dead_reinit;           // 1: docs/MODEL.md's dead-neuron re-initialisation after each step
     float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
@@ -369,6 +375,13 @@ static void refuse_nonfinite(const Options* o, int step, const float* x, size_t 
     }
 }
 
+// lambda for optimizer step `step` (0-based; logged as step + 1): with --l1-ramp R it is lambda (step + 1) / R
+// until step R, a function of the step alone, so that a resumed run goes on as the uninterrupted one
+static float lambda_at_step(const Options* o, int step) {
+    if (o->l1_ramp == 0 || step + 1 >= o->l1_ramp) { return o->lambda; }
+    return (float)((double)o->lambda * (step + 1) / o->l1_ramp);
+}
+
 // trains to o->optim.total_steps; returns 1 if a signal stopped the run first
 template <typename T>
 int train(const Options* o, Device device) {
@@ -479,7 +492,27 @@ int train(const Options* o, Device device) {
             printf("resumed from %s at step %d (of %d)\n", path, start_step, o->optim.total_steps);
         }
     } else {
-        if (o->synthetic_k > 0) {
+        if (o->init_from) {
+            // the shape the run took from its header; the run's own max_seq_len and activation
+            GPTConfig ckpt_config;
+            int ckpt_step;
+            float* params = checkpoint_load_model(o->init_from, &ckpt_config, &ckpt_step);
+            int ckpt_activation = ckpt_config.activation;
+            ckpt_config.max_seq_len = config->max_seq_len;
+            ckpt_config.activation = config->activation;
+            char msg[256];
+            if (config_mismatch(&ckpt_config, config, msg, sizeof(msg))) { fatal("%s changed under the run: %s", o->init_from, msg); }
+            memcpy(host_params, params, n_params * sizeof(float));
+            free(params);
+            if (master) {
+                printf("init: the weights of %s (step %d of the run that wrote it), a fresh optimizer from step 0\n",
+                       o->init_from, ckpt_step);
+                if (ckpt_activation != config->activation) {
+                    printf("init: the FFN activation %s of the checkpoint becomes %s\n", activation_names[ckpt_activation],
+                           activation_names[config->activation]);
+                }
+            }
+        } else if (o->synthetic_k > 0) {
             init_params_synthetic_sparse(host_params, config, o->synthetic_k, (uint64_t)o->seed);
             if (master) { printf("init: synthetic-sparse gates, about %g units per token (benchmark only)\n", o->synthetic_k); }
         } else {
@@ -489,13 +522,14 @@ int train(const Options* o, Device device) {
         if (master) { log_truncate_after_step(log_path, -1); }
     }
     if (master) {
-        printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d: %.2fM parameters\n", L,
+        printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d, %s FFN, %s head: %.2fM parameters\n", L,
                config->channels, config->num_heads, config->num_kv_heads, config->hidden, config->vocab_size, T_,
-               n_params / 1e6);
-        char processes[32] = "";
+               config->activation == ACT_SILU ? "SiLU" : "ReLU", config->untied_head ? "untied" : "tied", n_params / 1e6);
+        char processes[32] = "", ramp[64] = "";
         if (P > 1) { snprintf(processes, sizeof(processes), " x %d processes", P); }
-        printf("batch: %d x %d tokens x %d accumulation%s = %d tokens per step | lambda %g | lr %g\n", B, T_,
-               o->grad_accum, processes, o->total_batch, o->lambda, o->optim.lr);
+        if (o->l1_ramp > 0) { snprintf(ramp, sizeof(ramp), " (ramped from 0 over %d steps)", o->l1_ramp); }
+        printf("batch: %d x %d tokens x %d accumulation%s = %d tokens per step | lambda %g%s | lr %g\n", B, T_,
+               o->grad_accum, processes, o->total_batch, o->lambda, ramp, o->optim.lr);
         const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
         const FfnCosts* hc = &model.hot_costs;
@@ -532,7 +566,6 @@ int train(const Options* o, Device device) {
     double flops_per_step = training_flops_per_token(config, T_) * o->total_batch, peak_mem_gib = 0;
     // the gradients are summed over processes, so each one's losses are scaled by 1/P too
     float dloss = 1.0f / ((float)M * o->grad_accum * P);
-    float l1_scale = o->lambda / ((float)L * M * o->grad_accum * P);
     int first_step = state.step, total = o->optim.total_steps;
     // a resumed run validated and sampled at its first step before the checkpoint, unless a stop came first
     int first_evaluated = start_step >= 0 && !state.eval_pending;
@@ -614,6 +647,8 @@ int train(const Options* o, Device device) {
         // one optimizer step over grad_accum micro-batches
         watchdog_arm(&watchdog, o->timeout, "rank %d: step %d", rank, step + 1);
         double t0 = now_seconds();
+        float step_lambda = lambda_at_step(o, step);
+        float l1_scale = step_lambda / ((float)L * M * o->grad_accum * P);
         gpt_zero_grad(&model);
         gpt_stats_reset(&model);
         for (int micro = 0; micro < o->grad_accum; micro++) {
@@ -636,7 +671,7 @@ int train(const Options* o, Device device) {
         optimizer_step(&opt, &model, &o->optim, step_lr, step + 1); // skipped if the loss or norm is not finite
         gpt_stats_read(&model, (double)o->total_batch); // waits for the step (but not its all-gather)
         stopping = stop_vote_result(&vote);
-        double grad_norm = optimizer_grad_norm(&opt), loss = model.ce + o->lambda * model.l1_term;
+        double grad_norm = optimizer_grad_norm(&opt), loss = model.ce + step_lambda * model.l1_term;
         int skipped = !isfinite(grad_norm) || !isfinite(model.ce);
         if (o->dead_reinit && !skipped) {
             gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step);
@@ -667,7 +702,9 @@ int train(const Options* o, Device device) {
         entry.step = step + 1;
         entry.loss = loss;
         entry.ce = model.ce;
-        entry.l1 = o->lambda * model.l1_term;
+        entry.l1 = step_lambda * model.l1_term;
+        entry.lambda = step_lambda;
+        entry.show_lambda = o->l1_ramp > 0;
         entry.lr = step_lr;
         entry.grad_norm = grad_norm;
         entry.tok_per_s = o->total_batch / (ms / 1000);
@@ -727,7 +764,9 @@ int main(int argc, char** argv) {
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
     const char* device_name = "auto";
     const char* ffn_name = "auto";
-    int dead_reinit = 0;
+    int dead_reinit = 0, untied_head = 0, l1_ramp = 0;
+    const char* activation_name = NULL;
+    const char* init_from = NULL;
     float synthetic_k = 0, hot_rate = -1;
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
     int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
@@ -753,6 +792,9 @@ int main(int argc, char** argv) {
         {0, "vocab", ARG_INT, &vocab, 2, 1 << 24, "vocabulary size of the shards", 0},
         {0, "rope-theta", ARG_FLOAT, &rope_theta, 1, 1e9, "RoPE base", 0},
         {0, "norm-eps", ARG_FLOAT, &norm_eps, 1e-12, 1, "RMSNorm epsilon", 0},
+        {0, "activation", ARG_STRING, &activation_name, 0, 0, "FFN gate activation: relu (sparse, L1) or silu (dense, lambda 0) (default: --init-from's, else relu)", 0},
+        {0, "untied-head", ARG_INT, &untied_head, 0, 1, "1 = an output head of its own, not the embedding (default: --init-from's, else 0)", 0},
+        {0, "init-from", ARG_STRING, &init_from, 0, 0, "start from this model file's weights and shape (e.g. hf_convert's model.bin), with a fresh optimizer at step 0", 0},
         {'b', "batch", ARG_INT, &B, 1, 1 << 16, "micro-batch size in sequences", 0},
         {'t', "seq-len", ARG_INT, &T, 2, 1 << 20, "sequence length (also the model's max_seq_len)", 0},
         {'d', "total-batch", ARG_INT, &total_batch, -1, 1 << 30, "tokens per optimizer step (-1 = one micro-batch)", 0},
@@ -765,7 +807,8 @@ int main(int argc, char** argv) {
         {0, "beta2", ARG_FLOAT, &beta2, 0, 0.999999, "AdamW beta2", 0},
         {0, "adam-eps", ARG_FLOAT, &adam_eps, 0, 1, "AdamW epsilon", 0},
         {0, "grad-clip", ARG_FLOAT, &grad_clip, 0, 1e9, "max global gradient norm (0 = off)", 0},
-        {'a', "l1", ARG_FLOAT, &lambda, 0, 1e3, "L1 coefficient lambda on the FFN activations", 0},
+        {'a', "l1", ARG_FLOAT, &lambda, 0, 1e3, "L1 coefficient lambda on the FFN activations (0 with --activation silu)", 0},
+        {0, "l1-ramp", ARG_INT, &l1_ramp, 0, 1 << 30, "lambda grows linearly from 0 to -a over this many steps (0 = none)", 0},
         {'v', "val-every", ARG_INT, &val_every, 0, 1 << 30, "steps between validations (0 = only at the end)", 0},
         {'m', "val-batches", ARG_INT, &val_batches, 1, 1 << 30, "micro-batches per validation", 0},
         {'s', "sample-every", ARG_INT, &sample_every, 0, 1 << 30, "steps between text samples (0 = never)", 0},
@@ -803,17 +846,46 @@ int main(int argc, char** argv) {
     o.out_dir = out_dir;
     o.tokenizer_path = tokenizer_path;
     GPTConfig* c = &o.config;
-    c->vocab_size = vocab;
-    c->padded_vocab_size = round_up(vocab, 128);
-    c->num_layers = layers ? layers : preset->layers;
-    c->channels = dim ? dim : preset->dim;
-    c->num_heads = heads ? heads : preset->heads;
-    c->num_kv_heads = kv_heads ? kv_heads : c->num_heads;
-    c->hidden = hidden ? hidden : preset->hidden;
+    if (init_from) {
+        // the shape is the checkpoint's; the run sets max_seq_len (RoPE has no length) and may set the activation
+        const char* shape_flags[] = {"model", "layers", "dim", "heads", "kv-heads", "hidden", "vocab", "rope-theta",
+                                     "norm-eps", "untied-head"};
+        for (size_t i = 0; i < sizeof(shape_flags) / sizeof(shape_flags[0]); i++) {
+            if (cli_given(specs, num_specs, shape_flags[i])) {
+                fatal("--init-from takes the model's shape from %s: drop --%s", init_from, shape_flags[i]);
+            }
+        }
+        *c = checkpoint_read_config(init_from, NULL);
+    } else {
+        c->vocab_size = vocab;
+        c->padded_vocab_size = round_up(vocab, 128);
+        c->num_layers = layers ? layers : preset->layers;
+        c->channels = dim ? dim : preset->dim;
+        c->num_heads = heads ? heads : preset->heads;
+        c->num_kv_heads = kv_heads ? kv_heads : c->num_heads;
+        c->hidden = hidden ? hidden : preset->hidden;
+        c->rope_theta = rope_theta;
+        c->norm_eps = norm_eps;
+        c->activation = ACT_RELU;
+        c->untied_head = untied_head;
+    }
     c->max_seq_len = T;
-    c->rope_theta = rope_theta;
-    c->norm_eps = norm_eps;
+    if (activation_name) {
+        c->activation = find_activation(activation_name);
+        if (c->activation < 0) { fatal("--activation must be relu or silu, not '%s'", activation_name); }
+    }
     config_validate(c);
+    // SiLU never zeroes a unit: its FFN is dense and the L1 term has nothing to make sparse
+    if (c->activation == ACT_SILU) {
+        if (!cli_given(specs, num_specs, "l1")) { lambda = 0; }
+        if (lambda > 0 || l1_ramp > 0) {
+            fatal("the L1 term needs ReLU: a SiLU model (--activation silu%s) trains with -a 0 and no --l1-ramp",
+                  activation_name ? "" : ", from --init-from");
+        }
+        if (strcmp(ffn_name, "sparse") == 0) { fatal("--ffn sparse needs ReLU: a SiLU model trains dense"); }
+        if (dead_reinit) { fatal("--dead-reinit 1 needs ReLU: a SiLU unit is never dead"); }
+    }
+    if (l1_ramp > 0 && lambda == 0) { fatal("--l1-ramp %d ramps lambda up to -a, which is 0", l1_ramp); }
     o.optim = (OptimConfig){lr, beta1, beta2, adam_eps, weight_decay, grad_clip, warmup, max_steps, final_lr_frac};
     o.B = B;
     o.T = T;
@@ -854,6 +926,8 @@ int main(int argc, char** argv) {
     }
     o.seed = seed;
     o.lambda = lambda;
+    o.l1_ramp = l1_ramp;
+    o.init_from = init_from;
     o.recompute = recompute;
     if (strcmp(ffn_name, "auto") != 0 && strcmp(ffn_name, "dense") != 0 && strcmp(ffn_name, "sparse") != 0) {
         fatal("--ffn must be auto, dense or sparse, not '%s'", ffn_name);
@@ -864,6 +938,7 @@ int main(int argc, char** argv) {
     o.synthetic_k = synthetic_k;
     o.hot_rate = hot_rate;
     if (synthetic_k >= c->hidden) { fatal("--synthetic-sparse %g must be below the FFN width %d", synthetic_k, c->hidden); }
+    if (synthetic_k > 0 && init_from) { fatal("--synthetic-sparse and --init-from are two inits: give one"); }
     if (synthetic_k > 0 && (ckpt_every != -1 || resume)) {
         fatal("--synthetic-sparse makes a benchmark-only model: give -n -1 (no checkpoints) and no --resume");
     }

@@ -43,7 +43,7 @@ static int bench_model(int argc, char** argv) {
     int B = atoi(argv[3]), T = atoi(argv[4]), steps = argc > 5 ? atoi(argv[5]) : 5, M = B * T;
     double k = argc > 6 ? atof(argv[6]) : 30;
     int skewed = argc > 7 && strcmp(argv[7], "skewed") == 0;
-    GPTConfig c = {50257, 50304, shape->layers, shape->dim, shape->heads, shape->heads, shape->hidden, T, 10000.0f, 1e-5f};
+    GPTConfig c = {50257, 50304, shape->layers, shape->dim, shape->heads, shape->heads, shape->hidden, T, 10000.0f, 1e-5f, ACT_RELU, 0};
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("model %s B%d T%d on %s, %s synthetic-sparse init (benchmark-only) with k = %g of %d, lr 0: %d timed steps "

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     if (argc < 2) { fatal("usage: %s OUT_DIR [lambda]", argv[0]); }
     float lambda = argc > 2 ? (float)atof(argv[2]) : 0.01f;
     // a small GQA config with the head size of the paper's shapes
-    GPTConfig c = {1000, 1024, 2, 256, 4, 2, 512, 128, 10000.0f, 1e-5f};
+    GPTConfig c = {1000, 1024, 2, 256, 4, 2, 512, 128, 10000.0f, 1e-5f, ACT_RELU, 0};
     int B = 2, T = 128, M = B * T;
     size_t n = num_parameters(&c), logits_n = (size_t)M * c.padded_vocab_size;
     float* params = (float*)mallocCheck(n * sizeof(float));

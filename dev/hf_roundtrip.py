@@ -1,5 +1,7 @@
 """
-Checks hf_convert and infer against PyTorch: Hugging Face's LlamaForCausalLM(hidden_act="relu").
+Checks hf_convert and infer against PyTorch: Hugging Face's LlamaForCausalLM, with hidden_act="relu" and a
+tied head (our sparse models), and with hidden_act="silu" and an untied lm_head (the dense Llamas that
+train_gpt_sparse --init-from sparsifies).
 
 1. Two byte-level BPE tokenizers are trained on a few sentences with the tokenizers library: GPT-2's
    layout (ByteLevel, every byte in the alphabet) and SmolLM2's (Digits(individual_digits) then
@@ -15,7 +17,10 @@ Checks hf_convert and infer against PyTorch: Hugging Face's LlamaForCausalLM(hid
    GPU path (bf16 activations) too, within 3e-2.
 4. hf_convert --export --dtype bf16 back to HF: every tensor equal to the saved one, bit for bit;
    transformers loads the export and gives the same logits; AutoTokenizer loads its tokenizer.
-5. A checkpoint trained by ./train_gpt_sparse (GPT-2 vocabulary) exported to HF: transformers' logits
+5. The same for a LlamaForCausalLM(hidden_act="silu", tie_word_embeddings=False) (an lm_head of its
+   own): hf_convert --import says silu and untied, infer's greedy tokens and logits match HF's (CPU,
+   and GPU with bf16 tolerance), and the bf16 export gives back every tensor, lm_head too, bit for bit.
+6. A checkpoint trained by ./train_gpt_sparse (GPT-2 vocabulary) exported to HF: transformers' logits
    match infer's, and tokenizers reads the exported tokenizer.json with the rank file's ids.
 
 usage: python3 dev/hf_roundtrip.py   (from the repository root, after make; test/gpu/test_hf_roundtrip.sh)
@@ -236,7 +241,49 @@ def main():
     except Exception as e:  # a failure to load is a failed check, with the reason
         check(False, f"AutoTokenizer loads the exported tokenizer: {e!r}"[:300])
 
-    # 5. a checkpoint of ours, GPT-2 vocabulary, into HF
+    # 5. a SiLU model with an untied head, as most dense Llama checkpoints are
+    cfg_silu = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, hidden_act="silu", max_position_embeddings=128,
+                           rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                           bos_token_id=0, eos_token_id=0, initializer_range=0.1, **rope)
+    torch.manual_seed(1)
+    silu_model = LlamaForCausalLM(cfg_silu)
+    with torch.no_grad():
+        for p in silu_model.parameters():
+            if p.ndim == 1:
+                p.uniform_(0.5, 1.5)
+    silu_model = silu_model.to(torch.bfloat16)
+    check(not torch.equal(silu_model.lm_head.weight, silu_model.model.embed_tokens.weight), "the SiLU model's lm_head is its own")
+    silu_dir, ours_silu = os.path.join(work, "hf_silu"), os.path.join(work, "ours_silu")
+    silu_model.save_pretrained(silu_dir)
+    tok.save(os.path.join(silu_dir, "tokenizer.json"))
+    rc, out, err = run("./hf_convert", "--import", silu_dir, "-o", ours_silu)
+    print(out + err, end="")
+    check(rc == 0 and "hidden_act silu" in out and ", untied head" in out, "hf_convert --import of a SiLU model with an untied head")
+    if rc == 0:
+        silu_ref = LlamaForCausalLM.from_pretrained(silu_dir, attn_implementation="eager").float().eval()
+        silu_ckpt, silu_tok = os.path.join(ours_silu, "model.bin"), os.path.join(ours_silu, "tokenizer.json")
+        compare_generation("SiLU, untied head", silu_ref, silu_ckpt, silu_tok, tok.token_to_id("<|endoftext|>"), prompt_ids,
+                           V, 40, work)
+        if torch.cuda.is_available():
+            compare_generation("SiLU, untied head", silu_ref, silu_ckpt, silu_tok, tok.token_to_id("<|endoftext|>"),
+                               prompt_ids, V, 40, work, device="cuda", limit=3e-2)
+        silu_back = os.path.join(work, "silu_back")
+        rc, out, err = run("./hf_convert", "--export", silu_ckpt, "--tokenizer", silu_tok, "--dtype", "bf16", "-o", silu_back)
+        check(rc == 0, f"hf_convert --export --dtype bf16 of the SiLU model {err.strip()}")
+        a, b = load_file(os.path.join(silu_dir, "model.safetensors")), load_file(os.path.join(silu_back, "model.safetensors"))
+        diff = sorted(set(a) ^ set(b)) + [k for k in a if k in b and (a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k]))]
+        check(not diff and "lm_head.weight" in b, f"SiLU: the exported tensors are the saved ones, lm_head too, bit for bit "
+                                                  f"({len(b)} tensors)" + (f"; these differ: {diff[:4]}" if diff else ""))
+        exported_cfg = json.load(open(os.path.join(silu_back, "config.json")))
+        check(exported_cfg["hidden_act"] == "silu" and exported_cfg["tie_word_embeddings"] is False,
+              "SiLU: the exported config.json says silu and untied")
+        reloaded = LlamaForCausalLM.from_pretrained(silu_back, attn_implementation="eager").float().eval()
+        with torch.no_grad():
+            same = torch.equal(silu_ref(x).logits, reloaded(x).logits)
+        check(same, "SiLU: transformers loads the export and gives the same logits")
+
+    # 6. a checkpoint of ours, GPT-2 vocabulary, into HF
     run_dir, exported = os.path.join(work, "run"), os.path.join(work, "exported")
     rc, out, err = run("./train_gpt_sparse", "--layers", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128",
                        "-t", "64", "-b", "4", "-x", "20", "-v", "0", "-s", "0", "-n", "20", "--device", "cpu", "-o", run_dir)

@@ -9,7 +9,7 @@
 
 // 668 parameters: checkpoints of a few KB, so that the fuzzer mutates headers and data alike
 static inline GPTConfig fuzz_small_config(void) {
-    GPTConfig c = {16, 128, 1, 4, 2, 1, 8, 8, 10000.0f, 1e-5f};
+    GPTConfig c = {16, 128, 1, 4, 2, 1, 8, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
     return c;
 }
 

@@ -17,6 +17,12 @@
    then the loader state, then AdamW m and v (fp32) of the parameters the rank
    owns, in the packed order of llmc/zero.h (with P = 1: all of them, flat),
    then the FFN state.
+ In both, [25] is the FFN activation (0 ReLU, 1 SiLU) and [26] 1 when the
+ output head is untied (a tensor lm_head after final_norm), 0 when it is the
+ embedding: config fields too, added after version 2 without a new version,
+ because the files before them hold 0 there, which says ReLU and tied, what
+ those files are (a build that predates the fields refuses a file with a 1
+ there as a corrupt header).
  In both, the ints up to [253] not named are 0, and [254..255] (lo, hi) are
  the XXH64 (llmc/xxhash.h) of the whole file with these two ints read as 0.
  Version 1 files are the same without the checksum ([254..255] are 0): they
@@ -50,6 +56,8 @@
 #define CKPT_HEADER_INTS 256
 #define CKPT_HEADER_BYTES 1024
 #define CKPT_CHECKSUM 254            // the checksum's two ints
+#define CKPT_ACTIVATION 25           // the config fields after the state file's run fields
+#define CKPT_UNTIED_HEAD 26
 // the bounds of the state header's run fields (the trainer's flags allow the same)
 #define CKPT_MAX_BATCH (1 << 16)
 #define CKPT_MAX_PROCESSES (1 << 20)
@@ -69,6 +77,7 @@ static inline void header_put_config(int32_t* h, const GPTConfig* c) {
     h[2] = c->vocab_size; h[3] = c->padded_vocab_size; h[4] = c->num_layers; h[5] = c->channels;
     h[6] = c->num_heads; h[7] = c->num_kv_heads; h[8] = c->hidden; h[9] = c->max_seq_len;
     h[10] = (int32_t)float_bits(c->rope_theta); h[11] = (int32_t)float_bits(c->norm_eps);
+    h[CKPT_ACTIVATION] = c->activation; h[CKPT_UNTIED_HEAD] = c->untied_head;
 }
 
 static inline GPTConfig header_get_config(const int32_t* h) {
@@ -76,6 +85,7 @@ static inline GPTConfig header_get_config(const int32_t* h) {
     c.vocab_size = h[2]; c.padded_vocab_size = h[3]; c.num_layers = h[4]; c.channels = h[5];
     c.num_heads = h[6]; c.num_kv_heads = h[7]; c.hidden = h[8]; c.max_seq_len = h[9];
     c.rope_theta = bits_float((uint32_t)h[10]); c.norm_eps = bits_float((uint32_t)h[11]);
+    c.activation = h[CKPT_ACTIVATION]; c.untied_head = h[CKPT_UNTIED_HEAD];
     return c;
 }
 
@@ -91,6 +101,8 @@ static inline int config_mismatch(const GPTConfig* ckpt, const GPTConfig* run, c
         {"max_seq_len", (double)ckpt->max_seq_len, (double)run->max_seq_len},
         {"rope_theta", (double)ckpt->rope_theta, (double)run->rope_theta},
         {"norm_eps", (double)ckpt->norm_eps, (double)run->norm_eps},
+        {"activation (0 relu, 1 silu)", (double)ckpt->activation, (double)run->activation},
+        {"untied_head", (double)ckpt->untied_head, (double)run->untied_head},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         if (fields[i].a != fields[i].b) {
@@ -176,7 +188,7 @@ static inline FILE* checkpoint_open(const char* path, int32_t magic, int32_t h[C
     if (n != num_parameters(&c)) { fatal("%s: header says %zu parameters, its config has %zu", path, n, num_parameters(&c)); }
     int named = magic == CKPT_MODEL_MAGIC ? 15 : 25; // the ints that hold fields
     for (int i = named; i < CKPT_CHECKSUM; i++) {
-        if (h[i] != 0) { fatal("%s: header int %d is %d, expected 0 (a corrupt or foreign %s file)", path, i, h[i], kind); }
+        if (h[i] != 0 && i != CKPT_ACTIVATION && i != CKPT_UNTIED_HEAD) { fatal("%s: header int %d is %d, expected 0 (a corrupt or foreign %s file)", path, i, h[i], kind); }
     }
     if (h[1] == 1 && checkpoint_get_checksum(h) != 0) {
         fatal("%s: a version 1 checkpoint with a checksum, expected none (corrupt?)", path);
@@ -204,6 +216,16 @@ static inline void checkpoint_check_size(const char* path, long size, uint64_t p
               (unsigned long long)(CKPT_HEADER_BYTES + payload), (uint64_t)size < CKPT_HEADER_BYTES + payload
               ? "truncated?" : "trailing bytes?");
     }
+}
+
+// the config and step of a model file, from its header alone (checked as checkpoint_open checks it)
+static inline GPTConfig checkpoint_read_config(const char* path, int* step) {
+    int32_t h[CKPT_HEADER_INTS];
+    long size;
+    FILE* fp = checkpoint_open(path, CKPT_MODEL_MAGIC, h, &size);
+    fcloseCheck(fp);
+    if (step) { *step = h[12]; }
+    return header_get_config(h);
 }
 
 // loads a model file: fills the config and returns malloc'd fp32 parameters

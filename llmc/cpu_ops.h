@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "llmc/model.h"
 #include "llmc/rng.h"
 #include "llmc/utils.h"
 
@@ -414,15 +415,33 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* out, const 
 }
 
 // ----------------------------------------------------------------------------
-// the ReLU-gated FFN activation h = relu(g) * u, with what the L1 term and the
-// sparsity statistics need: per token, sum_n |h| and the number of firing
-// units (g > 0); per unit, a "fired at least once" mark (only ever set to 1).
-// accumulate adds the row sums to row_l1 and row_active (the hot units of a
-// layer whose cold units wrote them first, llmc/ffn.h).
+// the gated FFN activation h = act(g) * u, act = ReLU (the default, and all the
+// sparse paths know) or SiLU (a dense model's, FfnActivation), with what the L1
+// term and the sparsity statistics need: per token, sum_n |h| and the number of
+// firing units (g > 0, for either act); per unit, a "fired at least once" mark
+// (only ever set to 1). accumulate adds the row sums to row_l1 and row_active
+// (the hot units of a layer whose cold units wrote them first, llmc/ffn.h).
+//     relu(g) = max(g, 0)            relu'(g) = [g > 0]
+//     silu(g) = g s(g)               silu'(g) = s(g) (1 + g (1 - s(g))),  s(g) = 1 / (1 + e^-g)
+
+template <typename T>
+static inline T gate_act(T g, int activation) {
+    if (activation == ACT_SILU) { return g / (1 + exp(-g)); }
+    return g > 0 ? g : 0;
+}
+
+template <typename T>
+static inline T gate_act_grad(T g, int activation) {
+    if (activation == ACT_SILU) {
+        T s = 1 / (1 + exp(-g));
+        return s * (1 + g * (1 - s));
+    }
+    return g > 0;
+}
 
 template <typename T>
 void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T* g, const T* u, int M, int H,
-                       int accumulate = 0) {
+                       int accumulate = 0, int activation = ACT_RELU) {
     #pragma omp parallel for
     for (int m = 0; m < M; m++) {
         const T* gm = g + (size_t)m * H;
@@ -431,8 +450,7 @@ void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T
         int count = 0;
         T l1 = 0;
         for (int n = 0; n < H; n++) {
-            T a = gm[n] > 0 ? gm[n] : 0;
-            hm[n] = a * um[n];
+            hm[n] = gate_act(gm[n], activation) * um[n];
             l1 += fabs(hm[n]);
             count += gm[n] > 0;
         }
@@ -465,34 +483,33 @@ void permute_rows(T* out, const T* in, const int* perm, int rows, int D) {
     for (int r = 0; r < rows; r++) { memcpy(out + (size_t)r * D, in + (size_t)perm[r] * D, D * sizeof(T)); }
 }
 
-// with dh_total = dh + l1_scale * sign(h):  du = dh_total * relu(g),  dg = dh_total * u * [g > 0]
+// with dh_total = dh + l1_scale * sign(h):  du = dh_total * act(g),  dg = dh_total * u * act'(g)
 // (dh and dg may alias: each element is read before it is written)
 template <typename T>
-void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const T* h, float l1_scale, int M, int H) {
+void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const T* h, float l1_scale, int M, int H,
+                        int activation = ACT_RELU) {
     #pragma omp parallel for
     for (size_t i = 0; i < (size_t)M * H; i++) {
         T sign = h[i] > 0 ? 1 : (h[i] < 0 ? -1 : 0);
         T d = dh[i] + (T)l1_scale * sign;
-        T active = g[i] > 0;
-        du[i] = d * g[i] * active;
-        dg[i] = d * u[i] * active;
+        du[i] = d * gate_act(g[i], activation);
+        dg[i] = d * u[i] * gate_act_grad(g[i], activation);
     }
 }
 
-// the dense FFN forward of inference: g = f Wg^T, u = f Wu^T, h = relu(g) * u
+// the dense FFN forward of inference: g = f Wg^T, u = f Wu^T, h = act(g) * u
 // (over g), y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets
 // the number of g > 0 added. (decode: the GPU's choice of kernels for few rows)
 template <typename T>
 void ffn_dense_forward(T* y, T* g, T* u, const T* f, const T* wg, const T* wu, const T* wdT, int M, int D, int H,
-                       unsigned long long* active, bool decode = false) {
+                       unsigned long long* active, bool decode = false, int activation = ACT_RELU) {
     gemm(g, f, wg, M, H, D, 0, 1, 0);
     gemm(u, f, wu, M, H, D, 0, 1, 0);
     unsigned long long count = 0;
     #pragma omp parallel for reduction(+:count)
     for (size_t i = 0; i < (size_t)M * H; i++) {
-        T a = g[i] > 0 ? g[i] : 0;
         count += g[i] > 0;
-        g[i] = a * u[i];
+        g[i] = gate_act(g[i], activation) * u[i];
     }
     if (active) { *active += count; }
     gemm(y, g, wdT, M, D, H, 0, 0, 0);

@@ -1,14 +1,16 @@
 /*
- The ReLU-gated FFN on the GPU: its activation over rows of H (bf16 in and out, fp32 math),
-     forward:   h = bf16(relu(g) * u);  per row m:  row_l1[m] = sum_n |h[m, n]| (of h as stored),
+ The gated FFN on the GPU: its activation over rows of H (bf16 in and out, fp32 math), act = ReLU or
+ SiLU (FfnActivation; SiLU for dense models: silu(g) = g / (1 + e^-g), silu'(g) = s (1 + g (1 - s)) with
+ s = 1 / (1 + e^-g); a compile-time choice inside the kernels, so both read and write the same bytes),
+     forward:   h = bf16(act(g) * u);  per row m:  row_l1[m] = sum_n |h[m, n]| (of h as stored),
                 row_active[m] = #{n : g[m, n] > 0} (both added to the old values with accumulate);
                 per unit n:  fired[n] = 1 if g[m, n] > 0 for any m (only ever set, never cleared; fired may
                 be NULL)
      unit counts:  count[n] += #{m : g[m, n] > 0}
-     backward:  d = dh + l1_scale * sign(h),  du = d * relu(g),  dg = d * u * [g > 0]   (dg may alias dh)
+     backward:  d = dh + l1_scale * sign(h),  du = d * act(g),  dg = d * u * act'(g)   (dg may alias dh)
      dead-neuron re-initialisation (docs/MODEL.md): the fp32 master row j of W_g whose unit did not fire
                 becomes 0.9 W_g[j] + 0.1 N(0, 0.02^2) (Philox noise of (seed, element)), and its bf16 copy follows
- and the dense FFN forward of inference and of TwELL's dense path, y = bf16(relu(f Wg^T) * (f Wu^T)) WdT
+ and the dense FFN forward of inference and of TwELL's dense path, y = bf16(act(f Wg^T) * (f Wu^T)) WdT
  (g and u rounded to bf16 as GEMM outputs; no statistics).
 */
 #ifndef LLMC_CUDA_GATE_CUH
@@ -18,6 +20,23 @@
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_matmul.cuh"
+#include "llmc/model.h"
+
+// act(g) and act'(g) in fp32
+template <int ACT>
+__device__ __forceinline__ float gate_act(float g) {
+    if (ACT == ACT_SILU) { return g / (1.0f + __expf(-g)); }
+    return g > 0.0f ? g : 0.0f;
+}
+
+template <int ACT>
+__device__ __forceinline__ float gate_act_grad(float g) {
+    if (ACT == ACT_SILU) {
+        float s = 1.0f / (1.0f + __expf(-g));
+        return s * (1.0f + g * (1.0f - s));
+    }
+    return g > 0.0f ? 1.0f : 0.0f;
+}
 
 constexpr int GATE_THREADS = 256;
 constexpr int GATE_ROWS_PER_WARP = 4;
@@ -26,6 +45,7 @@ constexpr int GATE_ROWS_PER_WARP = 4;
 // row sums stay in registers, and the units that fired in any of the rows are marked once per column
 // group instead of once per row. A mark is written only where fired still reads 0, and only as the
 // byte 1, so blocks racing on a mark all write the same value.
+template <int ACT>
 __global__ void __launch_bounds__(GATE_THREADS)
 relu_gate_forward_kernel(bf16* __restrict__ h, float* __restrict__ row_l1, int* __restrict__ row_active,
                          uint8_t* __restrict__ fired, const bf16* __restrict__ g, const bf16* __restrict__ u,
@@ -52,7 +72,7 @@ relu_gate_forward_kernel(bf16* __restrict__ h, float* __restrict__ row_l1, int* 
                 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     float gi = __bfloat162float(gv[r].v[i]);
-                    hv.v[i] = __float2bfloat16_rn((gi > 0.0f ? gi : 0.0f) * __bfloat162float(uv[r].v[i]));
+                    hv.v[i] = __float2bfloat16_rn(gate_act<ACT>(gi) * __bfloat162float(uv[r].v[i]));
                     l1[r] += fabsf(__bfloat162float(hv.v[i]));
                     active[r] += gi > 0.0f;
                     fired_bits |= (unsigned)(gi > 0.0f) << i;
@@ -79,11 +99,12 @@ relu_gate_forward_kernel(bf16* __restrict__ h, float* __restrict__ row_l1, int* 
 }
 
 void relu_gate_forward(bf16* h, float* row_l1, int* row_active, uint8_t* fired, const bf16* g, const bf16* u,
-                       int M, int H, int accumulate = 0) {
+                       int M, int H, int accumulate = 0, int activation = ACT_RELU) {
     if (H % 8 != 0) { fatal("relu_gate_forward: H %d must be a multiple of 8 on the GPU", H); }
     const int rows_per_block = GATE_THREADS / 32 * GATE_ROWS_PER_WARP;
-    relu_gate_forward_kernel<<<ceil_div(M, rows_per_block), GATE_THREADS, 0, main_stream>>>(
-        h, row_l1, row_active, fired, g, u, M, H, accumulate);
+    auto kernel = activation == ACT_SILU ? relu_gate_forward_kernel<ACT_SILU> : relu_gate_forward_kernel<ACT_RELU>;
+    kernel<<<ceil_div(M, rows_per_block), GATE_THREADS, 0, main_stream>>>(h, row_l1, row_active, fired, g, u, M, H,
+                                                                            accumulate);
     cudaCheck(cudaGetLastError());
 }
 
@@ -116,6 +137,7 @@ void unit_count_add(uint32_t* count, const bf16* g, int M, int H) {
 
 // elementwise, 8 per thread; every input of an element is loaded before its outputs are stored, so dg may
 // be dh
+template <int ACT>
 __global__ void relu_gate_backward_kernel(bf16* dg, bf16* du, const bf16* dh, const bf16* g, const bf16* u,
                                           const bf16* h, float l1_scale, size_t n) {
     const size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -126,21 +148,20 @@ __global__ void relu_gate_backward_kernel(bf16* dg, bf16* du, const bf16* dh, co
         float hi = __bfloat162float(hv.v[i]), gi = __bfloat162float(gv.v[i]);
         float sign = hi > 0.0f ? 1.0f : (hi < 0.0f ? -1.0f : 0.0f);
         float d = __bfloat162float(dhv.v[i]) + l1_scale * sign;
-        float is_active = gi > 0.0f ? 1.0f : 0.0f;
-        duv.v[i] = __float2bfloat16_rn(d * gi * is_active);
-        dgv.v[i] = __float2bfloat16_rn(d * __bfloat162float(uv.v[i]) * is_active);
+        duv.v[i] = __float2bfloat16_rn(d * gate_act<ACT>(gi));
+        dgv.v[i] = __float2bfloat16_rn(d * __bfloat162float(uv.v[i]) * gate_act_grad<ACT>(gi));
     }
     store_bf16x8(du + idx, duv);
     store_bf16x8(dg + idx, dgv);
 }
 
 void relu_gate_backward(bf16* dg, bf16* du, const bf16* dh, const bf16* g, const bf16* u, const bf16* h,
-                        float l1_scale, int M, int H) {
+                        float l1_scale, int M, int H, int activation = ACT_RELU) {
     if (H % 8 != 0) { fatal("relu_gate_backward: H %d must be a multiple of 8 on the GPU", H); }
     const int threads = 256;
     const size_t n = (size_t)M * H;
-    relu_gate_backward_kernel<<<(unsigned)((n / 8 + threads - 1) / threads), threads, 0, main_stream>>>(
-        dg, du, dh, g, u, h, l1_scale, n);
+    auto kernel = activation == ACT_SILU ? relu_gate_backward_kernel<ACT_SILU> : relu_gate_backward_kernel<ACT_RELU>;
+    kernel<<<(unsigned)((n / 8 + threads - 1) / threads), threads, 0, main_stream>>>(dg, du, dh, g, u, h, l1_scale, n);
     cudaCheck(cudaGetLastError());
 }
 
@@ -167,9 +188,10 @@ void gate_dead_reinit(bf16* wg, float* master, const uint8_t* fired, int rows, i
 // ----------------------------------------------------------------------------
 // the dense FFN forward of inference and of TwELL's dense path (no statistics)
 
-// the dense FFN's elementwise step: h = bf16(relu(g) * u), 8 values per thread
+// the dense FFN's elementwise step: h = bf16(act(g) * u), 8 values per thread
 // and step; `active` (if not NULL) gets the number of g > 0, one atomic per block
 constexpr int RELU_MUL_THREADS = 256;
+template <int ACT>
 __global__ void __launch_bounds__(RELU_MUL_THREADS)
 relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long long* active) {
     unsigned long long count = 0;
@@ -179,7 +201,7 @@ relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long 
         for (int e = 0; e < 8; e++) {
             float gate = __bfloat162float(gv.v[e]);
             count += gate > 0.0f;
-            hv.v[e] = __float2bfloat16_rn(gate > 0.0f ? gate * __bfloat162float(uv.v[e]) : 0.0f);
+            hv.v[e] = __float2bfloat16_rn(gate_act<ACT>(gate) * __bfloat162float(uv.v[e]));
         }
         store_bf16x8(h + 8 * k, hv);
     }
@@ -187,25 +209,27 @@ relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long 
     if (threadIdx.x == 0 && active != NULL && count > 0) { atomicAdd(active, count); }
 }
 
-// h = bf16(relu(g) * u) over n values (n % 8 == 0; h may be g), a grid of at
+// h = bf16(act(g) * u) over n values (n % 8 == 0; h may be g), a grid of at
 // most 8 blocks per SM striding over them; `active` (if not NULL) gets the number of g > 0
-static inline void relu_mul(bf16* h, const bf16* g, const bf16* u, size_t n, unsigned long long* active) {
+static inline void relu_mul(bf16* h, const bf16* g, const bf16* u, size_t n, unsigned long long* active,
+                            int activation = ACT_RELU) {
     static int num_sms = 0;
     if (num_sms == 0) { num_sms = device_attribute(cudaDevAttrMultiProcessorCount); }
     size_t n8 = n / 8, blocks = (n8 + RELU_MUL_THREADS - 1) / RELU_MUL_THREADS;
     blocks = blocks < (size_t)num_sms * 8 ? blocks : (size_t)num_sms * 8;
-    relu_mul_kernel<<<(unsigned int)blocks, RELU_MUL_THREADS, 0, main_stream>>>(h, g, u, n8, active);
+    auto kernel = activation == ACT_SILU ? relu_mul_kernel<ACT_SILU> : relu_mul_kernel<ACT_RELU>;
+    kernel<<<(unsigned int)blocks, RELU_MUL_THREADS, 0, main_stream>>>(h, g, u, n8, active);
     cudaCheck(cudaGetLastError());
 }
 
 // the dense gated FFN (the reference, and the path for layers too active for
 // sparsity): g = f Wg^T and u = f Wu^T as one batched product (decode: the
-// few rows of a decode step, each by decode_linear), h = relu(g) * u over g,
+// few rows of a decode step, each by decode_linear), h = act(g) * u over g,
 // y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets the
 // number of g > 0
 static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int M, int D, int H, unsigned long long* active,
-                                     bool decode = false) {
+                                     bool decode = false, int activation = ACT_RELU) {
     if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
     if (decode) {
         decode_linear(g, f, wg, M, H, D);
@@ -213,7 +237,7 @@ static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, c
     } else {
         gemm_pair(g, u, f, wg, wu, M, H, D);
     }
-    relu_mul(g, g, u, (size_t)M * H, active);
+    relu_mul(g, g, u, (size_t)M * H, active, activation);
     gemm(y, g, wdT, M, D, H, 0, 0, 0);
 }
 

@@ -3,9 +3,13 @@
 
      x = E[t]
      per layer:  x += Attn(RMSNorm(x)) Wo^T
-                 f = RMSNorm(x);  h = relu(f Wg^T) * (f Wu^T);  x += h Wd^T
-     logits = RMSNorm(x) E^T
+                 f = RMSNorm(x);  h = act(f Wg^T) * (f Wu^T);  x += h Wd^T
+     logits = RMSNorm(x) E^T   (E: the embedding, or lm_head when the head is untied)
      loss = CE + lambda * (1/L) sum_l (1/M) sum |h_l|
+
+ act is the config's activation: ReLU, or SiLU, which runs dense only (its h
+ has no zeros for the sparse paths to skip); a unit "fires" where g > 0 either
+ way, which is what the L0 and dead-unit statistics count.
 
  GPT<T, G> owns parameters (T), gradients (G) and the activations of one
  micro-batch in flat buffers on its device. T is the activation and weight
@@ -205,7 +209,7 @@ static inline void init_params_random(float* params, const GPTConfig* c, uint64_
     float* p = params;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         for (size_t j = 0; j < sizes[i]; j++) { p[j] = param_is_matrix(i) ? (float)(0.02 * rng_normal(&rng)) : 1.0f; }
-        if (i == P_WTE) {
+        if ((i == P_WTE || i == P_LM_HEAD) && sizes[i] > 0) { // (a tied model's lm_head has none)
             size_t real = (size_t)c->vocab_size * c->channels;
             memset(p + real, 0, (sizes[i] - real) * sizeof(float));
         }
@@ -213,8 +217,18 @@ static inline void init_params_random(float* params, const GPTConfig* c, uint64_
     }
 }
 
+// the sparse FFN paths skip the units whose g <= 0, which only ReLU zeroes
+template <typename T, typename G>
+static void gpt_check_ffn_activation(const GPT<T, G>* model) {
+    if (model->ffn_mode != FFN_DENSE && model->config.activation != ACT_RELU) {
+        fatal("the sparse FFN needs ReLU: this model's activation is %s, which runs dense only",
+              activation_names[model->config.activation]);
+    }
+}
+
 template <typename T, typename G>
 void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
+    gpt_check_ffn_activation(model);
     const GPTConfig* c = &model->config;
     size_t L = c->num_layers, M = (size_t)B * T_, D = c->channels, H = c->hidden;
     size_t QKV = qkv_dim(c), NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -619,7 +633,7 @@ void linear_backward(T* dinp, G* dw, const T* dout, const T* inp, const T* w, in
 }
 
 // layer l's FFN activations from its normed input: g = f Wg^T, u = f Wu^T,
-// h = relu(g) * u, with the sparsity statistics of h
+// h = act(g) * u, with the sparsity statistics of h
 template <typename T, typename G>
 void gpt_ffn_activations(GPT<T, G>* model, int l, T* g, T* u, T* h) {
     const GPTConfig* c = &model->config;
@@ -628,7 +642,7 @@ void gpt_ffn_activations(GPT<T, G>* model, int l, T* g, T* u, T* h) {
     linear_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
     linear_forward(u, ffn_in, model->param[P_WU] + (size_t)l * H * D, M, D, H);
     relu_gate_forward(h, model->acts.row_l1 + (size_t)l * M, model->acts.row_active + (size_t)l * M,
-                      model->fired + (size_t)l * H, g, u, M, H);
+                      model->fired + (size_t)l * H, g, u, M, H, 0, c->activation);
 }
 
 // the embedding and the layers of a forward (gpt_forward)
@@ -703,7 +717,7 @@ void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B,
     do {
         gpt_forward_layers(model, inputs);
     } while (gpt_sparse_overflowed(model));
-    linear_forward(a->logits, a->final_out, model->param[P_WTE], M, D, c->padded_vocab_size);
+    linear_forward(a->logits, a->final_out, model->param[output_head(c)], M, D, c->padded_vocab_size);
     if (targets) {
         crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, a->losses, a->logits, targets, M,
                                       c->vocab_size, c->padded_vocab_size, dloss);
@@ -733,7 +747,8 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
     T* d_res = a->d_res; // dL/dx of the residual stream, walking down the layers
 
     // classifier and final norm
-    linear_backward(a->d_tmp, model->grad[P_WTE], a->logits, a->final_out, model->param[P_WTE], M, D, Vp, 0);
+    linear_backward(a->d_tmp, model->grad[output_head(c)], a->logits, a->final_out, model->param[output_head(c)], M, D,
+                    Vp, 0);
     device_zero(d_res, MD * sizeof(T), model->device);
     rmsnorm_backward(d_res, model->grad[P_FINAL_NORM], a->scratch, a->d_tmp, a->x_res + L * MD,
                      model->param[P_FINAL_NORM], a->final_rstd, M, D);
@@ -762,7 +777,7 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
             if (model->ffn_mode == FFN_AUTO) { unit_count_add(unit_count, g, M, H); }
             gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
             gemm(dwdT, h, d_res, H, D, M, 1, 0, 1);
-            relu_gate_backward(a->d_h, a->d_u, a->d_h, g, u, h, l1_scale, M, H);
+            relu_gate_backward(a->d_h, a->d_u, a->d_h, g, u, h, l1_scale, M, H, c->activation);
             linear_backward(a->d_tmp, dwu, a->d_u, ffn_in, wu, M, D, H, 0);
             linear_backward(a->d_tmp, dwg, a->d_h, ffn_in, wg, M, D, H, 1);
         }
@@ -943,7 +958,7 @@ static void gpt_ffn_cached(GPT<T, G>* model, InferState<T>* s, int l, int M, int
     }
 #endif
     ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * H, s->normed, wg, wu, wdT, M, D, H,
-                      (unsigned long long*)NULL, decode);
+                      (unsigned long long*)NULL, decode, c->activation);
 }
 
 // The layers over M rows whose tokens, cache slots and positions are in s;
@@ -1005,6 +1020,7 @@ static void gpt_logits_out(GPT<T, G>* model, InferState<T>* s, int n, float* log
 template <typename T, typename G>
 void gpt_prefill(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* lens, int nseq, float* logits) {
     const GPTConfig* c = &model->config;
+    gpt_check_ffn_activation(model);
     if (nseq < 1 || nseq > s->max_seqs) { fatal("prefill of %d prompts, the model holds 1 to %d", nseq, s->max_seqs); }
     int M = 0;
     int* seq_rows = (int*)mallocCheck(nseq * sizeof(int));
@@ -1028,7 +1044,7 @@ void gpt_prefill(GPT<T, G>* model, InferState<T>* s, const int* tokens, const in
     device_upload(s->last_row, last, nseq * sizeof(int), model->device);
     gpt_forward_cached(model, s, M, seq_rows, lens, nseq, 0);
     gather_rows(s->last, s->normed, s->last_row, nseq, c->channels);
-    linear_forward(s->logits, s->last, model->param[P_WTE], nseq, c->channels, c->padded_vocab_size);
+    linear_forward(s->logits, s->last, model->param[output_head(c)], nseq, c->channels, c->padded_vocab_size);
     gpt_logits_out(model, s, nseq, logits);
     free(host);
     free(seq_rows);
@@ -1039,7 +1055,7 @@ template <typename T, typename G>
 static void gpt_decode_step(GPT<T, G>* model, InferState<T>* s, int B) {
     const GPTConfig* c = &model->config;
     gpt_forward_cached(model, s, B, (const int*)NULL, (const int*)NULL, B, 1);
-    decode_linear(s->logits, s->normed, model->param[P_WTE], B, c->padded_vocab_size, c->channels);
+    decode_linear(s->logits, s->normed, model->param[output_head(c)], B, c->padded_vocab_size, c->channels);
 }
 
 // Decode: sequence b (cache slot b) gets tokens[b] at position pos[b] (its

@@ -17,6 +17,8 @@
 typedef struct {
     int step;
     double loss, ce, l1;   // l1 = lambda * the L1 term, so loss = ce + l1
+    double lambda;         // this step's lambda (less than the run's while --l1-ramp ramps it)
+    int show_lambda;       // 1: the console line shows lambda (a ramped run)
     double lr, grad_norm, tok_per_s, ms;
     double mfu, mem_gib;   // GPU only: model FLOPs utilisation and peak device memory (< 0: not shown)
     double eta_s;          // seconds the rest of the run will take (< 0: not shown)
@@ -40,9 +42,10 @@ static inline void log_step(const char* path, const StepLog* e, int max_steps) {
         dead += e->layers[l].dead / e->num_layers;
         if (e->layers[l].l0_max > l0_max) { l0_max = e->layers[l].l0_max; }
     }
-    printf("step %5d/%d | loss %.4f | ce %.4f | l1 %.4f | l0 %.1f/%d (max %d) | dead %.1f%% | lr %.2e | norm %.3f | %.0f tok/s",
-           e->step, max_steps, e->loss, e->ce, e->l1, l0, e->hidden, l0_max, 100 * dead, e->lr, e->grad_norm,
-           e->tok_per_s);
+    printf("step %5d/%d | loss %.4f | ce %.4f | l1 %.4f", e->step, max_steps, e->loss, e->ce, e->l1);
+    if (e->show_lambda) { printf(" | lambda %.2e", e->lambda); }
+    printf(" | l0 %.1f/%d (max %d) | dead %.1f%% | lr %.2e | norm %.3f | %.0f tok/s", l0, e->hidden, l0_max, 100 * dead,
+           e->lr, e->grad_norm, e->tok_per_s);
     if (e->mfu >= 0) { printf(" | MFU %.1f%% | %.1f GiB", 100 * e->mfu, e->mem_gib); }
     printf(" | %.0f ms", e->ms);
     if (e->eta_s >= 0) {
@@ -53,9 +56,9 @@ static inline void log_step(const char* path, const StepLog* e, int max_steps) {
     printf("\n");
     fflush(stdout);
     FILE* fp = fopenCheck(path, "a");
-    fprintf(fp, "{\"type\":\"train\",\"step\":%d,\"loss\":%.9g,\"ce\":%.9g,\"l1\":%.9g,\"l0_mean\":%.6g,\"l0_max\":%d,"
-                "\"dead\":%.6g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tok_per_s\":%.1f,\"ms\":%.3f",
-            e->step, e->loss, e->ce, e->l1, l0, l0_max, dead, e->lr, e->grad_norm, e->tok_per_s, e->ms);
+    fprintf(fp, "{\"type\":\"train\",\"step\":%d,\"loss\":%.9g,\"ce\":%.9g,\"l1\":%.9g,\"lambda\":%.9g,\"l0_mean\":%.6g,"
+                "\"l0_max\":%d,\"dead\":%.6g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tok_per_s\":%.1f,\"ms\":%.3f",
+            e->step, e->loss, e->ce, e->l1, e->lambda, l0, l0_max, dead, e->lr, e->grad_norm, e->tok_per_s, e->ms);
     if (e->mfu >= 0) { fprintf(fp, ",\"mfu\":%.4f,\"mem_gib\":%.3f", e->mfu, e->mem_gib); }
     fprintf(fp, ",\"layers\":{\"l0_mean\":[");
     for (int l = 0; l < e->num_layers; l++) { fprintf(fp, "%s%.6g", l ? "," : "", e->layers[l].l0_mean); }

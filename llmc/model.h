@@ -7,7 +7,10 @@
    wo [D, D], ffn_norm [D], wg [H, D], wu [H, D],
    wdT [H, D] (W_d transposed: row n is the weights of hidden unit n, which is
    what the sparse kernels want contiguous; the HF down_proj is its transpose).
- Plus wte [Vp, D] (tied input embedding and output head) and final_norm [D].
+ Plus wte [Vp, D] (input embedding, and the output head unless it is untied),
+ final_norm [D], and lm_head [Vp, D], the output head of a model whose head is
+ untied (0 elements when tied, so a tied model's layout is the same as before
+ the field existed).
 */
 #ifndef LLMC_MODEL_H
 #define LLMC_MODEL_H
@@ -27,16 +30,35 @@ typedef struct {
     int max_seq_len;       // T_max
     float rope_theta;
     float norm_eps;
+    int activation;        // FfnActivation of the FFN's gate (0, ReLU, in every config that predates the field)
+    int untied_head;       // 1: the output head is its own tensor lm_head; 0: it is wte (tied)
 } GPTConfig;
 
+// the FFN's gate activation, h = act(g) * u: ReLU, which the sparse paths and the L1 term need, or SiLU
+// (Llama's), which trains and runs dense only
+typedef enum { ACT_RELU = 0, ACT_SILU = 1 } FfnActivation;
+
+static const char* const activation_names[2] = {"relu", "silu"};
+
+// the FfnActivation called name, or -1
+static inline int find_activation(const char* name) {
+    for (int i = 0; i < 2; i++) {
+        if (strcmp(activation_names[i], name) == 0) { return i; }
+    }
+    return -1;
+}
+
 enum {
-    P_WTE, P_ATTN_NORM, P_WQKV, P_WO, P_FFN_NORM, P_WG, P_WU, P_WDT, P_FINAL_NORM,
+    P_WTE, P_ATTN_NORM, P_WQKV, P_WO, P_FFN_NORM, P_WG, P_WU, P_WDT, P_FINAL_NORM, P_LM_HEAD,
     NUM_PARAM_TENSORS
 };
 
 static const char* const param_names[NUM_PARAM_TENSORS] = {
-    "wte", "attn_norm", "wqkv", "wo", "ffn_norm", "wg", "wu", "wdT", "final_norm",
+    "wte", "attn_norm", "wqkv", "wo", "ffn_norm", "wg", "wu", "wdT", "final_norm", "lm_head",
 };
+
+// the tensor that holds the output head: lm_head when untied, else the embedding
+static inline int output_head(const GPTConfig* c) { return c->untied_head ? P_LM_HEAD : P_WTE; }
 
 static inline int head_size(const GPTConfig* c) { return c->channels / c->num_heads; }
 static inline int kv_dim(const GPTConfig* c) { return c->num_kv_heads * head_size(c); }
@@ -58,6 +80,7 @@ static inline void param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig*
     sizes[P_WU] = L * H * D;
     sizes[P_WDT] = L * H * D;
     sizes[P_FINAL_NORM] = D;
+    sizes[P_LM_HEAD] = c->untied_head ? (size_t)c->padded_vocab_size * D : 0;
 }
 
 static inline size_t num_parameters(const GPTConfig* c) {
@@ -136,6 +159,8 @@ static inline void config_validate_from(const GPTConfig* c, const char* what) {
         {"num_kv_heads", c->num_kv_heads, 1, GPT_MAX_HEADS},
         {"hidden", c->hidden, 1, GPT_MAX_HIDDEN},
         {"max_seq_len", c->max_seq_len, 1, GPT_MAX_SEQ_LEN},
+        {"activation", c->activation, ACT_RELU, ACT_SILU},
+        {"untied_head", c->untied_head, 0, 1},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         if (fields[i].value < fields[i].min || fields[i].value > fields[i].max) {

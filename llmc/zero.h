@@ -5,7 +5,8 @@
 
  The flat parameter layout (llmc/model.h) is cut into buckets: one per layer of
  each per-layer tensor (attn_norm, wqkv, wo, ffn_norm, wg, wu, wdT of layer l)
- and one each for wte and the final norm (layer -1). A bucket is the unit of
+ and one each for wte, the final norm and an untied output head (layer -1; a
+ tied model has no lm_head bucket). A bucket is the unit of
  communication: its gradients are final once the backward has passed its layer,
  so it is reduce-scattered while the backward goes on below it. Of a bucket of
  c elements, P processes each own q = c / P consecutive ones, rank r those at
@@ -68,7 +69,8 @@ static inline void zero_layout_init(ZeroLayout* z, const GPTConfig* c, int P, in
     z->segments = (ZeroSegment*)mallocCheck((size_t)NUM_PARAM_TENSORS * L * sizeof(ZeroSegment));
     z->bucket_packed = (size_t*)mallocCheck((size_t)NUM_PARAM_TENSORS * L * sizeof(size_t));
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        int per_layer = i != P_WTE && i != P_FINAL_NORM;
+        if (sizes[i] == 0) { continue; } // (lm_head of a tied model)
+        int per_layer = i != P_WTE && i != P_FINAL_NORM && i != P_LM_HEAD;
         int parts = per_layer ? L : 1;
         for (int l = 0; l < parts; l++) {
             ZeroBucket* b = &z->buckets[z->num_buckets++];

@@ -14,7 +14,7 @@
 #include <sys/resource.h>
 
 static GPTConfig small_config(void) {
-    GPTConfig c = {300, 384, 2, 16, 4, 2, 40, 32, 10000.0f, 1e-5f};
+    GPTConfig c = {300, 384, 2, 16, 4, 2, 40, 32, 10000.0f, 1e-5f, ACT_RELU, 0};
     return c;
 }
 
@@ -402,8 +402,9 @@ static void test_crafted_state(void) {
 
 // every parameter is owned by exactly one rank, in flat order within a rank,
 // and bucket shares are what zero_share says
-static void test_zero_layout(void) {
+static void test_zero_layout(int untied_head) {
     GPTConfig c = small_config();
+    c.untied_head = untied_head;
     size_t n = num_parameters(&c);
     for (int P = 1; P <= 9; P++) {
         unsigned char* owner = (unsigned char*)callocCheck(n, 1);
@@ -420,13 +421,86 @@ static void test_zero_layout(void) {
                 last_end = s->offset + s->count;
             }
             bad += packed != z.owned;
-            CHECK(z.num_buckets == 2 + 7 * c.num_layers, "P=%d: %d buckets", P, z.num_buckets);
+            // (an untied head is one more bucket, of layer -1: reduced after the backward, gathered first)
+            CHECK(z.num_buckets == 2 + untied_head + 7 * c.num_layers && z.buckets[z.num_buckets - 1].layer == -1,
+                  "P=%d, untied %d: %d buckets", P, untied_head, z.num_buckets);
             zero_layout_free(&z);
         }
         for (size_t i = 0; i < n; i++) { bad += owner[i] != 1; }
         CHECK(bad == 0, "P=%d: %d layout errors", P, bad);
         free(owner);
     }
+}
+
+// the config's activation and head ([25], [26]): a SiLU model with an untied head round trips with its
+// lm_head; the files written before the fields (0 there) are ReLU and tied; other values are errors; a
+// state file of a ReLU run does not resume a SiLU one
+static void load_state_silu(const void* dir) {
+    GPTConfig silu = small_config();
+    silu.activation = ACT_SILU;
+    load_state_as((const char*)dir, 17, &silu);
+}
+
+static void test_activation_and_head(void) {
+    GPTConfig c = small_config();
+    c.activation = ACT_SILU;
+    c.untied_head = 1;
+    size_t n = num_parameters(&c), head = (size_t)c.padded_vocab_size * c.channels;
+    GPTConfig tied = c;
+    tied.untied_head = 0;
+    CHECK(n == num_parameters(&tied) + head, "an untied head adds Vp x D parameters (%zu vs %zu)", n, num_parameters(&tied));
+    size_t offsets[NUM_PARAM_TENSORS];
+    param_offsets(offsets, &c);
+    CHECK(offsets[P_LM_HEAD] == num_parameters(&tied) && output_head(&c) == P_LM_HEAD && output_head(&tied) == P_WTE,
+          "lm_head follows final_norm; the head of a tied model is wte");
+    float* params = random_floats(n, 21);
+    Path model = tmp_path("model_silu.bin");
+    checkpoint_save_model(model.s, &c, params, 5);
+    GPTConfig loaded;
+    float* back = checkpoint_load_model(model.s, &loaded, NULL);
+    char msg[256];
+    CHECK(!config_mismatch(&loaded, &c, msg, sizeof(msg)) && loaded.activation == ACT_SILU && loaded.untied_head == 1,
+          "SiLU, untied: the config round trips (%s)", msg);
+    CHECK(memcmp(back, params, n * sizeof(float)) == 0, "SiLU, untied: the parameters (lm_head too) round trip");
+    free(back);
+    int step = -1;
+    GPTConfig header = checkpoint_read_config(model.s, &step);
+    CHECK(!config_mismatch(&header, &c, msg, sizeof(msg)) && step == 5, "checkpoint_read_config: the header's config and step");
+    // the fields in the header, and a file of before them: [25] and [26] are 0, which is ReLU and tied
+    Path silu_tied = tmp_path("model_silu_tied.bin");
+    checkpoint_save_model(silu_tied.s, &tied, params, 5);
+    FILE* fp = fopenCheck(silu_tied.s, "rb");
+    int32_t h[CKPT_HEADER_INTS];
+    freadCheck(h, 4, CKPT_HEADER_INTS, fp);
+    fcloseCheck(fp);
+    CHECK(h[CKPT_ACTIVATION] == 1 && h[CKPT_UNTIED_HEAD] == 0, "the header holds activation %d, untied %d",
+          h[CKPT_ACTIVATION], h[CKPT_UNTIED_HEAD]);
+    GPTConfig old_config = small_config();
+    Path old = tmp_path("model_old.bin");
+    checkpoint_save_model(old.s, &old_config, params, 5);
+    back = checkpoint_load_model(old.s, &loaded, NULL);
+    CHECK(loaded.activation == ACT_RELU && loaded.untied_head == 0, "zeros there: ReLU, tied");
+    free(back);
+    expect_child_error(load_model, crafted(model.s, CKPT_ACTIVATION, 2).s, "activation 2 is outside [0, 1]");
+    expect_child_error(load_model, crafted(model.s, CKPT_UNTIED_HEAD, -1).s, "untied_head -1 is outside [0, 1]");
+    // an untied header over a tied file's parameters: the count
+    expect_child_error(load_model, crafted(old.s, CKPT_UNTIED_HEAD, 1).s, "parameters, its config has");
+    // a state file of a ReLU run does not resume a SiLU one
+    Path dir = tmp_path("state_relu");
+    make_dir(dir.s);
+    char path[4096];
+    state_path(path, sizeof(path), dir.s, 17, 0);
+    GPTConfig relu_config = small_config();
+    size_t nr = num_parameters(&relu_config);
+    float* m = random_floats(nr, 22);
+    TrainState st = {17, 2, 32, 1, 1, 0, 7, 0};
+    char loader[24] = "position";
+    checkpoint_save_state(path, &relu_config, &st, loader, sizeof(loader), m, m, nr, NULL);
+    expect_child_error(load_state_silu, dir.s, "is for another model: activation (0 relu, 1 silu) 0 (checkpoint) vs 1 (this run)");
+    remove(path);
+    rmdir(dir.s);
+    free(m);
+    free(params);
 }
 
 static void test_log_truncation(void) {
@@ -452,7 +526,9 @@ int main(void) {
     test_round_trip();
     test_crafted_headers();
     test_crafted_state();
-    test_zero_layout();
+    test_zero_layout(0);
+    test_zero_layout(1);
+    test_activation_and_head();
     test_resharding();
     test_log_truncation();
     remove_tmp_dir();

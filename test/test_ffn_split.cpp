@@ -138,7 +138,7 @@ static void test_permutation(void) {
 // the hot set from counts: H 256 over 1000 tokens; a hot unit costs 0.1 a token, a cold pair 1 (so a unit
 // pays its way hot above a rate of 0.1), in blocks of FFN_HOT_ALIGN
 static void test_choose(void) {
-    GPTConfig c = {37, 128, 1, 16, 2, 1, 256, 8, 10000.0f, 1e-5f};
+    GPTConfig c = {37, 128, 1, 16, 2, 1, 256, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
     GPT<float, float> model;
     gpt_build(&model, &c, DEVICE_CPU);
     model.hot_costs = (FfnCosts){0.0f, 0.1f, 0.0f, 1.0f};
@@ -179,7 +179,7 @@ static void test_choose(void) {
 // the model: permuting a layer's units in the weights and the optimizer state keeps the loss, the
 // moments follow their rows; then training with hot sets chosen every step against the dense path
 static void test_model(void) {
-    GPTConfig c = {37, 128, 2, 16, 2, 1, 128, 8, 10000.0f, 1e-5f};
+    GPTConfig c = {37, 128, 2, 16, 2, 1, 128, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
     int B = 2, T = 8, M = B * T, H = c.hidden, D = c.channels;
     std::vector<int> inputs(M), targets(M);
     for (int i = 0; i < M; i++) { inputs[i] = (int)rng_below(&rng, 37); targets[i] = (int)rng_below(&rng, 37); }
@@ -243,7 +243,7 @@ static void test_model(void) {
 // the FFN state a checkpoint keeps: the hot units and the costs round-trip; a state from before the
 // split (3 ints per layer) loads with no hot units
 static void test_state(void) {
-    GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f};
+    GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
     GPT<float, float> a, b;
     gpt_build(&a, &c, DEVICE_CPU);
     gpt_build(&b, &c, DEVICE_CPU);

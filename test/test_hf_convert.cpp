@@ -9,11 +9,12 @@
    ignore_merges) encode strings to the ids that Hugging Face's tokenizers 0.22.2 (the Rust library,
    run through its npm build @anush008/tokenizers) gave for them; the r50k rank file written as a
    tokenizer.json encodes like the rank file; a one-line error for each malformed or unsupported file;
- - the converter: random checkpoints written by our own code are exported and checked tensor by
-   tensor against our layout, imported back bit for bit (from F32, BF16 and F16, one file or
-   shards), config.json variants (SparseLM's, transformers 5's rope_parameters) and SakanaAI's other
-   FFN tensor layouts are read, and each unsupported field, missing, misshapen or extra tensor, and
-   bad flag is a one-line error naming it.
+ - the converter: random checkpoints written by our own code (ReLU with a tied head, SiLU with an
+   untied lm_head as Llama has) are exported and checked tensor by tensor against our layout,
+   imported back bit for bit (from F32, BF16 and F16, one file or shards), config.json variants
+   (SparseLM's, transformers 5's rope_parameters, HF's default hidden_act) and SakanaAI's other FFN
+   tensor layouts are read, and each unsupported field, missing, misshapen or extra tensor, and bad
+   flag is a one-line error naming it.
  Run from the repository root.
 */
 #include <fcntl.h>
@@ -689,7 +690,7 @@ static void test_tokenizer_json_errors(void) {
 // the converter
 
 static GPTConfig tiny_config(int V) {
-    GPTConfig c = {V, round_up(V, 128), 2, 32, 4, 2, 48, 64, 10000.0f, 1e-5f};
+    GPTConfig c = {V, round_up(V, 128), 2, 32, 4, 2, 48, 64, 10000.0f, 1e-5f, ACT_RELU, 0};
     return c;
 }
 
@@ -707,7 +708,10 @@ static float* random_params(const GPTConfig* c, uint64_t seed, SafeDtype dtype) 
     p[7] = -0.0f;
     size_t off[NUM_PARAM_TENSORS];
     param_offsets(off, c);
-    for (size_t k = (size_t)c->vocab_size * c->channels; k < (size_t)c->padded_vocab_size * c->channels; k++) { p[off[P_WTE] + k] = 0; }
+    for (size_t k = (size_t)c->vocab_size * c->channels; k < (size_t)c->padded_vocab_size * c->channels; k++) {
+        p[off[P_WTE] + k] = 0;
+        if (c->untied_head) { p[off[P_LM_HEAD] + k] = 0; }
+    }
     return p;
 }
 
@@ -728,21 +732,23 @@ static void check_exported_tensors(const char* dir, const GPTConfig* c, const fl
     SafeTensors st;
     safetensors_open(&st, path.s);
     int L = c->num_layers, D = c->channels, H = c->hidden, KVD = kv_dim(c), QKV = qkv_dim(c);
-    CHECK(st.n == 2 + 9 * L && safetensors_find(&st, "lm_head.weight") == NULL, "%d tensors, no lm_head", st.n);
+    CHECK(st.n == 2 + 9 * L + c->untied_head && (safetensors_find(&st, "lm_head.weight") != NULL) == c->untied_head,
+          "%d tensors, lm_head %s", st.n, c->untied_head ? "present" : "absent");
     size_t off[NUM_PARAM_TENSORS];
     param_offsets(off, c);
     float* buf = (float*)mallocCheck((size_t)c->vocab_size * D * sizeof(float));
     int bad = 0;
-    // name, rows, cols, the element (i, j) of ours it must equal
-    for (int l = -1; l <= L; l++) {
+    // name, rows, cols, the element (i, j) of ours it must equal (l = L + 1: an untied head)
+    for (int l = -1; l <= L + c->untied_head; l++) {
         const char* names[9] = {"input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                 "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
-        int count = (l < 0 || l == L) ? 1 : 9;
+        int count = (l < 0 || l >= L) ? 1 : 9;
         for (int k = 0; k < count; k++) {
             char name[128];
             int rows, cols;
             if (l < 0) { snprintf(name, sizeof(name), "model.embed_tokens.weight"); rows = c->vocab_size; cols = D; }
             else if (l == L) { snprintf(name, sizeof(name), "model.norm.weight"); rows = D; cols = 0; }
+            else if (l == L + 1) { snprintf(name, sizeof(name), "lm_head.weight"); rows = c->vocab_size; cols = D; }
             else {
                 snprintf(name, sizeof(name), "model.layers.%d.%s.weight", l, names[k]);
                 int shapes[9][2] = {{D, 0}, {D, D}, {KVD, D}, {KVD, D}, {D, D}, {D, 0}, {H, D}, {H, D}, {D, H}};
@@ -759,6 +765,7 @@ static void check_exported_tensors(const char* dir, const GPTConfig* c, const fl
                     float got = buf[(size_t)i * (cols ? cols : 1) + j], want;
                     if (l < 0) { want = params[off[P_WTE] + (size_t)i * D + j]; }
                     else if (l == L) { want = params[off[P_FINAL_NORM] + i]; }
+                    else if (l == L + 1) { want = params[off[P_LM_HEAD] + (size_t)i * D + j]; }
                     else if (k == 0) { want = params[off[P_ATTN_NORM] + (size_t)l * D + i]; }
                     else if (k <= 3) { // q, k, v: consecutive row blocks of wqkv
                         int row = k == 1 ? i : k == 2 ? D + i : D + KVD + i;
@@ -782,9 +789,11 @@ static void check_exported_tensors(const char* dir, const GPTConfig* c, const fl
     HFPath cfg_path = hf_join(dir, "config.json");
     JsonValue cfg;
     json_parse_file(cfg_path.s, &cfg);
-    CHECK(json_string_is(json_get(&cfg, "model_type"), "llama") && json_string_is(json_get(&cfg, "hidden_act"), "relu"),
-          "config: llama with relu");
-    CHECK(json_get(&cfg, "tie_word_embeddings") && json_get(&cfg, "tie_word_embeddings")->type == JSON_TRUE, "config: tied");
+    CHECK(json_string_is(json_get(&cfg, "model_type"), "llama") &&
+          json_string_is(json_get(&cfg, "hidden_act"), activation_names[c->activation]),
+          "config: llama with %s", activation_names[c->activation]);
+    const JsonValue* tie = json_get(&cfg, "tie_word_embeddings");
+    CHECK(tie && tie->type == (c->untied_head ? JSON_FALSE : JSON_TRUE), "config: %s", c->untied_head ? "untied" : "tied");
     const char* ints[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                           "head_dim", "max_position_embeddings", "vocab_size"};
     int want[] = {D, H, L, c->num_heads, c->num_kv_heads, head_size(c), c->max_seq_len, c->vocab_size};
@@ -807,7 +816,7 @@ static void write_config(const char* dir, const GPTConfig* c, const KV* over, in
                             "tie_word_embeddings"};
     char vals[12][64];
     snprintf(vals[0], 64, "\"llama\"");
-    snprintf(vals[1], 64, "\"relu\"");
+    snprintf(vals[1], 64, "\"%s\"", activation_names[c->activation]);
     snprintf(vals[2], 64, "%d", c->channels);
     snprintf(vals[3], 64, "%d", c->hidden);
     snprintf(vals[4], 64, "%d", c->num_layers);
@@ -817,7 +826,7 @@ static void write_config(const char* dir, const GPTConfig* c, const KV* over, in
     snprintf(vals[8], 64, "%d", c->vocab_size);
     snprintf(vals[9], 64, "1e-05");
     snprintf(vals[10], 64, "10000.0");
-    snprintf(vals[11], 64, "true");
+    snprintf(vals[11], 64, "%s", c->untied_head ? "false" : "true");
     char text[4096];
     size_t used = (size_t)snprintf(text, sizeof(text), "{");
     int first = 1;
@@ -926,27 +935,36 @@ static void test_export_import_roundtrip(void) {
     const Path tok = tmp_path("tokenizer.json");
     write_text(tok.s, tok_text);
     free(tok_text);
-    for (int d = 0; d < 3; d++) {
+    // each dtype with a ReLU model and a tied head, then with a SiLU model and an untied head (Llama's)
+    for (int k = 0; k < 6; k++) {
+        int d = k % 3;
         GPTConfig c = tiny_config(269); // tokenizer A's size, padded to 384
-        float* params = random_params(&c, 100 + d, st_dtypes[d]);
+        c.activation = k < 3 ? ACT_RELU : ACT_SILU;
+        c.untied_head = k >= 3;
+        float* params = random_params(&c, 100 + k, st_dtypes[d]);
         const Path model = tmp_path("model.bin");
         checkpoint_save_model(model.s, &c, params, 12);
         Path hf = fresh_dir("hf"), back = fresh_dir("back"), hf2 = fresh_dir("hf2");
         const char* exp[] = {"--export", model.s, "--tokenizer", tok.s, "--dtype", dtypes[d], "-o", hf.s, NULL};
         convert(exp, NULL, 0);
         if (d == 0) { check_exported_tensors(hf.s, &c, params); }
+        const char* model_kind = k < 3 ? "relu, tied" : "silu, untied";
         HFPath tok_out = hf_join(hf.s, "tokenizer.json"), tok_cfg = hf_join(hf.s, "tokenizer_config.json");
         char* a = read_text(tok.s, NULL);
         char* b = read_text(tok_out.s, NULL);
-        CHECK(strcmp(a, b) == 0 && hf_exists(tok_cfg.s), "%s: tokenizer.json copied, tokenizer_config.json written", dtypes[d]);
+        CHECK(strcmp(a, b) == 0 && hf_exists(tok_cfg.s), "%s, %s: tokenizer.json copied, tokenizer_config.json written",
+              dtypes[d], model_kind);
         free(a);
         free(b);
         const char* imp[] = {"--import", hf.s, "-o", back.s, NULL};
         char out[4096];
         convert(imp, out, sizeof(out));
         HFPath back_model = hf_join(back.s, "model.bin"), back_tok = hf_join(back.s, "tokenizer.json");
-        CHECK(same_checkpoint(back_model.s, &c, params), "%s: ours -> HF -> ours is bit for bit", dtypes[d]);
+        CHECK(same_checkpoint(back_model.s, &c, params), "%s, %s: ours -> HF -> ours is bit for bit", dtypes[d], model_kind);
         CHECK(hf_exists(back_tok.s) && strstr(out, "documents start with id 268 <|endoftext|>") != NULL, "%s: import output: %s", dtypes[d], out);
+        CHECK(strstr(out, k < 3 ? "hidden_act relu" : "hidden_act silu") != NULL &&
+              strstr(out, k < 3 ? ", tied head" : ", untied head") != NULL, "%s: import says the activation and head: %s",
+              model_kind, out);
         // and HF -> ours -> HF gives the same file
         const char* exp2[] = {"--export", back_model.s, "--tokenizer", back_tok.s, "--dtype", dtypes[d], "-o", hf2.s, NULL};
         convert(exp2, NULL, 0);
@@ -954,7 +972,14 @@ static void test_export_import_roundtrip(void) {
         size_t l1 = 0, l2 = 0;
         char* f1 = read_text(w1.s, &l1);
         char* f2 = read_text(w2.s, &l2);
-        CHECK(l1 == l2 && memcmp(f1, f2, l1) == 0, "%s: HF -> ours -> HF gives the same safetensors bytes", dtypes[d]);
+        CHECK(l1 == l2 && memcmp(f1, f2, l1) == 0, "%s, %s: HF -> ours -> HF gives the same safetensors bytes", dtypes[d],
+              model_kind);
+        HFPath c1 = hf_join(hf.s, "config.json"), c2 = hf_join(hf2.s, "config.json");
+        char* j1 = read_text(c1.s, NULL);
+        char* j2 = read_text(c2.s, NULL);
+        CHECK(strcmp(j1, j2) == 0, "%s, %s: HF -> ours -> HF gives the same config.json", dtypes[d], model_kind);
+        free(j1);
+        free(j2);
         free(f1);
         free(f2);
         free(params);
@@ -1112,18 +1137,22 @@ static void test_import_variants(void) {
     }
 
     // config.json variants that are read
-    struct { const char* what; KV over[4]; int n; float theta; int hidden; } ok_cases[] = {
+    struct { const char* what; KV over[4]; int n; float theta; int hidden; int activation; } ok_cases[] = {
         {"transformers 5's rope_parameters", {{"rope_theta", NULL}, {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}"}}, 2,
-         500000.0f, 48},
-        {"rope_scaling default, eos list", {{"rope_scaling", "{\"type\": \"default\"}"}, {"eos_token_id", "[268, 1]"}}, 2, 10000.0f, 48},
+         500000.0f, 48, ACT_RELU},
+        {"rope_scaling default, eos list", {{"rope_scaling", "{\"type\": \"default\"}"}, {"eos_token_id", "[268, 1]"}}, 2, 10000.0f, 48,
+         ACT_RELU},
         {"SparseLM: llama_sparse_relu with hidden_act silu", {{"model_type", "\"llama_sparse_relu\""}, {"hidden_act", "\"silu\""},
-         {"intermediate_size", "999"}, {"sparsity_new_intermediate_size", "48"}}, 4, 10000.0f, 48},
-        {"mistral without a sliding window", {{"model_type", "\"mistral\""}, {"sliding_window", "null"}}, 2, 10000.0f, 48},
-        {"defaults: no num_key_value_heads", {{"num_key_value_heads", NULL}}, 1, 10000.0f, -1},
+         {"intermediate_size", "999"}, {"sparsity_new_intermediate_size", "48"}}, 4, 10000.0f, 48, ACT_RELU},
+        {"mistral without a sliding window", {{"model_type", "\"mistral\""}, {"sliding_window", "null"}}, 2, 10000.0f, 48, ACT_RELU},
+        {"llama with hidden_act silu", {{"hidden_act", "\"silu\""}}, 1, 10000.0f, 48, ACT_SILU},
+        {"no hidden_act: HF's default, silu", {{"hidden_act", NULL}}, 1, 10000.0f, 48, ACT_SILU},
+        {"defaults: no num_key_value_heads", {{"num_key_value_heads", NULL}}, 1, 10000.0f, -1, ACT_RELU},
     };
     for (size_t k = 0; k < sizeof(ok_cases) / sizeof(ok_cases[0]); k++) {
         GPTConfig want = c;
         want.rope_theta = ok_cases[k].theta;
+        want.activation = ok_cases[k].activation;
         if (ok_cases[k].hidden < 0) { // no num_key_value_heads: as many as heads, so k/v are wider
             want.num_kv_heads = want.num_heads;
             float* p = random_params(&want, 9, ST_BF16);
@@ -1208,11 +1237,10 @@ static void test_import_variants(void) {
 
     // config.json variants that are errors, each naming the field
     struct { KV over[2]; int n; const char* want; } bad[] = {
-        {{{"hidden_act", "\"silu\""}}, 1, "hidden_act silu is not supported: this project needs ReLU-gated FFNs"},
-        {{{"hidden_act", "\"gelu\""}}, 1, "hidden_act gelu is not supported"},
-        {{{"hidden_act", NULL}}, 1, "hidden_act silu is not supported"}, // HF's default
-        {{{"tie_word_embeddings", "false"}}, 1, "tie_word_embeddings is false"},
-        {{{"tie_word_embeddings", NULL}}, 1, "tie_word_embeddings is false (or absent, false by default"},
+        {{{"hidden_act", "\"gelu\""}}, 1, "hidden_act gelu is not supported: the FFN's gate is relu or silu"},
+        {{{"hidden_act", "\"gelu_pytorch_tanh\""}}, 1, "hidden_act gelu_pytorch_tanh is not supported"},
+        {{{"tie_word_embeddings", "false"}}, 1, "tie_word_embeddings is false (or absent: false by default), but there is no lm_head.weight"},
+        {{{"tie_word_embeddings", NULL}}, 1, "tie_word_embeddings is false (or absent: false by default), but there is no lm_head.weight"},
         {{{"head_dim", "16"}}, 1, "head_dim 16 is not supported: it must be hidden_size / num_attention_heads = 8"},
         {{{"rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2.0}"}}, 1, "rope_scaling (rope_type linear) is not supported"},
         {{{"rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 10000.0}"}}, 1, "rope_parameters (rope_type yarn) is not supported"},
@@ -1251,6 +1279,95 @@ static void test_import_variants(void) {
     free(params);
 }
 
+// a SiLU Llama with an untied lm_head, as HF saves one: sharded with the head in the second shard it
+// imports bit for bit; a misshapen or missing head, a stray tensor, and a config that calls the head tied
+// while it differs from the embedding are one-line errors
+static void test_import_untied(void) {
+    GPTConfig c = tiny_config(269);
+    c.activation = ACT_SILU;
+    c.untied_head = 1;
+    float* params = random_params(&c, 77, ST_BF16);
+    const Path model = tmp_path("model_untied.bin");
+    checkpoint_save_model(model.s, &c, params, 0);
+    char* tok_text = tokenizer_a();
+    const Path tok = tmp_path("tokenizer.json");
+    write_text(tok.s, tok_text);
+    free(tok_text);
+    Path hf = fresh_dir("hf_untied");
+    const char* exp[] = {"--export", model.s, "--tokenizer", tok.s, "--dtype", "bf16", "-o", hf.s, NULL};
+    convert(exp, NULL, 0);
+    HFPath weights = hf_join(hf.s, "model.safetensors");
+    TensorSet set;
+    load_set(weights.s, &set);
+    const Path out = tmp_path("out_untied");
+    HFPath out_model = hf_join(out.s, "model.bin");
+    const char* imp[] = {"--import", hf.s, "-o", out.s, NULL};
+
+    // two shards, lm_head.weight in the second
+    Path sharded = fresh_dir("sharded_untied");
+    {
+        HFPath s1 = hf_join(sharded.s, "model-00001-of-00002.safetensors"), s2 = hf_join(sharded.s, "model-00002-of-00002.safetensors");
+        int head = set_find(&set, "lm_head.weight");
+        SafeTensorOut first[64];
+        int n_first = 0;
+        for (int k = 0; k < set.n; k++) {
+            if (k != head) { first[n_first++] = set.t[k]; }
+        }
+        safetensors_write(s1.s, first, n_first, ST_BF16);
+        safetensors_write(s2.s, &set.t[head], 1, ST_BF16);
+        char index[16384];
+        size_t used = (size_t)snprintf(index, sizeof(index), "{\"weight_map\": {");
+        for (int k = 0; k < set.n; k++) {
+            used += (size_t)snprintf(index + used, sizeof(index) - used, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"",
+                                     k ? ", " : "", set.name[k], k == head ? 2 : 1);
+        }
+        snprintf(index + used, sizeof(index) - used, "}}");
+        HFPath idx = hf_join(sharded.s, "model.safetensors.index.json"), cfg_in = hf_join(hf.s, "config.json"),
+               cfg_out = hf_join(sharded.s, "config.json");
+        HFPath tok_in = hf_join(hf.s, "tokenizer.json"), tok_out = hf_join(sharded.s, "tokenizer.json");
+        write_text(idx.s, index);
+        hf_copy(cfg_in.s, cfg_out.s);
+        hf_copy(tok_in.s, tok_out.s);
+        const char* imp_sharded[] = {"--import", sharded.s, "-o", out.s, NULL};
+        char text[4096];
+        convert(imp_sharded, text, sizeof(text));
+        CHECK(same_checkpoint(out_model.s, &c, params), "SiLU, untied, sharded: imports bit for bit");
+        CHECK(strstr(text, "hidden_act silu") != NULL && strstr(text, ", untied head") != NULL, "import output: %s", text);
+    }
+
+    struct { const char* what; int kind; const char* want; } cases[] = {
+        {"untied: no lm_head", 0, "tie_word_embeddings is false (or absent: false by default), but there is no lm_head.weight"},
+        {"untied: misshapen lm_head", 1, "tensor lm_head.weight has shape [268, 32], config.json needs [269, 32]"},
+        {"untied: stray tensor", 2, "tensor model.layers.0.mlp.gate_proj.bias is not part of a 2-layer Llama model with untied embeddings"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        TensorSet s;
+        load_set(weights.s, &s);
+        if (cases[k].kind == 0) { set_remove(&s, "lm_head.weight"); }
+        if (cases[k].kind == 1) {
+            int h = set_find(&s, "lm_head.weight");
+            float* rows = (float*)mallocCheck((size_t)(c.vocab_size - 1) * c.channels * sizeof(float));
+            memcpy(rows, s.data[h], (size_t)(c.vocab_size - 1) * c.channels * sizeof(float));
+            set_remove(&s, "lm_head.weight");
+            set_add(&s, "lm_head.weight", 2, c.vocab_size - 1, c.channels, rows);
+            free(rows);
+        }
+        if (cases[k].kind == 2) { set_add(&s, "model.layers.0.mlp.gate_proj.bias", 1, c.hidden, 0, s.data[0]); }
+        safetensors_write(weights.s, s.t, s.n, ST_BF16);
+        expect_error(child_convert, imp, cases[k].want, cases[k].what);
+        set_free(&s);
+        safetensors_write(weights.s, set.t, set.n, ST_BF16);
+    }
+    // the same weights with a config that says tied: lm_head must then be the embedding
+    GPTConfig tied = c;
+    tied.untied_head = 0;
+    write_config(hf.s, &tied, NULL, 0);
+    expect_error(child_convert, imp, "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true",
+                 "untied weights, tied config");
+    set_free(&set);
+    free(params);
+}
+
 static void test_cli_errors(void) {
     struct { const char* args[10]; const char* want; } cases[] = {
         {{NULL}, "give exactly one of --import, --export and --encode"},
@@ -1284,6 +1401,7 @@ int main(void) {
     test_tokenizer_json_errors();
     test_export_import_roundtrip();
     test_import_variants();
+    test_import_untied();
     test_cli_errors();
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);

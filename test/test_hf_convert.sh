@@ -73,8 +73,8 @@ expect_error "give exactly one of --import, --export and --encode" ./hf_convert 
 printf '{"model": {"type": "Unigram"}}' > "$work/bad.json"
 expect_error "model.type is Unigram: only byte-level BPE is supported" ./infer -m "$model" --tokenizer "$work/bad.json" -p hi
 expect_error "--dump-logits writes the logits of generation: drop --analyze" ./infer -m "$model" --analyze "x" --dump-logits "$work/y"
-sed 's/"hidden_act": "relu"/"hidden_act": "silu"/' "$work/hf/config.json" > "$work/cfg" && mv "$work/cfg" "$work/hf/config.json"
-expect_error "hidden_act silu is not supported: this project needs ReLU-gated FFNs" ./hf_convert --import "$work/hf" -o "$work/x"
+sed 's/"hidden_act": "relu"/"hidden_act": "gelu"/' "$work/hf/config.json" > "$work/cfg" && mv "$work/cfg" "$work/hf/config.json"
+expect_error "hidden_act gelu is not supported: the FFN's gate is relu or silu" ./hf_convert --import "$work/hf" -o "$work/x"
 
 echo "hf_convert_e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

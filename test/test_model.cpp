@@ -2,10 +2,11 @@
  Checks of the CPU reference model:
  - the blocked matrix products against naive triple loops at ragged sizes;
  - every parameter group's gradient against central finite differences, in
-   double precision on a tiny config, with lambda = 0 and lambda > 0;
+   double precision on a tiny config, with lambda = 0 and lambda > 0, for the
+   ReLU and the SiLU FFN, with the output head tied and untied;
  - the cached inference forward (a prefill, then one token at a time; one
    prompt, and a batch of prompts of different lengths) against the training
-   forward's logits.
+   forward's logits, for both activations and heads.
 */
 #include "llmc/gpt.h"
 #include "llmc/optimizer.h"
@@ -67,8 +68,10 @@ static void test_gemm(void) {
     }
 }
 
-static GPTConfig tiny_config(void) {
-    GPTConfig c;
+static GPTConfig tiny_config(int activation = ACT_RELU, int untied_head = 0) {
+    GPTConfig c = {};
+    c.activation = activation;
+    c.untied_head = untied_head;
     c.vocab_size = 37;
     c.padded_vocab_size = 128;
     c.num_layers = 2;
@@ -101,8 +104,10 @@ static double total_loss(GPT<double, double>* model, const int* inputs, const in
     return model->ce + lambda * model->l1_term;
 }
 
-static void test_gradients(double lambda) {
-    GPTConfig c = tiny_config();
+static void test_gradients(double lambda, int activation, int untied_head) {
+    GPTConfig c = tiny_config(activation, untied_head);
+    const char* what = activation_names[activation];
+    const char* head = untied_head ? "untied" : "tied";
     GPT<double, double> model;
     gpt_build(&model, &c, DEVICE_CPU);
     init_for_check(&model, 42);
@@ -120,12 +125,13 @@ static void test_gradients(double lambda) {
     gpt_stats_read(&model, M);
     int any_active = 0;
     for (int l = 0; l < c.num_layers; l++) { any_active += model.stats[l].l0_mean > 0; }
-    CHECK(any_active == c.num_layers, "every layer should have firing units");
+    CHECK(any_active == c.num_layers, "%s: every layer should have firing units", what);
 
     size_t sizes[NUM_PARAM_TENSORS];
     param_sizes(sizes, &c);
     double eps = 1e-6;
     for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+        if (sizes[p] == 0) { continue; } // (lm_head of a tied model)
         double worst = 0;
         size_t checks = sizes[p] < 60 ? sizes[p] : 60;
         for (size_t k = 0; k < checks; k++) {
@@ -142,12 +148,17 @@ static void test_gradients(double lambda) {
             if (isnan(analytic)) { err = INFINITY; }
             worst = fmax(worst, err);
         }
-        CHECK(worst < 1e-5, "lambda %g: %s gradient rel err %g vs finite differences", lambda, param_names[p], worst);
+        CHECK(worst < 1e-5, "%s, %s head, lambda %g: %s gradient rel err %g vs finite differences", what, head, lambda,
+              param_names[p], worst);
     }
-    // the padded vocab rows never receive gradient
-    double padded = 0;
-    for (size_t j = (size_t)c.vocab_size * c.channels; j < sizes[P_WTE]; j++) { padded += fabs(model.grad[P_WTE][j]); }
-    CHECK(padded == 0, "padded vocab rows got gradient %g", padded);
+    // the padded vocab rows never receive gradient (of the embedding, and of an untied head)
+    const int vocab_rows[2] = {P_WTE, P_LM_HEAD};
+    for (int k = 0; k <= c.untied_head; k++) {
+        int p = vocab_rows[k];
+        double padded = 0;
+        for (size_t j = (size_t)c.vocab_size * c.channels; j < sizes[p]; j++) { padded += fabs(model.grad[p][j]); }
+        CHECK(padded == 0, "%s: padded vocab rows got gradient %g", param_names[p], padded);
+    }
     gpt_free(&model);
 }
 
@@ -185,8 +196,8 @@ static void test_recompute(void) {
 // prompts of the given lengths prefilled as one batch, then decode steps of all
 // sequences until the longest fills max_seq_len, against each sequence's
 // training forward
-static void test_cached_forward(int nseq, const int* lens) {
-    GPTConfig c = tiny_config();
+static void test_cached_forward(int nseq, const int* lens, int activation = ACT_RELU, int untied_head = 0) {
+    GPTConfig c = tiny_config(activation, untied_head);
     GPT<double, double> model;
     gpt_build(&model, &c, DEVICE_CPU);
     init_for_check(&model, 9);
@@ -223,7 +234,8 @@ static void test_cached_forward(int nseq, const int* lens) {
             }
         }
     }
-    CHECK(worst < 1e-10, "cached forward (%d prompts) logits differ from the full forward: rel err %g", nseq, worst);
+    CHECK(worst < 1e-10, "cached forward (%d prompts, %s, %s head) logits differ from the full forward: rel err %g", nseq,
+          activation_names[activation], untied_head ? "untied" : "tied", worst);
     infer_state_free(&s, &model);
     free(prompts);
     free(ref);
@@ -270,11 +282,16 @@ static void test_optimizer_skips_nonfinite(void) {
 int main(void) {
     test_gemm();
     test_optimizer_skips_nonfinite();
-    test_gradients(0.0);
-    test_gradients(0.05);
+    test_gradients(0.0, ACT_RELU, 0);
+    test_gradients(0.05, ACT_RELU, 0);
+    test_gradients(0.05, ACT_RELU, 1);
+    test_gradients(0.0, ACT_SILU, 0);
+    test_gradients(0.0, ACT_SILU, 1);
+    test_gradients(0.05, ACT_SILU, 1); // (the trainer keeps lambda 0 for SiLU; the math holds either way)
     test_recompute();
     const int one[1] = {3}, batch[3] = {3, 1, 5};
     test_cached_forward(1, one);
     test_cached_forward(3, batch);
+    test_cached_forward(3, batch, ACT_SILU, 1);
     return test_summary("test_model");
 }

@@ -187,7 +187,7 @@ static void test_ffn(int M, int H, int D, int W, int tail_capacity) {
 }
 
 static void test_model(void) {
-    GPTConfig c = {37, 128, 3, 16, 2, 1, 64, 8, 10000.0f, 1e-5f};
+    GPTConfig c = {37, 128, 3, 16, 2, 1, 64, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
     int B = 2, T = 8, M = B * T;
     std::vector<int> inputs(M), targets(M);
     for (int i = 0; i < M; i++) { inputs[i] = (int)rng_below(&rng, 37); targets[i] = (int)rng_below(&rng, 37); }
@@ -279,7 +279,7 @@ static void test_dead_reinit(void) {
     check_reinit(w, a, fired.data(), rows, D, "gate_dead_reinit");
 
     // through the model: the fired marks of the step say which rows
-    GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f};
+    GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
     GPT<float, float> model;
     gpt_build(&model, &c, DEVICE_CPU);
     std::vector<float> params(model.num_parameters);

@@ -7,8 +7,9 @@
        tokenizer_config.json) are checked with our tokenizer and copied to OUT_DIR.
    ./hf_convert --export MODEL.bin [--tokenizer FILE] [--dtype f32|bf16|f16] -o OUT_DIR
        -> OUT_DIR/config.json, model.safetensors (one file), tokenizer.json (a copy of FILE if it is
-       one, else written from the rank file) and tokenizer_config.json: a LlamaForCausalLM with
-       hidden_act "relu" that transformers loads.
+       one, else written from the rank file) and tokenizer_config.json: a LlamaForCausalLM with the
+       model's hidden_act (relu or silu) and output head (tied, or lm_head.weight) that transformers
+       loads.
    ./hf_convert --tokenizer FILE --encode TEXT
        prints the token ids of TEXT, to compare a tokenizer with Hugging Face's.
 
@@ -21,6 +22,7 @@
    model.layers.l.mlp.{gate,up}_proj.weight [H, D]    wg[l], wu[l]
    model.layers.l.mlp.down_proj.weight [D, H]         wdT[l] transposed
    model.norm.weight [D]                              final_norm
+   lm_head.weight [V, D]                              lm_head rows 0..V-1, when the head is untied
  F32, BF16 and F16 tensors are read (exactly) into fp32; export writes F32, or BF16 / F16 rounded to
  nearest even, so a checkpoint imported from one dtype goes back to the same bits.
 
@@ -30,13 +32,15 @@
  intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (GQA), head_dim,
  rms_norm_eps, rope_theta (or transformers 5's rope_parameters), max_position_embeddings (our
  max_seq_len) and vocab_size (padded with zero rows to a multiple of 128) are read, with HF's
- defaults where a field is absent. What our model cannot represent is a one-line error naming the
- field: hidden_act other than relu, RoPE scaling, interleaved RoPE, biases, an untied output head
- (tie_word_embeddings false), a head_dim that is not hidden_size / num_attention_heads, a sliding
- window. So is every malformed file, a missing tensor, a wrong shape or dtype, and any tensor the
- model does not have (the rotary inv_freq buffers of old checkpoints and the sparsity tracker's
- tensors of SakanaAI's training code are skipped; an lm_head.weight is accepted only when tied and
- equal to the embedding). Like SakanaAI's own loader, the import also reads a layer's FFN saved as
+ defaults where a field is absent. hidden_act relu or silu (Llama's: the model is then a dense
+ SiLU one, which train_gpt_sparse can turn into a sparse ReLU one) is the FFN's activation, and
+ tie_word_embeddings (false by default, as in HF) says whether the output head is the embedding or
+ lm_head.weight. What our model cannot represent is a one-line error naming the field: another
+ hidden_act, RoPE scaling, interleaved RoPE, biases, a head_dim that is not hidden_size /
+ num_attention_heads, a sliding window. So is every malformed file, a missing tensor, a wrong shape
+ or dtype, and any tensor the model does not have (the rotary inv_freq buffers of old checkpoints
+ and the sparsity tracker's tensors of SakanaAI's training code are skipped; a tied model's
+ lm_head.weight is accepted only when equal to the embedding). Like SakanaAI's own loader, the import also reads a layer's FFN saved as
  mlp.gate_weight [D, H], mlp.up_weight and mlp.down_weight [H, D], or mlp.GATE, UP, DOWN [H, D].
 */
 #include <sys/stat.h>
@@ -181,6 +185,7 @@ static void hf_read_config(const char* dir, HFConfig* h) {
     }
     snprintf(h->model_type, sizeof(h->model_type), "%s", type);
     const char* act = hf_string(&cfg, "hidden_act", p, "silu");
+    GPTConfig* c = &h->c;
     if (sparse) {
         // SakanaAI's SparseLlamaForCausalLM replaces every MLP with a ReLU-gated one (its config
         // keeps the base model's hidden_act, which the sparse MLP never reads)
@@ -188,10 +193,13 @@ static void hf_read_config(const char* dir, HFConfig* h) {
             fatal("%s: sparsity_gated_mlp false (an FFN without a gate) is not supported", p);
         }
         h->down_proj_transposed = hf_bool(&cfg, "sparsity_use_hybrid_kernel", p, 0);
-    } else if (strcmp(act, "relu") != 0) {
-        fatal("%s: hidden_act %.40s is not supported: this project needs ReLU-gated FFNs (hidden_act relu)", p, act);
+        c->activation = ACT_RELU;
+    } else {
+        c->activation = find_activation(act);
+        if (c->activation < 0) {
+            fatal("%s: hidden_act %.40s is not supported: the FFN's gate is relu or silu", p, act);
+        }
     }
-    GPTConfig* c = &h->c;
     c->channels = hf_int(&cfg, "hidden_size", p, 1, 0, 2, 1 << 20);
     c->hidden = hf_int(&cfg, "intermediate_size", p, 1, 0, 1, 1 << 22);
     if (sparse) { c->hidden = hf_int(&cfg, "sparsity_new_intermediate_size", p, 0, c->hidden, 1, 1 << 22); }
@@ -220,10 +228,7 @@ static void hf_read_config(const char* dir, HFConfig* h) {
     }
     if (hf_bool(&cfg, "attention_bias", p, 0)) { fatal("%s: attention_bias true is not supported: the model has no biases", p); }
     if (hf_bool(&cfg, "mlp_bias", p, 0)) { fatal("%s: mlp_bias true is not supported: the model has no biases", p); }
-    if (!hf_bool(&cfg, "tie_word_embeddings", p, 0)) {
-        fatal("%s: tie_word_embeddings is false (or absent, false by default: a separate lm_head.weight): not supported, "
-              "the model's output head is its embedding", p);
-    }
+    c->untied_head = !hf_bool(&cfg, "tie_word_embeddings", p, 0); // (absent: false, HF's default)
     const JsonValue* window = json_get(&cfg, "sliding_window");
     if (window != NULL && window->type != JSON_NULL && hf_int(&cfg, "sliding_window", p, 0, 0, 0, 1 << 30) < c->max_seq_len) {
         fatal("%s: sliding_window %lld is not supported: attention is full causal", p, (long long)window->integer);
@@ -245,7 +250,8 @@ typedef struct {
     int transpose; // 1: the HF tensor is the transpose of ours (down_proj)
 } HFTensor;
 
-// fills out[2 + 9 L] in HF's order; down_proj_transposed: HF stores down_proj as [H, D] already
+// fills out[2 + 9 L (+ 1 with an untied head)] in HF's order; down_proj_transposed: HF stores down_proj as
+// [H, D] already
 static int hf_tensors(const GPTConfig* c, float* params, int down_proj_transposed, HFTensor* out) {
     size_t off[NUM_PARAM_TENSORS];
     param_offsets(off, c);
@@ -284,6 +290,11 @@ static int hf_tensors(const GPTConfig* c, float* params, int down_proj_transpose
     t = &out[n++];
     snprintf(t->name, sizeof(t->name), "model.norm.weight");
     t->ndim = 1; t->shape[0] = D; t->shape[1] = 0; t->ours = params + off[P_FINAL_NORM]; t->transpose = 0;
+    if (c->untied_head) {
+        t = &out[n++];
+        snprintf(t->name, sizeof(t->name), "lm_head.weight");
+        t->ndim = 2; t->shape[0] = c->vocab_size; t->shape[1] = D; t->ours = params + off[P_LM_HEAD]; t->transpose = 0;
+    }
     return n;
 }
 
@@ -451,8 +462,11 @@ static void hf_import(const char* dir, const char* out_dir) {
     hf_open_weights(dir, &w);
     size_t n_params = num_parameters(c);
     float* params = (float*)callocCheck(n_params, sizeof(float)); // the padded vocab rows stay zero
-    HFTensor* ts = (HFTensor*)mallocCheck((2 + 9 * (size_t)c->num_layers) * sizeof(HFTensor));
+    HFTensor* ts = (HFTensor*)mallocCheck((3 + 9 * (size_t)c->num_layers) * sizeof(HFTensor));
     int n = hf_tensors(c, params, h.down_proj_transposed, ts);
+    if (c->untied_head && !hf_has(&w, "lm_head.weight")) {
+        fatal("%s: tie_word_embeddings is false (or absent: false by default), but there is no lm_head.weight", dir);
+    }
     float* scratch = (float*)mallocCheck((size_t)c->vocab_size * c->channels > (size_t)c->hidden * c->channels
                                              ? (size_t)c->vocab_size * c->channels * sizeof(float)
                                              : (size_t)c->hidden * c->channels * sizeof(float));
@@ -470,7 +484,7 @@ static void hf_import(const char* dir, const char* out_dir) {
     }
     // a tied checkpoint may still hold lm_head.weight: accepted if it is the embedding, bit for bit
     const SafeTensors* file = NULL;
-    const SafeTensor* head = hf_find(&w, "lm_head.weight", &file);
+    const SafeTensor* head = c->untied_head ? NULL : hf_find(&w, "lm_head.weight", &file);
     if (head != NULL) {
         hf_read_tensor(&w, "lm_head.weight", ts[0].ndim, ts[0].shape, scratch);
         if (memcmp(scratch, ts[0].ours, (size_t)c->vocab_size * c->channels * sizeof(float)) != 0) {
@@ -483,8 +497,8 @@ static void hf_import(const char* dir, const char* out_dir) {
         for (int k = 0; k < w.files[f].n; k++) {
             const SafeTensor* t = &w.files[f].tensors[k];
             if (!w.used[f][k] && !hf_skippable(t->name)) {
-                fatal("%s: tensor %s is not part of a %d-layer Llama model with tied embeddings", w.files[f].path, t->name,
-                      c->num_layers);
+                fatal("%s: tensor %s is not part of a %d-layer Llama model with %s embeddings", w.files[f].path, t->name,
+                      c->num_layers, c->untied_head ? "untied" : "tied");
             }
             if (w.used[f][k]) { seen[t->dtype] = 1; }
         }
@@ -497,10 +511,10 @@ static void hf_import(const char* dir, const char* out_dir) {
     HFPath model_out = hf_join(out_dir, "model.bin");
     checkpoint_save_model(model_out.s, c, params, 0);
     printf("config: %s, %d layers, D %d, %d heads (%d kv), H %d, vocab %d (padded to %d), max_seq_len %d, rope_theta %g, "
-           "norm_eps %g\n", h.model_type, c->num_layers, c->channels, c->num_heads, c->num_kv_heads, c->hidden, c->vocab_size,
-           c->padded_vocab_size, c->max_seq_len, c->rope_theta, c->norm_eps);
-    printf("weights: %d tensors (%s) from %d file%s, tied head, %.2fM parameters\n", n, dtypes, w.n_files,
-           w.n_files == 1 ? "" : "s", (double)n_params / 1e6);
+           "norm_eps %g, hidden_act %s\n", h.model_type, c->num_layers, c->channels, c->num_heads, c->num_kv_heads, c->hidden,
+           c->vocab_size, c->padded_vocab_size, c->max_seq_len, c->rope_theta, c->norm_eps, activation_names[c->activation]);
+    printf("weights: %d tensors (%s) from %d file%s, %s head, %.2fM parameters\n", n, dtypes, w.n_files,
+           w.n_files == 1 ? "" : "s", c->untied_head ? "untied" : "tied", (double)n_params / 1e6);
     printf("wrote %s\n", model_out.s);
 
     HFPath tok_in = hf_join(dir, "tokenizer.json");
@@ -549,13 +563,17 @@ static void hf_export(const char* model_path, const char* tokenizer_path, SafeDt
     }
     size_t off[NUM_PARAM_TENSORS];
     param_offsets(off, &c);
-    for (size_t k = (size_t)c.vocab_size * c.channels; k < (size_t)c.padded_vocab_size * c.channels; k++) {
-        if (params[off[P_WTE] + k] != 0.0f) {
-            fprintf(stderr, "warning: %s: the padded rows of wte are not zero; they are not exported\n", model_path);
-            break;
+    for (int head = 0; head <= c.untied_head; head++) {
+        const float* rows = params + off[head ? P_LM_HEAD : P_WTE];
+        for (size_t k = (size_t)c.vocab_size * c.channels; k < (size_t)c.padded_vocab_size * c.channels; k++) {
+            if (rows[k] != 0.0f) {
+                fprintf(stderr, "warning: %s: the padded rows of %s are not zero; they are not exported\n", model_path,
+                        head ? "lm_head" : "wte");
+                break;
+            }
         }
     }
-    HFTensor* ts = (HFTensor*)mallocCheck((2 + 9 * (size_t)c.num_layers) * sizeof(HFTensor));
+    HFTensor* ts = (HFTensor*)mallocCheck((3 + 9 * (size_t)c.num_layers) * sizeof(HFTensor));
     int n = hf_tensors(&c, params, 0, ts);
     SafeTensorOut* outs = (SafeTensorOut*)callocCheck(n, sizeof(SafeTensorOut));
     for (int k = 0; k < n; k++) {
@@ -570,14 +588,15 @@ static void hf_export(const char* model_path, const char* tokenizer_path, SafeDt
     HFPath weights = hf_join(out_dir, "model.safetensors");
     safetensors_write(weights.s, outs, n, dtype);
 
-    // config.json: a plain LlamaForCausalLM with a ReLU-gated FFN
+    // config.json: a plain LlamaForCausalLM with the model's gate activation and head
     char eps[32], theta[32];
     hf_float_string(c.norm_eps, eps, sizeof(eps));
     hf_float_string(c.rope_theta, theta, sizeof(theta));
     HFPath config = hf_join(out_dir, "config.json");
     char tmp[4096];
     FILE* fp = atomic_open(config.s, tmp, sizeof(tmp));
-    fprintf(fp, "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"hidden_act\": \"relu\",\n");
+    fprintf(fp, "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"hidden_act\": \"%s\",\n",
+            activation_names[c.activation]);
     fprintf(fp, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n", c.channels, c.hidden,
             c.num_layers);
     fprintf(fp, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n", c.num_heads,
@@ -587,7 +606,8 @@ static void hf_export(const char* model_path, const char* tokenizer_path, SafeDt
     fprintf(fp, "  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n", theta);
     fprintf(fp, "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %s},\n", theta);
     fprintf(fp, "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"mlp_bias\": false,\n");
-    fprintf(fp, "  \"tie_word_embeddings\": true,\n  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", tok.eot_token, tok.eot_token);
+    fprintf(fp, "  \"tie_word_embeddings\": %s,\n  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n",
+            c.untied_head ? "false" : "true", tok.eot_token, tok.eot_token);
     fprintf(fp, "  \"initializer_range\": 0.02,\n  \"use_cache\": true,\n  \"torch_dtype\": \"%s\"\n}\n",
             dtype == ST_F32 ? "float32" : dtype == ST_BF16 ? "bfloat16" : "float16");
     atomic_commit(fp, tmp, config.s);
@@ -614,9 +634,10 @@ static void hf_export(const char* model_path, const char* tokenizer_path, SafeDt
         fprintf(fp, ",\n  \"model_max_length\": %d,\n  \"clean_up_tokenization_spaces\": false\n}\n", c.max_seq_len);
         atomic_commit(fp, tmp, tok_cfg_out.s);
     }
-    printf("model: %s (step %d): %d layers, D %d, %d heads (%d kv), H %d, vocab %d, %.2fM parameters\n", model_path, step,
-           c.num_layers, c.channels, c.num_heads, c.num_kv_heads, c.hidden, c.vocab_size,
-           (double)(num_parameters(&c) - (size_t)(c.padded_vocab_size - c.vocab_size) * c.channels) / 1e6);
+    printf("model: %s (step %d): %d layers, D %d, %d heads (%d kv), H %d, vocab %d, %s, %s head, %.2fM parameters\n",
+           model_path, step, c.num_layers, c.channels, c.num_heads, c.num_kv_heads, c.hidden, c.vocab_size,
+           activation_names[c.activation], c.untied_head ? "untied" : "tied",
+           (double)(num_parameters(&c) - (size_t)(c.padded_vocab_size - c.vocab_size) * c.channels * (1 + c.untied_head)) / 1e6);
     printf("wrote %s (%d tensors, %s), %s, %s, %s\n", weights.s, n, dtype == ST_F32 ? "F32" : dtype == ST_BF16 ? "BF16" : "F16",
            config.s, tok_out.s, tok_cfg_out.s);
     free(outs);
@@ -660,7 +681,7 @@ static int hf_convert_main(int argc, char** argv) {
     cli_parse(argc, argv, "usage: ./hf_convert --import HF_DIR -o OUT_DIR\n"
               "       ./hf_convert --export MODEL.bin [--tokenizer FILE] [--dtype f32|bf16|f16] -o OUT_DIR\n"
               "       ./hf_convert --tokenizer FILE --encode TEXT\n"
-              "Converts Hugging Face Llama-family checkpoints (ReLU-gated FFN, tied embeddings) to ours and back.",
+              "Converts Hugging Face Llama-family checkpoints (ReLU- or SiLU-gated FFN, tied or untied head) to ours and back.",
               specs, num_specs);
     if ((import_dir != NULL) + (export_model != NULL) + (encode_text != NULL) != 1) {
         fatal("give exactly one of --import, --export and --encode (see --help)");

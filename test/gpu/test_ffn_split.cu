@@ -232,7 +232,7 @@ static void test_kernels(void) {
 
 // the model: permuted units keep the losses; training with hot sets follows the dense path
 static void test_model(void) {
-    GPTConfig c = {512, 512, 2, 128, 4, 4, 512, 64, 10000.0f, 1e-5f};
+    GPTConfig c = {512, 512, 2, 128, 4, 4, 512, 64, 10000.0f, 1e-5f, ACT_RELU, 0};
     int B = 4, T = 64, M = B * T;
     TokenBatch batch = upload_random_batch(M, c.vocab_size, 9);
     std::vector<float> w(num_parameters(&c));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# hf_convert and infer against PyTorch's LlamaForCausalLM(hidden_act="relu"): a small random HF model
-# with its own BPE tokenizer, saved with save_pretrained, converted, run greedily in infer (tokens and
-# logits against HF's), and exported back bit for bit; a checkpoint of ours loaded by transformers.
+# hf_convert and infer against PyTorch's LlamaForCausalLM (hidden_act relu with a tied head, and silu
+# with an untied lm_head): small random HF models with their own BPE tokenizer, saved with
+# save_pretrained, converted, run greedily in infer (tokens and logits against HF's), and exported back
+# bit for bit; a checkpoint of ours loaded by transformers.
 # dev/hf_roundtrip.py does the work and prints the counts. Needs the binaries (make) and python3 with
 # torch, transformers and tokenizers; no network.
 set -u

@@ -20,7 +20,8 @@
    (half the units fire: every TwELL tile overflows, computed from records)
    and on the synthetic-sparse init (few units fire); TwELL with blocks of
    one slot and one record, grown until exact; the decode step as a graph
-   and launched directly, bit-identical.
+   and launched directly, bit-identical; a SiLU model with an untied head
+   (Llama's) on the dense FFN, its logits from lm_head.
  Logits are bf16 after two bf16 layers: max|gpu - cpu| / max|cpu| < 3e-2 (a
  wrong index or a missing unit is O(1)). Every output is poisoned (0xFF, NaN)
  before each run, and a NaN fails.
@@ -298,7 +299,7 @@ static double gpu_script(GPT<bf16, float>* model, InferState<bf16>* m, const Scr
 }
 
 static void test_model(const char* name, bool synthetic) {
-    GPTConfig c = {300, 384, 2, 128, 4, 2, 512, 64, 10000.0f, 1e-5f};
+    GPTConfig c = {300, 384, 2, 128, 4, 2, 512, 64, 10000.0f, 1e-5f, ACT_RELU, 0};
     const int steps = 4;
     uint64_t rng = synthetic ? 404 : 303;
     GPT<bf16, float> model;
@@ -362,6 +363,31 @@ static void test_model(const char* name, bool synthetic) {
     gpt_free(&model);
 }
 
+// a SiLU model with an untied head: the dense FFN (the only one SiLU runs), logits from lm_head
+static void test_model_silu(void) {
+    GPTConfig c = {300, 384, 2, 128, 4, 2, 512, 64, 10000.0f, 1e-5f, ACT_SILU, 1};
+    uint64_t rng = 505;
+    GPT<bf16, float> model;
+    InferState<bf16> m;
+    gpt_build(&model, &c, DEVICE_CUDA);
+    infer_state_alloc(&m, &model, 4, 64, c.max_seq_len);
+    std::vector<float> params(num_parameters(&c));
+    init_params_random(params.data(), &c, 43);
+    for (float& p : params) { p = __bfloat162float(__float2bfloat16(p)); }
+    gpt_load_params(&model, params.data());
+    Script s = cpu_script(&c, params, 4, &rng);
+    std::vector<std::vector<float>> out, direct;
+    model.ffn_mode = FFN_DENSE;
+    double e = gpu_script(&model, &m, s, &out);
+    CHECK(e < 3e-2, "SiLU, untied head: dense GPU logits vs CPU rel err %g", e);
+    printf("  SiLU, untied head, dense: prefill + 4 decode steps, logits rel err %.2e\n", e);
+    m.use_graph = 0;
+    gpu_script(&model, &m, s, &direct);
+    CHECK(direct == out, "SiLU, untied head: decode as a graph and launched directly differ");
+    infer_state_free(&m, &model);
+    gpt_free(&model);
+}
+
 int main(void) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
@@ -371,5 +397,6 @@ int main(void) {
     test_sparse_decode_ffn();
     test_model("random weights", false);
     test_model("synthetic-sparse", true);
+    test_model_silu();
     return test_summary("test_infer");
 }

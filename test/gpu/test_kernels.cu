@@ -11,7 +11,8 @@
  - bf16 outputs: 1e-2. One rounding to bf16 (8 significant bits) is at most 2^-8 = 0.4% of the
    value; fp32 math before it adds ~1e-6. 1e-2 leaves room for that, and an indexing or math error is
    O(1). Where the value is exactly representable (the embedding, relu(g) * u, the residual add),
-   the check is exact instead.
+   the check is exact instead (silu(g) * u is not: the GPU's fp32 exponential may round to the
+   neighbouring bf16, within the 1e-2).
  - fp32 outputs (rstd, losses, row sums, dw, the norm, the optimizer state): 1e-5 (1e-6 for the
    optimizer): fp32 sums of up to a few thousand terms in a different order differ by ~1e-7 relative.
  - double sums (the statistics): 1e-12.
@@ -330,37 +331,40 @@ static void test_rope(int B, int T, int pos0, int NH, int NKV, int hd) {
 }
 
 // ----------------------------------------------------------------------------
-// ReLU gate
+// the gate activation: ReLU, and SiLU (a dense model's)
 
-static void test_gate(int M, int H, bool with_fired) {
+static void test_gate(int M, int H, bool with_fired, int activation = ACT_RELU) {
     char shape[64];
-    snprintf(shape, sizeof(shape), "M %d, H %d%s", M, H, with_fired ? "" : ", fired NULL");
+    snprintf(shape, sizeof(shape), "M %d, H %d%s, %s", M, H, with_fired ? "" : ", fired NULL", activation_names[activation]);
+    const int act = activation;
     const size_t MH = (size_t)M * H;
     std::vector<bf16> g = random_bf16(MH, -0.5, 1), u = random_bf16(MH, 0, 1);
     std::vector<double> gd = to_double(g), ud = to_double(u);
     std::vector<uint8_t> fired_start(H);
     for (int n = 0; n < H; n++) { fired_start[n] = rng_below(&rng, 8) == 0; } // some marks are already set
 
-    // forward: relu(g) * u of two bf16 is exact in double and in fp32, so h must be its rounding, bit for bit
+    // forward: relu(g) * u of two bf16 is exact in double and in fp32, so h must be its rounding, bit for bit;
+    // silu(g) * u within bf16's rounding
     std::vector<double> h_ref(MH), l1_unused(M);
     std::vector<int> active_ref(M);
     std::vector<uint8_t> fired_ref = fired_start;
     relu_gate_forward(h_ref.data(), l1_unused.data(), active_ref.data(), with_fired ? fired_ref.data() : (uint8_t*)NULL,
-                      gd.data(), ud.data(), M, H);
+                      gd.data(), ud.data(), M, H, 0, act);
     std::vector<bf16> h_expected(MH);
     for (size_t i = 0; i < MH; i++) { h_expected[i] = __float2bfloat16_rn((float)h_ref[i]); }
-    std::vector<double> l1_ref(M, 0.0); // the sum of |h| as stored (bf16)
-    for (size_t i = 0; i < MH; i++) { l1_ref[i / H] += fabs(as_double(h_expected[i])); }
 
     bf16 *d_g = upload(g), *d_u = upload(u), *d_h = poisoned<bf16>(MH);
     float* d_l1 = poisoned<float>(M);
     int* d_active = poisoned<int>(M);
     uint8_t* d_fired = with_fired ? upload(fired_start) : NULL;
-    relu_gate_forward(d_h, d_l1, d_active, d_fired, d_g, d_u, M, H);
+    relu_gate_forward(d_h, d_l1, d_active, d_fired, d_g, d_u, M, H, 0, act);
     std::vector<bf16> h = download(d_h, MH);
     std::vector<float> l1 = download(d_l1, M);
     std::vector<int> active = download(d_active, M);
-    check_exact("relu_gate_forward", "h", shape, h, h_expected);
+    if (act == ACT_RELU) { check_exact("relu_gate_forward", "h", shape, h, h_expected); }
+    else { check_close("relu_gate_forward", "h", shape, h, h_ref, 1e-2); }
+    std::vector<double> l1_ref(M, 0.0); // the sum of |h| as stored (bf16; checked above)
+    for (size_t i = 0; i < MH; i++) { l1_ref[i / H] += fabs(as_double(h[i])); }
     check_close("relu_gate_forward", "row_l1", shape, l1, l1_ref, 1e-5);
     check_exact("relu_gate_forward", "row_active", shape, active, active_ref);
     std::vector<uint8_t> fired;
@@ -372,7 +376,7 @@ static void test_gate(int M, int H, bool with_fired) {
     cudaCheck(cudaMemset(d_l1, 0xFF, M * sizeof(float)));
     cudaCheck(cudaMemset(d_active, 0xFF, M * sizeof(int)));
     if (with_fired) { reupload(d_fired, fired_start); }
-    relu_gate_forward(d_h, d_l1, d_active, d_fired, d_g, d_u, M, H);
+    relu_gate_forward(d_h, d_l1, d_active, d_fired, d_g, d_u, M, H, 0, act);
     check_deterministic("relu_gate_forward", "h, row_l1, row_active, fired", shape,
                         same_bits(h, download(d_h, MH)) && same_bits(l1, download(d_l1, M)) &&
                         same_bits(active, download(d_active, M)) &&
@@ -382,20 +386,43 @@ static void test_gate(int M, int H, bool with_fired) {
     const float l1_scale = 0.3f;
     std::vector<bf16> dh = random_bf16(MH, 0, 1);
     std::vector<double> dhd = to_double(dh), h_d = to_double(h), dg_ref(MH), du_ref(MH);
-    relu_gate_backward(dg_ref.data(), du_ref.data(), dhd.data(), gd.data(), ud.data(), h_d.data(), l1_scale, M, H);
+    relu_gate_backward(dg_ref.data(), du_ref.data(), dhd.data(), gd.data(), ud.data(), h_d.data(), l1_scale, M, H, act);
     bf16 *d_dh = upload(dh), *d_dg = poisoned<bf16>(MH), *d_du = poisoned<bf16>(MH);
-    relu_gate_backward(d_dg, d_du, d_dh, d_g, d_u, d_h, l1_scale, M, H);
+    relu_gate_backward(d_dg, d_du, d_dh, d_g, d_u, d_h, l1_scale, M, H, act);
     std::vector<bf16> dg = download(d_dg, MH), du = download(d_du, MH);
     check_close("relu_gate_backward", "dg", shape, dg, dg_ref, 1e-2);
     check_close("relu_gate_backward", "du", shape, du, du_ref, 1e-2);
     // dg written over dh, as the model calls it
     cudaCheck(cudaMemset(d_du, 0xFF, MH * sizeof(bf16)));
-    relu_gate_backward(d_dh, d_du, d_dh, d_g, d_u, d_h, l1_scale, M, H);
+    relu_gate_backward(d_dh, d_du, d_dh, d_g, d_u, d_h, l1_scale, M, H, act);
     check_deterministic("relu_gate_backward", "dg over dh", shape,
                         same_bits(dg, download(d_dh, MH)) && same_bits(du, download(d_du, MH)));
 
     cuda_free(d_g); cuda_free(d_u); cuda_free(d_h); cuda_free(d_l1); cuda_free(d_active); cuda_free(d_fired);
     cuda_free(d_dh); cuda_free(d_dg); cuda_free(d_du);
+}
+
+// the dense FFN forward of inference, y = bf16(act(f Wg^T) * (f Wu^T)) WdT, against its CPU reference
+// in double (which rounds nothing: the GPU rounds g, u, h and y to bf16, within the 1e-2)
+static void test_dense_ffn(int M, int D, int H, int activation) {
+    char shape[64];
+    snprintf(shape, sizeof(shape), "M %d, D %d, H %d, %s", M, D, H, activation_names[activation]);
+    const double w_std = 1.0 / sqrt((double)D);
+    std::vector<bf16> f = random_bf16((size_t)M * D, 0, 1), wg = random_bf16((size_t)H * D, 0, w_std),
+                      wu = random_bf16((size_t)H * D, 0, w_std), wdT = random_bf16((size_t)H * D, 0, w_std);
+    std::vector<double> fd = to_double(f), wgd = to_double(wg), wud = to_double(wu), wdTd = to_double(wdT);
+    std::vector<double> y_ref((size_t)M * D), g_ref((size_t)M * H), u_ref((size_t)M * H);
+    ffn_dense_forward(y_ref.data(), g_ref.data(), u_ref.data(), fd.data(), wgd.data(), wud.data(), wdTd.data(), M, D, H,
+                      (unsigned long long*)NULL, false, activation);
+    bf16 *d_f = upload(f), *d_wg = upload(wg), *d_wu = upload(wu), *d_wdT = upload(wdT);
+    bf16 *d_y = poisoned<bf16>((size_t)M * D), *d_g = poisoned<bf16>((size_t)M * H), *d_u = poisoned<bf16>((size_t)M * H);
+    ffn_dense_forward(d_y, d_g, d_u, d_f, d_wg, d_wu, d_wdT, M, D, H, (unsigned long long*)NULL, false, activation);
+    std::vector<bf16> y = download(d_y, (size_t)M * D);
+    check_close("ffn_dense_forward", "y", shape, y, y_ref, 1e-2);
+    cudaCheck(cudaMemset(d_y, 0xFF, (size_t)M * D * sizeof(bf16)));
+    ffn_dense_forward(d_y, d_g, d_u, d_f, d_wg, d_wu, d_wdT, M, D, H, (unsigned long long*)NULL, false, activation);
+    check_deterministic("ffn_dense_forward", "y", shape, same_bits(y, download(d_y, (size_t)M * D)));
+    cuda_free(d_f); cuda_free(d_wg); cuda_free(d_wu); cuda_free(d_wdT); cuda_free(d_y); cuda_free(d_g); cuda_free(d_u);
 }
 
 // ----------------------------------------------------------------------------
@@ -632,6 +659,13 @@ static void bench(void) {
     }), 6.0 * MH);
     bench_row("relu_gate_backward", shape, median_ms([&] { relu_gate_backward(dg, du, dh, g, u, h, 1e-6f, M, H); }),
               12.0 * MH);
+    // SiLU's (a dense model's): the same bytes, a few more flops
+    bench_row("relu_gate_forward silu", shape, median_ms([&] {
+        cudaCheck(cudaMemsetAsync(fired, 0, H, main_stream));
+        relu_gate_forward(h, row_l1, row_active, fired, g, u, M, H, 0, ACT_SILU);
+    }), 6.0 * MH);
+    bench_row("relu_gate_backward silu", shape,
+              median_ms([&] { relu_gate_backward(dg, du, dh, g, u, h, 0.0f, M, H, ACT_SILU); }), 12.0 * MH);
     cuda_free(g); cuda_free(u); cuda_free(h); cuda_free(dh); cuda_free(dg); cuda_free(du); cuda_free(fired);
 
     bf16 *logits = device_uniform<bf16>(MV, -4, 4), *dlogits = device_uniform<bf16>(MV, -1, 1);
@@ -698,9 +732,14 @@ int main(int argc, char** argv) {
     test_rope(3, 5, 0, 3, 1, 6);        // an odd half (3 pairs)
 
     for (int M : {1, 7, 1000}) {
-        for (int H : {128, 2048, 5632}) { test_gate(M, H, true); }
+        for (int H : {128, 2048, 5632}) {
+            test_gate(M, H, true);
+            test_gate(M, H, true, ACT_SILU);
+        }
     }
     test_gate(33, 5632, false);
+    test_gate(33, 5632, false, ACT_SILU);
+    for (int act : {ACT_RELU, ACT_SILU}) { test_dense_ffn(7, 64, 128, act); test_dense_ffn(300, 256, 704, act); }
 
     test_crossentropy(1, 50257, 50304);
     test_crossentropy(7, 50257, 50304);
