@@ -103,6 +103,24 @@ def check_encodings(name, tok, path):
     check(not bad, f"{name}: hf_convert --encode gives tokenizers' ids on {len(TEST_STRINGS) - len(bad)}/{len(TEST_STRINGS)} strings")
 
 
+def random_llama(V, hidden_act, tied, seed):
+    """a small random LlamaForCausalLM in bf16 (GQA, rope_theta 100000, norm weights other than 1, so that a
+    swapped norm would show)"""
+    rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}
+            if int(transformers.__version__.split(".")[0]) >= 5 else {"rope_theta": 100000.0})
+    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, hidden_act=hidden_act, max_position_embeddings=128,
+                      rms_norm_eps=1e-5, tie_word_embeddings=tied, attention_bias=False, mlp_bias=False,
+                      bos_token_id=0, eos_token_id=0, initializer_range=0.1, **rope)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.uniform_(0.5, 1.5)
+    return model.to(torch.bfloat16)
+
+
 def read_dump(path, V):
     """infer --dump-logits: per sampled token an int32 id and V float32 logits"""
     rec = np.dtype([("id", "<i4"), ("logits", "<f4", (V,))])
@@ -175,19 +193,7 @@ def main():
     print(f"SmolLM2-style tokenizer: {V} tokens, {sum(c not in vocab for c in pre_tokenizers.ByteLevel.alphabet())} bytes without one")
 
     # 2. the HF model, saved in bf16, one file and shards
-    rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": 100000.0}}
-            if int(transformers.__version__.split(".")[0]) >= 5 else {"rope_theta": 100000.0})
-    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, hidden_act="relu", max_position_embeddings=128,
-                      rms_norm_eps=1e-5, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
-                      bos_token_id=0, eos_token_id=0, initializer_range=0.1, **rope)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # norm weights other than 1, so that a swapped norm would show
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.uniform_(0.5, 1.5)
-    model = model.to(torch.bfloat16)
+    model = random_llama(V, "relu", True, 0)
     hf_dir, shard_dir = os.path.join(work, "hf"), os.path.join(work, "hf_sharded")
     model.save_pretrained(hf_dir)
     model.save_pretrained(shard_dir, max_shard_size="100KB")
@@ -242,17 +248,7 @@ def main():
         check(False, f"AutoTokenizer loads the exported tokenizer: {e!r}"[:300])
 
     # 5. a SiLU model with an untied head, as most dense Llama checkpoints are
-    cfg_silu = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=16, hidden_act="silu", max_position_embeddings=128,
-                           rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-                           bos_token_id=0, eos_token_id=0, initializer_range=0.1, **rope)
-    torch.manual_seed(1)
-    silu_model = LlamaForCausalLM(cfg_silu)
-    with torch.no_grad():
-        for p in silu_model.parameters():
-            if p.ndim == 1:
-                p.uniform_(0.5, 1.5)
-    silu_model = silu_model.to(torch.bfloat16)
+    silu_model = random_llama(V, "silu", False, 1)
     check(not torch.equal(silu_model.lm_head.weight, silu_model.model.embed_tokens.weight), "the SiLU model's lm_head is its own")
     silu_dir, ours_silu = os.path.join(work, "hf_silu"), os.path.join(work, "ours_silu")
     silu_model.save_pretrained(silu_dir)

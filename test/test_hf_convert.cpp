@@ -1021,21 +1021,33 @@ static void test_export_import_roundtrip(void) {
     free(params);
 }
 
-static void test_import_variants(void) {
-    GPTConfig c = tiny_config(269);
-    float* params = random_params(&c, 55, ST_BF16);
-    const Path model = tmp_path("model.bin");
-    checkpoint_save_model(model.s, &c, params, 0);
+// a random checkpoint of c (bf16-exact, seeded) exported in bf16 with tokenizer A to the fresh directory
+// *hf (tmp_dir/name; the checkpoint is tmp_dir/name.bin); returns its parameters, its tensors in set
+static float* export_fixture(const GPTConfig* c, uint64_t seed, const char* name, Path* hf, TensorSet* set) {
+    float* params = random_params(c, seed, ST_BF16);
+    char file[64];
+    snprintf(file, sizeof(file), "%s.bin", name);
+    const Path model = tmp_path(file);
+    checkpoint_save_model(model.s, c, params, 0);
     char* tok_text = tokenizer_a();
     const Path tok = tmp_path("tokenizer.json");
     write_text(tok.s, tok_text);
     free(tok_text);
-    Path hf = fresh_dir("hf");
-    const char* exp[] = {"--export", model.s, "--tokenizer", tok.s, "--dtype", "bf16", "-o", hf.s, NULL};
+    *hf = fresh_dir(name);
+    const char* exp[] = {"--export", model.s, "--tokenizer", tok.s, "--dtype", "bf16", "-o", hf->s, NULL};
     convert(exp, NULL, 0);
-    HFPath weights = hf_join(hf.s, "model.safetensors");
+    HFPath weights = hf_join(hf->s, "model.safetensors");
+    load_set(weights.s, set);
+    return params;
+}
+
+static void test_import_variants(void) {
+    GPTConfig c = tiny_config(269);
+    Path hf;
     TensorSet set;
-    load_set(weights.s, &set);
+    float* params = export_fixture(&c, 55, "hf", &hf, &set);
+    const Path tok = tmp_path("tokenizer.json");
+    HFPath weights = hf_join(hf.s, "model.safetensors");
     const Path out = tmp_path("out");
     HFPath out_model = hf_join(out.s, "model.bin");
     const char* imp[] = {"--import", hf.s, "-o", out.s, NULL};
@@ -1286,19 +1298,10 @@ static void test_import_untied(void) {
     GPTConfig c = tiny_config(269);
     c.activation = ACT_SILU;
     c.untied_head = 1;
-    float* params = random_params(&c, 77, ST_BF16);
-    const Path model = tmp_path("model_untied.bin");
-    checkpoint_save_model(model.s, &c, params, 0);
-    char* tok_text = tokenizer_a();
-    const Path tok = tmp_path("tokenizer.json");
-    write_text(tok.s, tok_text);
-    free(tok_text);
-    Path hf = fresh_dir("hf_untied");
-    const char* exp[] = {"--export", model.s, "--tokenizer", tok.s, "--dtype", "bf16", "-o", hf.s, NULL};
-    convert(exp, NULL, 0);
-    HFPath weights = hf_join(hf.s, "model.safetensors");
+    Path hf;
     TensorSet set;
-    load_set(weights.s, &set);
+    float* params = export_fixture(&c, 77, "hf_untied", &hf, &set);
+    HFPath weights = hf_join(hf.s, "model.safetensors");
     const Path out = tmp_path("out_untied");
     HFPath out_model = hf_join(out.s, "model.bin");
     const char* imp[] = {"--import", hf.s, "-o", out.s, NULL};
