@@ -4,7 +4,7 @@
 # GPUs is bit-identical and one on another number works (re-sharded optimizer
 # state); a killed rank makes the other stop with a clear error within the
 # timeout, and the last checkpoint still resumes; SIGTERM stops both ranks at
-# the same step with a complete checkpoint.
+# the same step with a complete checkpoint. The same resumes with an untied head.
 set -u
 cd "$(dirname "$0")/../.."
 passed=0; failed=0
@@ -55,6 +55,20 @@ check "2-GPU resume exits 0" test $? -eq 0
 check "2-GPU resumed log is identical" cmp -s <(strip_timing "$work/two/log.jsonl") <(strip_timing "$work/two_resumed/log.jsonl")
 diff <(strip_timing "$work/two/log.jsonl") <(strip_timing "$work/two_resumed/log.jsonl") | head -n 4
 check "2-GPU resumed checkpoint is identical" cmp -s "$work/two/model_00000020.bin" "$work/two_resumed/model_00000020.bin"
+
+# 2b. an untied output head (lm_head, a ZeRO bucket of its own): the 2-GPU resume is bit-identical, and the
+# checkpoint resumes on 1 GPU (re-sharded)
+two "${small[@]}" --untied-head 1 -b 4 -o "$work/untied" > "$work/untied.txt" 2>&1
+check "2-GPU run with an untied head exits 0" test $? -eq 0
+copy_ckpt "$work/untied" "$work/untied_resumed"
+two "${small[@]}" --untied-head 1 -b 4 -o "$work/untied_resumed" -y 1 > "$work/untied_resumed.txt" 2>&1
+check "untied head: the 2-GPU resumed log is identical" \
+    cmp -s <(strip_timing "$work/untied/log.jsonl") <(strip_timing "$work/untied_resumed/log.jsonl")
+check "untied head: the 2-GPU resumed checkpoint is identical" cmp -s "$work/untied/model_00000020.bin" "$work/untied_resumed/model_00000020.bin"
+copy_ckpt "$work/untied" "$work/untied_one"
+./train_gpt_sparse "${small[@]}" --untied-head 1 -b 4 -d 1024 -o "$work/untied_one" -y 1 > "$work/untied_one.txt" 2>&1
+d=$(max_diff "$work/untied_one" "$work/untied")
+check "untied head: the 2 -> 1 GPU resume follows the 2-GPU run ($d)" below "$d" 0.01
 
 # 3. across GPU counts: 2 -> 1 and 1 -> 2
 copy_ckpt "$work/two" "$work/to_one"
