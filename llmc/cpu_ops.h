@@ -401,6 +401,18 @@ void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T
     }
 }
 
+// h = relu(g) * u over n values without the statistics (a hot unit's h, recomputed in the backward);
+// active (if not NULL) gets the number of g > 0
+template <typename T>
+void relu_mul(T* h, const T* g, const T* u, size_t n, unsigned long long* active) {
+    unsigned long long count = 0;
+    for (size_t i = 0; i < n; i++) {
+        count += g[i] > 0;
+        h[i] = g[i] > 0 ? g[i] * u[i] : 0;
+    }
+    if (active) { *active += count; }
+}
+
 // count[n] += #{m : g[m, n] > 0}: how often each unit fired (the hot/cold choice)
 template <typename T>
 void unit_count_add(uint32_t* count, const T* g, int M, int H) {

@@ -104,7 +104,7 @@ struct SparseFfnLayer {
     int on;                  // this step's choice: 1 sparse, 0 dense
     SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
-    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u, h [M, hot.units]
+    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u [M, hot.units]
     int hot_capacity;        // units the hot buffers hold
 };
 
@@ -141,7 +141,7 @@ struct GPT {
     SparseScratch sparse_scratch; // the GPU kernels' scratch
     int ffn_redone;               // forwards redone after a tail overflow, since gpt_build
     FfnCosts hot_costs;           // what moving units between the hot and cold parts costs (llmc/ffn.h)
-    T *hot_dh, *hot_du;           // [M, hot_scratch_units] the hot units' backward scratch
+    T* hot_scratch;               // [3, M, hot_scratch_units] the hot units' h, dh, du (ffn_split_forward)
     int hot_scratch_units;
     // called by gpt_backward once layer l's gradients are final (l = -1: the
     // embedding and final norm), so that data parallelism can reduce them while
@@ -317,15 +317,13 @@ static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
     int H = model->config.hidden - hot; // cold units
     if (hot > f->hot_capacity) {
         device_free(f->hot.g, model->device);
-        f->hot.g = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), model->device);
+        f->hot.g = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), model->device);
         f->hot.u = f->hot.g + (size_t)M * hot;
-        f->hot.h = f->hot.u + (size_t)M * hot;
         f->hot_capacity = hot;
     }
     if (hot > model->hot_scratch_units) {
-        device_free(model->hot_dh, model->device);
-        model->hot_dh = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), model->device);
-        model->hot_du = model->hot_dh + (size_t)M * hot;
+        device_free(model->hot_scratch, model->device);
+        model->hot_scratch = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), model->device);
         model->hot_scratch_units = hot;
     }
     if (H == 0) { return; }
@@ -394,7 +392,7 @@ void gpt_free(GPT<T, G>* model) {
         device_free(model->ffn[l].hot.g, model->device);
         device_free(model->ffn[l].dense, model->device);
     }
-    device_free(model->hot_dh, model->device);
+    device_free(model->hot_scratch, model->device);
     free(model->ffn);
     device_free(model->tail_used, model->device);
     sparse_transposed_free(&model->transposed, model->device);
@@ -594,26 +592,26 @@ FfnCosts gpt_hot_costs(GPT<T, G>* model, int l, int verbose) {
     // the dense part alone: `units` hot units and no cold ones
     T* probe = (T*)device_malloc(5 * (size_t)M * large * sizeof(T), model->device);
     auto dense = [&](int units) {
-        FfnHot<T> hot = {units, probe, probe + (size_t)M * units, probe + 2 * (size_t)M * units};
+        FfnHot<T> hot = {units, probe, probe + (size_t)M * units};
         return gpt_time(model->device, [&] {
-            ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &hot, a->g, ffn_in, wg, wu, wdT, M, D, units,
-                              &model->sparse_scratch);
+            ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &hot, probe + 2 * (size_t)M * units, a->g,
+                              ffn_in, wg, wu, wdT, M, D, units, &model->sparse_scratch);
             ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &hot, &model->transposed, model->sparse_du,
-                               model->sparse_dg, probe + 3 * (size_t)M * units, probe + 4 * (size_t)M * units, a->d_res,
-                               ffn_in, wg, wu, wdT, 0.0f, M, D, units, &model->sparse_scratch);
+                               model->sparse_dg, probe + 2 * (size_t)M * units, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M,
+                               D, units, &model->sparse_scratch);
         });
     };
     double dense_small = dense(small), dense_large = dense(large);
     device_free(probe, model->device);
-    FfnHot<T> none = {0, NULL, NULL, NULL};
+    FfnHot<T> none = {0, NULL, NULL};
     double gate = gpt_time(model->device, [&] {
         ffn_cold_gate(&f->p, row_active, fired, a->g, ffn_in, wg, D, &model->sparse_scratch);
     });
     double sparse = gpt_time(model->device, [&] {
-        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &none, a->g, ffn_in, wg, wu, wdT, M, D, H,
+        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &none, (T*)NULL, a->g, ffn_in, wg, wu, wdT, M, D, H,
                           &model->sparse_scratch);
         ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &none, &model->transposed, model->sparse_du,
-                           model->sparse_dg, model->hot_dh, model->hot_du, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D,
+                           model->sparse_dg, model->hot_scratch, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D,
                            H, &model->sparse_scratch);
     });
     int* active = (int*)mallocCheck(M * sizeof(int));
@@ -701,7 +699,7 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
             SparseFfnLayer<T>* f = &model->ffn[l];
             gpt_sparse_ensure(model, l);
             ffn_split_forward(a->proj, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M,
-                              model->fired + (size_t)l * H, &f->p, &f->hot, a->g, ffn_in,
+                              model->fired + (size_t)l * H, &f->p, &f->hot, model->hot_scratch, a->g, ffn_in,
                               model->param[P_WG] + (size_t)l * H * D, model->param[P_WU] + (size_t)l * H * D, wdT, M,
                               D, H, &model->sparse_scratch);
         } else {
@@ -787,7 +785,7 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
             // the cold units' six products over their pattern only, the hot units' as dense products
             const SparseFfnLayer<T>* f = &model->ffn[l];
             ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, unit_count, &f->p, &f->hot, &model->transposed,
-                               model->sparse_du, model->sparse_dg, model->hot_dh, model->hot_du, d_res, ffn_in, wg, wu,
+                               model->sparse_du, model->sparse_dg, model->hot_scratch, d_res, ffn_in, wg, wu,
                                wdT, l1_scale, M, D, H, &model->sparse_scratch);
         } else {
             T *g, *u, *h;
