@@ -43,8 +43,9 @@ static void fuzz_one(const uint8_t* data, size_t size) {
     DataLoaderState loader;
     float* m = (float*)malloc(n * sizeof(float));
     float* v = (float*)malloc(n * sizeof(float));
-    int32_t ffn[3];
+    int32_t* ffn = (int32_t*)malloc(ffn_state_ints(c.num_layers) * sizeof(int32_t));
     checkpoint_load_state(dir, 0, &c, 1, 0, &s, &loader, sizeof(loader), m, v, ffn);
+    free(ffn);
     free(m);
     free(v);
 }

@@ -127,10 +127,11 @@ static void checkpoint_seeds(void) {
     put("checkpoint", "model_v1_inf.bin", v1, size);
     free(v1);
     put_poked("checkpoint", "model_huge_vocab.bin", tmp, 2, INT32_MAX);
-    TrainState s = {7, 2, 8, 1, 1, 0, 42};
+    TrainState s = {7, 2, 8, 1, 1, 0, 42, 0};
     DataLoaderState loader;
     memset(&loader, 0, sizeof(loader));
-    const int32_t ffn[3] = {1, 4, 2};
+    int32_t ffn[64] = {1, 4, 2}; // (the first of ffn_state_ints(c.num_layers): one layer sparse, W 4, tail 2)
+    if (ffn_state_ints(c.num_layers) > 64) { abort(); }
     checkpoint_save_state(tmp, &c, &s, &loader, sizeof(loader), params, params, n, ffn);
     put_file("checkpoint", "state.bin", tmp, SIZE_MAX);
     put_poked("checkpoint", "state_two_writers.bin", tmp, 18, 2);

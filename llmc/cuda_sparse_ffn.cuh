@@ -10,7 +10,9 @@
      up          a warp per row, and for a row in the tail one per further W of its entries: one
                  D-long dot product per entry (f . Wu[n])
      down, df    a CTA per (row, column slice), a thread per 8 columns: y_m (df_m) = sum_e a_e A[n_e]
-                 (+ b_e B[n_e])
+                 (+ b_e B[n_e]); a row in the tail: CTAs of up to 16 streams of threads (stream i
+                 takes every S-th entry from entry i) per 64 to 1024 columns, their sums added in
+                 stream order
      transpose   a counting sort by unit over blocks of 64 rows (histogram, scan, fill in row order);
                  its per-unit totals are added to the units' firing counts (the hot/cold choice)
      dh, weights unit-major over the transposed pattern, a warp per (unit, column slice), a CTA for
@@ -48,9 +50,6 @@
 constexpr int SPARSE_ROW_WARPS = 8;      // warps per CTA of the warp-per-row kernels
 constexpr int SPARSE_ROW_BLOCK = 64;     // rows per block of the transpose
 constexpr int SPARSE_STAGE = 256;        // entries a CTA stages in shared memory at a time
-
-// threads of the kernels with a thread per 8 columns of D
-static inline int sparse_col_threads(int D) { return ceil_div(D / 8, 32) * 32; }
 
 __device__ __forceinline__ size_t row_base(const SparsePattern<bf16>& p, int m, int slot) {
     return sparse_row_base(p.M, p.H, p.W, m, slot);
@@ -315,60 +314,139 @@ void sparse_up(SparsePattern<bf16>* p, float* row_l1, const bf16* f, const bf16*
 }
 
 // ----------------------------------------------------------------------------
-// down and df: out_m = sum_e a_e A[n_e] (+ b_e B[n_e]); a CTA per (row, slice
-// of up to 1024 columns), slices outermost (so df's two gathered matrices are
-// read one slice at a time, which L2 holds), the row's entries staged in shared
-// memory, a thread per 8 columns. a NULL: a_e = h_e = bf16(g_e u_e), as the
-// dense path rounds h.
+// down and df: out_m = sum_e a_e A[n_e] (+ b_e B[n_e]) over row m's entries (a
+// NULL: a_e = h_e = bf16(g_e u_e), as the dense path rounds h), fp32 sums
+// rounded once. One launch of CTAs of T threads (a power of two, at most 128),
+// a thread per 8 columns, the entries staged in shared memory SPARSE_STAGE at a
+// time; two kinds of CTA, the tail rows' first:
+// - a tail row (slot s, c entries): S streams of T / S threads each, S the
+//   fewest powers of two (at most T / 8) that keep a stream's share within
+//   GATHER_TAIL_CHAIN entries; stream i takes entries i, i + S, i + 2S, ... and
+//   the streams' sums are added in stream order. A CTA per (slot, 8 T / S
+//   columns): the slot has ceil(D / 64) CTAs, one per 64 columns, and those
+//   inside a wider CTA's columns return at once. S depends on c only, so the
+//   bits do not depend on scheduling; S = 1 is the ELL rows' walk;
+// - an ELL row: a CTA per (row, slice of 8 T columns), slices outermost (df's two
+//   gathered matrices are read one slice at a time, which L2 holds), its threads
+//   walking all of the row's entries; a lost row is NaN.
+// Why the tail rows are split: a thread's walk is a chain of dependent L2 round
+// trips, ~0.27 us an entry (down took 0.96 ms on a trained layer whose busiest
+// row, ~3400 entries, had one CTA per 1024 columns walk them all while the rest
+// of the GPU idled). Now such a row is 32 CTAs of 16 streams of ~213 entries
+// (~60 us; df, two loads an entry, ~95), started first, inside the time the
+// layer's gathers take at the rate the ELL rows reach (~7.3 TB/s: 1.1 GB, 0.15
+// ms; df 0.3). The gathered bytes are unchanged; a tail CTA re-reads its row's
+// entries (6 bytes an entry per 64 columns, against 128 gathered: +5%), and a
+// slot's CTAs that a wider CTA covers cost three dependent loads each.
+constexpr int GATHER_MAX_THREADS = 128;
+constexpr int GATHER_TAIL_COLS = 64;   // a tail CTA's narrowest slice: streams of 8 threads
+constexpr int GATHER_TAIL_CHAIN = 128; // entries a stream walks before its row gets more streams
+// CTAs per SM that the registers must allow: the ELL rows' occupancy before the
+// tail rows had CTAs of their own (34 registers on sm_90a, 32 on sm_80)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int GATHER_MIN_CTAS = 12;
+#else
+constexpr int GATHER_MIN_CTAS = 16;
+#endif
 
-__global__ void sparse_gather_kernel(bf16* out, SparsePattern<bf16> p, const bf16* a, const bf16* A, const bf16* b,
-                                     const bf16* B, int D) {
-    __shared__ uint16_t s_unit[SPARSE_STAGE];
-    __shared__ float s_a[SPARSE_STAGE], s_b[SPARSE_STAGE];
-    const int m = blockIdx.x, col = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+// a CTA's threads: one per 8 columns up to 128, a power of two (so a tail row's streams split them evenly)
+static inline int sparse_gather_threads(int D) {
+    int threads = 32;
+    while (threads < GATHER_MAX_THREADS && threads * 8 < D) { threads *= 2; }
+    return threads;
+}
+
+// the gather's shared memory: a stage of entries, or a tail row's streams' sums (per column of a thread, thread)
+union GatherShared {
+    struct { uint16_t unit[SPARSE_STAGE]; float a[SPARSE_STAGE], b[SPARSE_STAGE]; } stage;
+    float sums[8][GATHER_MAX_THREADS];
+};
+
+// acc += the row's entries e0 .. e0 + c - 1 at the 8 columns from col, a stage at a
+// time; stream `first` of `step` takes every step-th entry (SPARSE_STAGE % step == 0)
+__device__ __forceinline__ void gather_row(float (&acc)[8], GatherShared& s, const SparsePattern<bf16>& p, size_t e0,
+                                           int c, int first, int step, const bf16* a, const bf16* A, const bf16* b,
+                                           const bf16* B, int D, int col) {
+    for (int j0 = 0; j0 < c; j0 += SPARSE_STAGE) {
+        int n = min(SPARSE_STAGE, c - j0);
+        __syncthreads();
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            size_t e = e0 + j0 + j;
+            s.stage.unit[j] = p.unit[e];
+            s.stage.a[j] = a ? __bfloat162float(a[e])
+                             : __bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(p.u[e])));
+            if (B) { s.stage.b[j] = __bfloat162float(b[e]); }
+        }
+        __syncthreads();
+        if (col >= D) { continue; }
+        #pragma unroll 8
+        for (int j = first; j < n; j += step) {
+            Bf16x8 w = load_bf16x8(A + (size_t)s.stage.unit[j] * D + col);
+            for (int i = 0; i < 8; i++) { acc[i] += s.stage.a[j] * __bfloat162float(w.v[i]); }
+            if (B) {
+                Bf16x8 w2 = load_bf16x8(B + (size_t)s.stage.unit[j] * D + col);
+                for (int i = 0; i < 8; i++) { acc[i] += s.stage.b[j] * __bfloat162float(w2.v[i]); }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void store_row(bf16* out, const float (&acc)[8]) {
+    Bf16x8 o;
+    for (int i = 0; i < 8; i++) { o.v[i] = __float2bfloat16_rn(acc[i]); }
+    store_bf16x8(out, o);
+}
+
+// the CTA of tail slot `slot` and 64-column chunk q
+__device__ __forceinline__ void gather_tail(bf16* out, GatherShared& s, const SparsePattern<bf16>& p, int slot, int q,
+                                            const bf16* a, const bf16* A, const bf16* b, const bf16* B, int D) {
+    if (slot >= min(*p.tail_used, p.tail_capacity)) { return; }
+    const int m = p.tail_row[slot], c = p.count[m], max_streams = blockDim.x / 8;
+    int streams = 1;
+    while (streams < max_streams && c > streams * GATHER_TAIL_CHAIN) { streams *= 2; }
+    if (q % (max_streams / streams) != 0) { return; } // inside the columns of chunk q - q % (max_streams / streams)
+    const int lanes = blockDim.x / streams, stream = threadIdx.x / lanes, lane = threadIdx.x % lanes;
+    const int col = q * GATHER_TAIL_COLS + lane * 8;
+    float acc[8] = {};
+    gather_row(acc, s, p, row_base(p, m, slot), c, stream, streams, a, A, b, B, D, col);
+    __syncthreads(); // every stream is done with the staged entries
+    for (int i = 0; i < 8; i++) { s.sums[i][threadIdx.x] = acc[i]; }
+    __syncthreads();
+    if (stream > 0 || col >= D) { return; }
+    for (int k = 1; k < streams; k++) { // stream 0 adds the others' sums, in stream order
+        for (int i = 0; i < 8; i++) { acc[i] += s.sums[i][k * lanes + lane]; }
+    }
+    store_row(out + (size_t)m * D + col, acc);
+}
+
+__global__ void __launch_bounds__(GATHER_MAX_THREADS, GATHER_MIN_CTAS)
+    sparse_gather_kernel(bf16* out, SparsePattern<bf16> p, const bf16* a, const bf16* A, const bf16* b, const bf16* B,
+                         int D) {
+    __shared__ GatherShared s;
+    const int chunks = (D + GATHER_TAIL_COLS - 1) / GATHER_TAIL_COLS, tail_ctas = p.tail_capacity * chunks;
+    if ((int)blockIdx.x < tail_ctas) {
+        gather_tail(out, s, p, blockIdx.x / chunks, blockIdx.x % chunks, a, A, b, B, D);
+        return;
+    }
+    const int r = blockIdx.x - tail_ctas, m = r % p.M, col = (r / p.M * blockDim.x + threadIdx.x) * 8; // slice r / M
     const int slot = p.tail_slot[m];
+    if (slot >= 0) { return; } // a tail row: the CTAs above
     float acc[8] = {};
     if (slot == SPARSE_ROW_LOST) {
         for (int i = 0; i < 8; i++) { acc[i] = NAN; }
     } else {
-        const size_t e0 = row_base(p, m, slot);
-        const int c = p.count[m];
-        for (int j0 = 0; j0 < c; j0 += SPARSE_STAGE) {
-            int n = min(SPARSE_STAGE, c - j0);
-            __syncthreads();
-            for (int j = threadIdx.x; j < n; j += blockDim.x) {
-                size_t e = e0 + j0 + j;
-                s_unit[j] = p.unit[e];
-                s_a[j] = a ? __bfloat162float(a[e])
-                           : __bfloat162float(__float2bfloat16_rn(__bfloat162float(p.g[e]) * __bfloat162float(p.u[e])));
-                if (B) { s_b[j] = __bfloat162float(b[e]); }
-            }
-            __syncthreads();
-            if (col >= D) { continue; }
-            #pragma unroll 8
-            for (int j = 0; j < n; j++) {
-                Bf16x8 w = load_bf16x8(A + (size_t)s_unit[j] * D + col);
-                for (int i = 0; i < 8; i++) { acc[i] += s_a[j] * __bfloat162float(w.v[i]); }
-                if (B) {
-                    Bf16x8 w2 = load_bf16x8(B + (size_t)s_unit[j] * D + col);
-                    for (int i = 0; i < 8; i++) { acc[i] += s_b[j] * __bfloat162float(w2.v[i]); }
-                }
-            }
-        }
+        gather_row(acc, s, p, row_base(p, m, slot), p.count[m], 0, 1, a, A, b, B, D, col);
     }
-    if (col < D) {
-        Bf16x8 o;
-        for (int i = 0; i < 8; i++) { o.v[i] = __float2bfloat16_rn(acc[i]); }
-        store_bf16x8(out + (size_t)m * D + col, o);
-    }
+    if (col < D) { store_row(out + (size_t)m * D + col, acc); }
 }
 
 static void sparse_gather(bf16* out, const SparsePattern<bf16>* p, const bf16* a, const bf16* A, const bf16* b,
                           const bf16* B, int D) {
     if (D % 8 != 0) { fatal("sparse FFN: D %d must be a multiple of 8 on the GPU", D); }
-    const int threads = min(128, sparse_col_threads(D));
-    dim3 grid(p->M, ceil_div(D, threads * 8));
-    sparse_gather_kernel<<<grid, threads, 0, main_stream>>>(out, *p, a, A, b, B, D);
+    const int threads = sparse_gather_threads(D);
+    const long ctas = (long)p->tail_capacity * ceil_div(D, GATHER_TAIL_COLS) + (long)p->M * ceil_div(D, threads * 8);
+    if (ctas > INT_MAX) { fatal("sparse FFN: %ld CTAs for down / df exceed int32", ctas); }
+    sparse_gather_kernel<<<(unsigned)ctas, threads, 0, main_stream>>>(out, *p, a, A, b, B, D);
     cudaCheck(cudaGetLastError());
 }
 

@@ -36,7 +36,7 @@ static void load_state_as(const char* dir, int step, const GPTConfig* c) {
     size_t n = num_parameters(c);
     float* m = (float*)mallocCheck(n * sizeof(float));
     float* v = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn[3 * 2];
+    int32_t ffn[4 * 2 + 4]; // ffn_state_ints of c's 2 layers
     checkpoint_load_state(dir, step, c, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
 }
 
@@ -155,7 +155,7 @@ static void test_resharding(void) {
             TrainState s = {40, 2, 32, 1, writers, r, 99, 0};
             state_path(path, sizeof(path), dir.s, 40, r);
             CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
-            const int32_t ffn[3 * 2] = {1, 64, 100 + r, 0, 32, 200 + r}; // tails sized per rank
+            const int32_t ffn[4 * 2 + 4] = {1, 64, 100 + r, 0, 0, 32, 200 + r, 0}; // tails sized per rank
             checkpoint_save_state(path, &c, &s, loader, sizeof(loader), pm, pv, z.owned, ffn);
             free(pm);
             free(pv);
@@ -176,10 +176,10 @@ static void test_resharding(void) {
                 zero_pack(want_v, v, &z);
                 TrainState s;
                 char loader2[24];
-                int32_t ffn[3 * 2] = {0};
+                int32_t ffn[4 * 2 + 4] = {0};
                 int has_ffn = checkpoint_load_state(dir.s, 40, &c, readers, r, &s, loader2, sizeof(loader2), got_m, got_v, ffn);
                 int from = readers == writers ? r : 0; // its own file, or rank 0's when re-sharded
-                CHECK(has_ffn && ffn[0] == 1 && ffn[1] == 64 && ffn[2] == 100 + from && ffn[5] == 200 + from,
+                CHECK(has_ffn && ffn[0] == 1 && ffn[1] == 64 && ffn[2] == 100 + from && ffn[6] == 200 + from,
                       "written by %d, read by rank %d of %d: FFN state of rank %d, want %d", writers, r, readers,
                       ffn[2] - 100, from);
                 CHECK(memcmp(got_m, want_m, z.owned * sizeof(float)) == 0 &&

@@ -3,8 +3,9 @@
  synthetic-sparse inputs (docs/SPARSE.md) at k = 8, 30, 100, 300 uniform and k = 30
  realistic, with ELL width 64 (so the k = 100 and 300 rows and the realistic
  hot rows overflow into the tail), realistic units of thousands of entries
- (weight gradients summed in parts), odd shapes and M = 70000 (token indices
- past 16 bits):
+ (weight gradients summed in parts), rows of thousands of entries (tail rows
+ that down and df split over streams of threads), odd shapes and M = 70000
+ (token indices past 16 bits):
  - the pattern (counts, tail slots, units, g) and the transposed pattern equal
    the CPU reference's (llmc/sparse_ffn.h) on the same g, bit for bit;
  - y, l1, df and the three weight gradients equal the dense GPU path's
@@ -14,6 +15,8 @@
    exactly the rows past it come out NaN, and after growing the tail to the
    count the run matches the dense path: nothing is dropped;
  - two runs give the same bits;
+ - down and df against the CPU reference on the GPU's own pattern, row by row,
+   with and without lost rows (every column of a lost row NaN);
  - dh and the weight gradients (unit-major, llmc/cuda_sparse_ffn.cuh) against
    the CPU reference on the GPU's own pattern, with and without lost rows:
    du, dg at every entry and each unit's gradient rows, outputs poisoned;
@@ -99,6 +102,70 @@ static double worst_rel(const std::vector<float>& got, const std::vector<double>
     return worst;
 }
 
+// the GPU's pattern p as a CPU one (fp32 values) in cp, allocated here: the
+// counts, slots and entries, what the CPU products read
+static void pattern_to_cpu(SparsePattern<float>* cp, int* cpu_tail_used, const SparsePattern<bf16>* p) {
+    const int M = p->M;
+    const size_t n = sparse_entries(M, p->H, p->W, p->tail_capacity);
+    sparse_pattern_alloc(cp, M, p->H, p->W, p->tail_capacity, cpu_tail_used, DEVICE_CPU);
+    std::vector<int> count = download(p->count, M), slot = download(p->tail_slot, M);
+    std::vector<uint16_t> unit = download(p->unit, n);
+    std::vector<float> g = to_float(download(p->g, n)), u = to_float(download(p->u, n));
+    memcpy(cp->count, count.data(), M * sizeof(int));
+    memcpy(cp->tail_slot, slot.data(), M * sizeof(int));
+    memcpy(cp->unit, unit.data(), n * sizeof(uint16_t));
+    memcpy(cp->g, g.data(), n * sizeof(float));
+    memcpy(cp->u, u.data(), n * sizeof(float));
+}
+
+// down and df on the GPU (got.y, got.df, from sparse_ffn) against the CPU
+// reference (sparse_down, sparse_df) on the GPU's pattern, g, u, du, dg and
+// the same bf16 weights, row by row: ||got_m - ref_m|| within 1% of ||ref_m||
+// plus 1e-3 of the rows' rms norm (the GPU rounds h and the outputs to bf16,
+// and sums a tail row's entries by streams); every column of a lost row NaN,
+// no NaN in any other row.
+static void check_down_df(const Case* c, const SparsePattern<bf16>* p, const bf16* du, const bf16* dg,
+                          const Outputs& got, const std::vector<float>& hwdT, const std::vector<float>& hwu,
+                          const std::vector<float>& hwg, const char* what) {
+    const int M = c->M, D = c->D;
+    const size_t n = sparse_entries(M, p->H, p->W, p->tail_capacity);
+    int cpu_tail_used = 0;
+    SparsePattern<float> cp;
+    pattern_to_cpu(&cp, &cpu_tail_used, p);
+    std::vector<float> gdu = to_float(download(du, n)), gdg = to_float(download(dg, n));
+    std::vector<float> ref_y((size_t)M * D), ref_df((size_t)M * D);
+    sparse_down(ref_y.data(), &cp, hwdT.data(), D);
+    sparse_df(ref_df.data(), &cp, gdu.data(), gdg.data(), hwu.data(), hwg.data(), D);
+    int lost_nan = 1, most = 0;
+    double e[2];
+    const std::vector<float>* gots[2] = {&got.y, &got.df};
+    const std::vector<float>* refs[2] = {&ref_y, &ref_df};
+    for (int r = 0; r < 2; r++) {
+        std::vector<double> diff(M, 0), norm(M, 0);
+        double mean_sq = 0;
+        int nan = 0;
+        for (int m = 0; m < M; m++) {
+            const float *gm = gots[r]->data() + (size_t)m * D, *rm = refs[r]->data() + (size_t)m * D;
+            const bool lost = cp.tail_slot[m] == SPARSE_ROW_LOST;
+            for (int i = 0; i < D; i++) {
+                if (lost) { lost_nan &= isnan(gm[i]); continue; }
+                nan |= isnan(gm[i]);
+                diff[m] += ((double)gm[i] - rm[i]) * ((double)gm[i] - rm[i]), norm[m] += (double)rm[i] * rm[i];
+            }
+            mean_sq += norm[m] / M;
+            if (!lost) { most = std::max(most, cp.count[m]); }
+        }
+        e[r] = nan ? INFINITY : 0.0;
+        for (int m = 0; m < M; m++) { e[r] = fmax(e[r], sqrt(diff[m]) / (sqrt(norm[m]) + 1e-3 * sqrt(mean_sq) + 1e-30)); }
+    }
+    CHECK(e[0] < 1e-2 && e[1] < 1e-2, "%s: down, df against the CPU reference: worst row's rel err %.3g, %.3g", what,
+          e[0], e[1]);
+    CHECK(lost_nan, "%s: down, df: every column of a lost row is NaN", what);
+    printf("  down, df against the CPU reference: worst row's rel err y %.2e df %.2e (rows of up to %d entries)\n", e[0],
+           e[1], most);
+    sparse_pattern_free(&cp, DEVICE_CPU);
+}
+
 // dh and the weight gradients on the GPU (sparse_dh_weight_grads, after its
 // transpose) against the CPU reference on the same pattern, g and u (the GPU's,
 // lost rows included) and the same bf16 inputs (hf, hdy, hwdT): du and dg at
@@ -112,15 +179,7 @@ static void check_dh_weight_grads(Case* c, const SparsePattern<bf16>* p, SparseT
     const size_t n = sparse_entries(M, H, W, tail), HD = (size_t)H * D;
     int cpu_tail_used = 0;
     SparsePattern<float> cp;
-    sparse_pattern_alloc(&cp, M, H, W, tail, &cpu_tail_used, DEVICE_CPU);
-    std::vector<int> count = download(p->count, M), slot = download(p->tail_slot, M);
-    std::vector<uint16_t> unit = download(p->unit, n);
-    std::vector<float> g = to_float(download(p->g, n)), u = to_float(download(p->u, n));
-    memcpy(cp.count, count.data(), M * sizeof(int));
-    memcpy(cp.tail_slot, slot.data(), M * sizeof(int));
-    memcpy(cp.unit, unit.data(), n * sizeof(uint16_t));
-    memcpy(cp.g, g.data(), n * sizeof(float));
-    memcpy(cp.u, u.data(), n * sizeof(float));
+    pattern_to_cpu(&cp, &cpu_tail_used, p);
     SparseTransposed ct;
     sparse_transposed_alloc(&ct, H, D, n, DEVICE_CPU);
     sparse_transpose(&ct, &cp, (SparseScratch*)NULL);
@@ -140,9 +199,9 @@ static void check_dh_weight_grads(Case* c, const SparsePattern<bf16>* p, SparseT
     std::vector<float> du_got, dg_got; // at the stored entries
     std::vector<double> du_ref, dg_ref;
     for (int m = 0; m < M; m++) {
-        if (slot[m] == SPARSE_ROW_LOST) { continue; }
-        size_t e = sparse_row_base(M, H, W, m, slot[m]);
-        for (int j = 0; j < count[m]; j++, e++) {
+        if (cp.tail_slot[m] == SPARSE_ROW_LOST) { continue; }
+        size_t e = sparse_row_base(M, H, W, m, cp.tail_slot[m]);
+        for (int j = 0; j < cp.count[m]; j++, e++) {
             du_got.push_back(got_du[e]), dg_got.push_back(got_dg[e]);
             du_ref.push_back(ref_du[e]), dg_ref.push_back(ref_dg[e]);
         }
@@ -244,17 +303,24 @@ static void check_fused_gate(Case* c, const std::vector<float>& f, const std::ve
     cuda_free(tail_used);
 }
 
-static void run_case(int M, int D, int H, int W, double k, int realistic) {
+// busy: a few rows fire thousands of units (their bias carrier at 0: every unit, a dead one too, fires
+// with probability 1/2; at 0.25: a few times more often than the realistic busy rows' 0.5)
+static void run_case(int M, int D, int H, int W, double k, int realistic, int busy = 0) {
     Case c;
     c.M = M, c.D = D, c.H = H, c.W = W;
     size_t MD = (size_t)M * D, HD = (size_t)H * D, MH = (size_t)M * H;
     std::vector<float> f(MD), wg(HD), wu(HD), wdT(HD), dy(MD);
     sparse_synthetic_ffn(f.data(), wg.data(), wu.data(), wdT.data(), M, D, H, k, realistic, 1000 + (uint64_t)k);
+    if (busy) {
+        for (int m : {1, M / 2, M - 1}) { f[(size_t)m * D + D - 1] = 0.0f; }
+        f[(size_t)(M / 3) * D + D - 1] = 0.25f;
+    }
     uint64_t rng = 99 + (uint64_t)k;
     for (float& x : dy) { x = (float)rng_normal(&rng); }
     c.grad0.resize(HD);
     for (float& x : c.grad0) { x = (float)(0.01 * rng_normal(&rng)); }
     std::vector<float> f_bf16 = to_float(to_bf16(f)), dy_bf16 = to_float(to_bf16(dy)), wdT_bf16 = to_float(to_bf16(wdT));
+    std::vector<float> wu_bf16 = to_float(to_bf16(wu)), wg_bf16 = to_float(to_bf16(wg));
     c.d_f = upload(to_bf16(f)), c.d_wg = upload(to_bf16(wg)), c.d_wu = upload(to_bf16(wu));
     c.d_wdT = upload(to_bf16(wdT)), c.d_dy = upload(to_bf16(dy));
     for (bf16** p : {&c.d_g, &c.d_u, &c.d_h, &c.d_dh, &c.d_du}) { *p = (bf16*)cuda_malloc(MH * sizeof(bf16)); }
@@ -264,7 +330,8 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
     c.d_active = (int*)cuda_malloc(M * sizeof(int));
     c.d_fired = (uint8_t*)cuda_malloc(H);
     char what[96];
-    snprintf(what, sizeof(what), "M %d D %d H %d W %d k %g %s", M, D, H, W, k, realistic ? "realistic" : "uniform");
+    snprintf(what, sizeof(what), "M %d D %d H %d W %d k %g %s%s", M, D, H, W, k, realistic ? "realistic" : "uniform",
+             busy ? ", busy rows" : "");
     printf("%s\n", what);
 
     // dense reference
@@ -325,6 +392,7 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
             CHECK(lost == needed - tail, "%s: %d rows lost, expected %d", what, lost, needed - tail);
             CHECK(ok, "%s: exactly the lost rows are NaN", what);
             printf("  forced overflow: tail %d of %d needed, %d rows NaN and counted\n", tail, needed, lost);
+            check_down_df(&c, &p, du, dg, got, wdT_bf16, wu_bf16, wg_bf16, what);
             check_dh_weight_grads(&c, &p, &t, &s, du, dg, f_bf16, dy_bf16, wdT_bf16, what);
         } else {
             // the pattern and its transpose equal the CPU reference's
@@ -350,8 +418,9 @@ static void run_case(int M, int D, int H, int W, double k, int realistic) {
             }
             CHECK(tr_same, "%s: transposed pattern equals the CPU reference's", what);
             check_close(got, ref, what);
+            check_down_df(&c, &p, du, dg, got, wdT_bf16, wu_bf16, wg_bf16, what);
             if (s.gate_words && D % TWELL_D_MULTIPLE == 0) {
-                check_fused_gate(&c, to_float(to_bf16(f)), to_float(to_bf16(wg)), count, slot, unit, pg, &s, what);
+                check_fused_gate(&c, f_bf16, wg_bf16, count, slot, unit, pg, &s, what);
             } else {
                 printf("  fused gate: not on this GPU or shape (compute capability 9.0 and D %% 64 == 0)\n");
             }
@@ -419,6 +488,7 @@ int main(void) {
     run_case(M, D, H, W, 30, 1);
     run_case(1024, 256, 1024, 32, 300, 0); // H % 256 == 0: the fused gate's records in g, every tile one
     run_case(8192, 256, 512, 64, 30, 1); // units of thousands of entries: weight gradients by parts, in slots or whole
+    run_case(2048, 1024, 4096, 64, 30, 1, 1); // rows of ~700 to ~2000 entries: down and df by up to 16 streams
     run_case(1000, 200, 96, 16, 6, 1); // shapes not multiples of the tiles (D/8 = 25 threads)
     run_case(70000, 64, 64, 8, 4, 1);  // token indices past 16 bits
     test_dead_reinit();
