@@ -39,14 +39,15 @@ train_gpt_sparse: train_gpt_sparse.cu $(HEADERS) $(CUDA_HEADERS)
 infer: infer.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 
-tokenize: dev/data/tokenize.cpp $(HEADERS)
+# the tools that ship beside the two binaries (tools/; dev/ holds benchmarks and development aids)
+tokenize: tools/tokenize.cpp $(HEADERS)
 	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
 
-hf_convert: dev/hf_convert.cpp $(HEADERS)
+hf_convert: tools/hf_convert.cpp $(HEADERS)
 	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
 
 # the converter's test includes its source
-build/test_hf_convert build/san/test_hf_convert: dev/hf_convert.cpp
+build/test_hf_convert build/san/test_hf_convert: tools/hf_convert.cpp
 # the screened gate's CPU and GPU tests share their adversarial rows
 build/test_screened_gate build/san/test_screened_gate build/gpu/test_screened_gate: test/screened_gate_rows.h
 

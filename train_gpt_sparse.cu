@@ -16,11 +16,9 @@
  model with data parallelism and a sharded optimizer (llmc/zero.cuh).
 */
 #include <cuda_runtime.h>
-#include <dirent.h>
 #include <omp.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "llmc/adamw.h"
 #include "llmc/checkpoint.h"
@@ -30,6 +28,7 @@
 #include "llmc/logger.h"
 #include "llmc/optimizer.h"
 #include "llmc/sampler.h"
+#include "llmc/synthetic.h"
 #include "llmc/tokenizer.h"
 #include "llmc/watchdog.h"
 
@@ -157,8 +156,10 @@ static int run_files(const char* dir, int remove) {
 // "the newest complete checkpoint is <path>" or "<dir> holds no complete checkpoint", for messages
 static void describe_newest(char* out, size_t len, const char* dir) {
     int newest = checkpoint_latest(dir, 1);
-    if (newest < 0) { snprintf(out, len, "%s holds no complete checkpoint", dir); }
-    else { snprintf(out, len, "the newest complete checkpoint is %s/model_%08d.bin", dir, newest); }
+    if (newest < 0) { snprintf(out, len, "%s holds no complete checkpoint", dir); return; }
+    char path[4096];
+    model_path(path, sizeof(path), dir, newest);
+    snprintf(out, len, "the newest complete checkpoint is %s", path);
 }
 
 typedef struct {
@@ -178,7 +179,7 @@ typedef struct {
     int inject_nan_moment;
     float lambda;
     int ffn_mode;              // FfnMode (llmc/gpt.h)
-    int dead_reinit;           // 1: MODEL.md's dead-neuron re-initialisation after each step
+    int dead_reinit;           // 1: docs/MODEL.md's dead-neuron re-initialisation after each step
     float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
     float hot_rate;            // a fixed firing rate above which an FFN unit is hot (llmc/ffn.h); 0: none, < 0: measured costs
     ProcessInfo proc;          // this process of the data-parallel run
@@ -199,11 +200,12 @@ typedef struct {
 } Sampler;
 
 static void print_sample(Sampler* s, const SamplerConfig* cfg, uint64_t* rng, int count) {
-    const GPT<float, float>* model = &s->model;
-    int token = s->tokenizer.eot_token;
+    GPT<float, float>* model = &s->model;
+    int token = s->tokenizer.eot_token, one = 1;
     printf("---\n");
     for (int pos = 0; pos < count && pos < model->config.max_seq_len; pos++) {
-        gpt_forward_cached(model, &s->state, &token, 1, pos);
+        if (pos == 0) { gpt_prefill(model, &s->state, &token, &one, 1, (float*)NULL); }
+        else { gpt_decode(model, &s->state, &token, &pos, 1, (float*)NULL); }
         token = sample_token(s->state.logits, model->config.vocab_size, cfg, rng, s->scratch);
         if (token == s->tokenizer.eot_token) { break; }
         size_t len = 0;
@@ -314,14 +316,12 @@ double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, 
 static void save_checkpoint(const Options* o, int step, const float* params, const TrainState* state,
                             const DataLoaderState* loader_state, const float* m, const float* v, size_t owned,
                             const int32_t* ffn) {
-    char path[4096];
-    if (o->proc.rank == 0) {
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, step);
-        checkpoint_save_model(path, &o->config, params, step);
-    }
+    char path[4096], model[4096];
+    model_path(model, sizeof(model), o->out_dir, step);
+    if (o->proc.rank == 0) { checkpoint_save_model(model, &o->config, params, step); }
     state_path(path, sizeof(path), o->out_dir, step, o->proc.rank);
     checkpoint_save_state(path, &o->config, state, loader_state, sizeof(*loader_state), m, v, owned, ffn);
-    if (o->proc.rank == 0) { printf("checkpoint: %s/model_%08d.bin\n", o->out_dir, step); }
+    if (o->proc.rank == 0) { printf("checkpoint: %s\n", model); }
 }
 
 // What the run does with its output directory, said in one line: continue the
@@ -428,7 +428,7 @@ int train(const Options* o, Device device) {
     int start_step = choose_start(o);
     if (start_step >= 0) {
         GPTConfig ckpt_config;
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", o->out_dir, start_step);
+        model_path(path, sizeof(path), o->out_dir, start_step);
         int model_step;
         float* params = checkpoint_load_model(path, &ckpt_config, &model_step);
         if (model_step != start_step) {
@@ -475,8 +475,8 @@ int train(const Options* o, Device device) {
         dataloader_set_state(&train_loader, &loader_state);
         if (master) {
             log_truncate_after_step(log_path, start_step);
-            printf("resumed from %s/model_%08d.bin at step %d (of %d)\n", o->out_dir, start_step, start_step,
-                   o->optim.total_steps);
+            model_path(path, sizeof(path), o->out_dir, start_step);
+            printf("resumed from %s at step %d (of %d)\n", path, start_step, o->optim.total_steps);
         }
     } else {
         if (o->synthetic_k > 0) {
@@ -521,7 +521,7 @@ int train(const Options* o, Device device) {
             tokenizer_free(&sampler.tokenizer);
         } else {
             gpt_build(&sampler.model, config, DEVICE_CPU);
-            infer_state_alloc(&sampler.state, config, 1);
+            infer_state_alloc(&sampler.state, &sampler.model, 1, 1, config->max_seq_len);
             sampler.scratch = (ProbIndex*)mallocCheck(config->vocab_size * sizeof(ProbIndex));
         }
     }
@@ -601,9 +601,10 @@ int train(const Options* o, Device device) {
                 if (o->ckpt_every < 0) {
                     printf("stopped at step %d of %d (%s); no checkpoint (-n -1)\n", step, total, why);
                 } else {
-                    printf("stopped at step %d of %d (%s): the checkpoint is %s/model_%08d.bin; to continue, run the "
-                           "same command %s\n", step, total, why, o->out_dir, step,
-                           o->resume ? "again" : "with --resume 1");
+                    char model[4096];
+                    model_path(model, sizeof(model), o->out_dir, step);
+                    printf("stopped at step %d of %d (%s): the checkpoint is %s; to continue, run the same command %s\n",
+                           step, total, why, model, o->resume ? "again" : "with --resume 1");
                 }
             }
             break;
@@ -694,7 +695,7 @@ int train(const Options* o, Device device) {
 
     if (zero) { cudaCheck(cudaStreamSynchronize(zero->stream)); } // the last all-gather, before anything is freed
     if (sampling) {
-        infer_state_free(&sampler.state);
+        infer_state_free(&sampler.state, &sampler.model);
         free(sampler.scratch);
         gpt_free(&sampler.model);
         tokenizer_free(&sampler.tokenizer);

@@ -15,7 +15,7 @@
  from the dense run's counts, as the model does from the previous step's.
 
  With "model", the whole model instead: training steps of a preset shape with
- the synthetic-sparse initialisation of llmc/gpt.h (benchmark-only), --ffn
+ the synthetic-sparse initialisation of llmc/synthetic.h (benchmark-only), --ffn
  dense against --ffn sparse on the same micro-batch: tok/s and device memory.
 
  usage: build/dev/bench_ffn [M D H] [trained MODEL [LAYER]]   BENCH_ONLY="uniform k=30" runs that pattern only
@@ -27,6 +27,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/gpt.h"
 #include "llmc/optimizer.h"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 
 static double used_gib(void) {

@@ -5,15 +5,8 @@
 
  usage: build/dev/bench_model PRESET B T [steps]    e.g. 1.5b 4 2048 10
 */
-#include <time.h>
 #include "llmc/optimizer.h"
 #include "test/gpu/gpu_util.cuh"
-
-static double seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char** argv) {
     if (argc < 4) { fatal("usage: %s PRESET B T [steps]", argv[0]); }
@@ -39,21 +32,21 @@ int main(int argc, char** argv) {
     double t_prefill = 0;
     for (int i = 0; i < steps + 2; i++) {
         cudaCheck(cudaDeviceSynchronize());
-        double t0 = seconds();
+        double t0 = now_seconds();
         gpt_forward(&model, d_in, (const int*)NULL, B, T, 0.0f);
         cudaCheck(cudaDeviceSynchronize());
-        if (i >= 2) { t_prefill += seconds() - t0; }
+        if (i >= 2) { t_prefill += now_seconds() - t0; }
     }
     double t_train = 0;
     for (int i = 0; i < steps + 2; i++) {
-        double t0 = seconds();
+        double t0 = now_seconds();
         gpt_zero_grad(&model);
         gpt_stats_reset(&model);
         gpt_forward(&model, d_in, d_tg, B, T, 1.0f / M);
         gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
         optimizer_step(&opt, &model, &oc, 1e-4f, i + 1);
         gpt_stats_read(&model, M);
-        if (i >= 2) { t_train += seconds() - t0; }
+        if (i >= 2) { t_train += now_seconds() - t0; }
     }
     size_t free_b, total_b;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));

@@ -2,7 +2,7 @@
  Times the screened decode gate (llmc/cuda_screened_gate.cuh) in the sparse
  decode FFN against today's sparse decode FFN and the dense decode FFN, at
  the standard width (D 2048, H 5632), for B = 1, 2, 4, 8 rows, on the
- synthetic-sparse gates of SPARSE.md (sparse_synthetic_ffn: uniform k = 30,
+ synthetic-sparse gates of docs/SPARSE.md (sparse_synthetic_ffn: uniform k = 30,
  and realistic k = 30):
  - dense: g and u by the decode GEMV, h = relu(g) u, y = h WdT by cuBLASLt
    (the kernels of gpu_ffn_dense_decode);
@@ -23,7 +23,8 @@
 #include <stdlib.h>
 #include <vector>
 #include "llmc/cuda_screened_gate.cuh"
-#include "llmc/sparse_ffn.h"
+#include "llmc/cuda_sparse_decode.cuh"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 
 static const int D = 2048, H = 5632, MAX_B = 8;
@@ -35,7 +36,7 @@ static bf16* upload_bf16(const std::vector<float>& x) {
 }
 
 int main(int argc, char** argv) {
-    using namespace infer_detail;
+    using namespace sparse_decode_detail;
     const int iters = argc > 1 ? atoi(argv[1]) : 50;
     if (iters < 1) { fatal("bench_screened_gate: iters %s must be a positive count", argv[1]); }
     cudaDeviceProp prop;

@@ -1,6 +1,6 @@
 /*
  Times the TwELL sparse FFN forward (llmc/cuda_twell.cuh) against the dense
- cuBLAS gated FFN at the standard point of SPARSE.md: M 16384 tokens, D 2048,
+ cuBLAS gated FFN at the standard point of docs/SPARSE.md: M 16384 tokens, D 2048,
  H 5632, bf16, inputs as its "Measuring" section says (f rows N(0, 1) with the
  last feature a carrier 1.0, 0.5 on the first 1% of rows of the realistic
  pattern; Wg rows N(0, 1/(D-1)) with last column -Phi^-1(1 - p_n); Wu N(0, 1/D),
@@ -42,6 +42,7 @@
 #include <vector>
 #include "llmc/cuda_twell.cuh"
 #include "llmc/rng.h"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 
 static const int M = 16384, D = 2048, H = 5632;
@@ -82,15 +83,6 @@ static void fill_normal(std::vector<bf16>& x, int rows, int cols, double std, ui
         uint64_t state = rng_mix64(seed * 0x9E3779B97F4A7C15ull + (uint64_t)r);
         for (int c = 0; c < cols; c++) { x[(size_t)r * cols + c] = __float2bfloat16_rn((float)(std * rng_normal(&state))); }
     }
-}
-
-static double normal_tail_inverse(double p) { // t with P(N(0,1) > t) = p
-    double lo = -40, hi = 40;
-    for (int it = 0; it < 200; it++) {
-        double mid = 0.5 * (lo + hi);
-        (0.5 * erfc(mid / sqrt(2.0)) > p ? lo : hi) = mid;
-    }
-    return 0.5 * (lo + hi);
 }
 
 static std::vector<double> firing_probabilities(double k, bool realistic, uint64_t seed) {
@@ -186,7 +178,7 @@ int main(int argc, char** argv) {
             for (int i = 0; i < pat.hot; i++) { hot_share += p[order[i]] / total; p[order[i]] = 0.0; }
         }
         for (int n = 0; n < H; n++) {
-            wg[(size_t)n * D + D - 1] = __float2bfloat16_rn((float)-(p[n] > 0 ? normal_tail_inverse(p[n]) : 40.0));
+            wg[(size_t)n * D + D - 1] = __float2bfloat16_rn((float)-(p[n] > 0 ? normal_quantile(1.0 - p[n]) : 40.0));
         }
         for (int m = 0; m < M; m++) {
             f[(size_t)m * D + D - 1] = __float2bfloat16_rn(pat.realistic && m < M / 100 ? 0.5f : 1.0f);
@@ -227,9 +219,7 @@ int main(int argc, char** argv) {
             if (st.ok) { break; }
             printf("  grow: records %d -> %lld, and run again\n", ffn.tw.record_capacity, st.records_needed);
             long long records = std::max(st.records_needed + st.records_needed / 4, (long long)ffn.tw.record_capacity);
-            twell_ffn_free(&ffn);
-            ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, (int)records);
-            ffn.choice = TWELL_FORCE_SPARSE;
+            twell_ffn_grow(&ffn, (int)records);
         }
         r.err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
         TwellStatus st = twell_ffn_status(&ffn);

@@ -13,12 +13,13 @@ prints the mean per launch and per occurrence, the largest first.
 """
 import collections
 import csv
+import re
 import sys
 
 
 def short(name):
     """the kernel's name without namespaces and template arguments' namespaces"""
-    return name.replace("void ", "").replace("infer_detail::", "").replace("twell_detail::", "")[:60]
+    return re.sub(r"\w+_detail::", "", name.replace("void ", ""))[:60]
 
 
 def main():

@@ -272,6 +272,11 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     atomic_commit(fp, tmp, path);
 }
 
+// the files of the checkpoint of `step` in dir (see the top of the file)
+static inline void model_path(char* out, size_t len, const char* dir, int step) {
+    snprintf(out, len, "%s/model_%08d.bin", dir, step);
+}
+
 static inline void state_path(char* out, size_t len, const char* dir, int step, int rank) {
     snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, rank);
 }
@@ -421,7 +426,7 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
 // 1 if dir holds the model file of `step` and the state files of every process that wrote it
 static inline int checkpoint_complete(const char* dir, int step) {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/model_%08d.bin", dir, step);
+    model_path(path, sizeof(path), dir, step);
     if (access(path, R_OK) != 0) { return 0; }
     state_path(path, sizeof(path), dir, step, 0);
     FILE* fp = fopen(path, "rb");

@@ -137,6 +137,13 @@ void gemm(T* C, const T* A, const T* B, int M, int N, int K, int trans_a, int tr
     else { fatal("gemm: both operands transposed is not a form the model uses"); }
 }
 
+// a linear layer of a decode step, y[B,N] = x W^T (W [N,K]): the plain product
+// here; the GPU has a GEMV for few rows
+template <typename T>
+void decode_linear(T* y, const T* x, const T* w, int B, int N, int K) {
+    gemm(y, x, w, B, N, K, 0, 1, 0);
+}
+
 // C1 = A B1^T and C2 = A B2^T: two nt products of one A (the GPU runs them as one batched product)
 template <typename T>
 void gemm_pair(T* C1, T* C2, const T* A, const T* B1, const T* B2, int M, int N, int K) {
@@ -155,6 +162,12 @@ void encoder_forward(T* out, const int* tokens, const T* wte, int M, int D) {
     }
 }
 
+// out[r] = in[rows[r]] for r < n: the embedding's gather, for any table of rows
+template <typename T>
+void gather_rows(T* out, const T* in, const int* rows, int n, int D) {
+    encoder_forward(out, rows, in, n, D);
+}
+
 // dwte[tokens[m]] += dout[m]; serial over m because tokens repeat
 template <typename T>
 void encoder_backward(T* dwte, const T* dout, const int* tokens, int M, int D) {
@@ -168,9 +181,10 @@ void encoder_backward(T* dwte, const T* dout, const int* tokens, int M, int D) {
 
 // ----------------------------------------------------------------------------
 // RMSNorm: rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * w
+// (early: how the GPU launches its kernel; nothing here)
 
 template <typename T>
-void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int M, int D, float eps) {
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int M, int D, float eps, bool early = false) {
     #pragma omp parallel for
     for (int m = 0; m < M; m++) {
         const T* x = inp + (size_t)m * D;
@@ -185,7 +199,7 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int M, int D, fl
 // x_out = x + y, norm_out = RMSNorm(x_out; w)
 template <typename T>
 void fused_residual_rmsnorm_forward(T* x_out, T* norm_out, T* rstd, const T* x, const T* y, const T* w,
-                                    int M, int D, float eps) {
+                                    int M, int D, float eps, bool early = false) {
     #pragma omp parallel for
     for (int m = 0; m < M; m++) {
         size_t row = (size_t)m * D;
@@ -303,24 +317,56 @@ void attention_forward(T* out, T* lse, const T* qkv, int B, int T_, int NH, int 
     }
 }
 
-// inference over a key/value cache: n new query rows (q rows of stride
-// (NH + 2 NKV) hd) at positions pos0.., keys and values [pos0 + n, NKV hd]
+// inference over a key/value cache [slots, cache_len, NKV hd] (one layer's):
+// M new rows of qkv, row m at position pos[m] of the sequence in cache slot
+// slot[m] (slot NULL: slot m). RoPE turns the row's q and k (qkv itself is left
+// as it is), its k and v go into the cache, then
+//     out_m = softmax_j(q_m . k_j / sqrt(hd)) v_j over the positions j <= pos[m] of its sequence
+// (a row sees the rows of the same call that come before it in its sequence)
 template <typename T>
-void attention_forward_cached(T* out, const T* q, const T* k_cache, const T* v_cache, int n, int pos0, int NH,
-                              int NKV, int hd) {
+void attention_forward_cached(T* out, const T* qkv, T* k_cache, T* v_cache, const int* slot, const int* pos, int M,
+                              int NH, int NKV, int hd, int cache_len, float theta) {
     int D = NH * hd, KVD = NKV * hd, QKV = D + 2 * KVD, group = NH / NKV;
+    T* q = (T*)mallocCheck((size_t)M * QKV * sizeof(T)); // the rows, turned
+    memcpy(q, qkv, (size_t)M * QKV * sizeof(T));
+    #pragma omp parallel for
+    for (int m = 0; m < M; m++) {
+        T* row = q + (size_t)m * QKV;
+        rope_forward(row, 1, 1, pos[m], NH, NKV, hd, theta);
+        size_t at = ((size_t)(slot ? slot[m] : m) * cache_len + pos[m]) * KVD;
+        memcpy(k_cache + at, row + D, KVD * sizeof(T));
+        memcpy(v_cache + at, row + D + KVD, KVD * sizeof(T));
+    }
     #pragma omp parallel
     {
-        T* scores = (T*)mallocCheck((size_t)(pos0 + n) * sizeof(T));
+        T* scores = (T*)mallocCheck((size_t)cache_len * sizeof(T));
         #pragma omp for collapse(2)
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < n; t++) {
-                attention_row(out + (size_t)t * D + h * hd, scores, q + (size_t)t * QKV + h * hd,
-                              k_cache + (h / group) * hd, v_cache + (h / group) * hd, pos0 + t + 1, KVD, hd);
+        for (int m = 0; m < M; m++) {
+            for (int h = 0; h < NH; h++) {
+                size_t seq = (size_t)(slot ? slot[m] : m) * cache_len * KVD + (h / group) * hd;
+                attention_row(out + (size_t)m * D + h * hd, scores, q + (size_t)m * QKV + h * hd, k_cache + seq,
+                              v_cache + seq, pos[m] + 1, KVD, hd);
             }
         }
         free(scores);
     }
+    free(q);
+}
+
+// the cached attention of a prefill and of a decode step, with the GPU's
+// signatures (llmc/cuda_attention_cached.cuh): the prompts' row ranges, lse and
+// the decode scratch are what its kernels need; here both are the above
+template <typename T>
+void attention_prefill(T* out, float* lse, T* qkv, T* k_cache, T* v_cache, const int* slot, const int* pos, int M,
+                       const int* seq_rows, const int* seq_lens, int nseq, int NH, int NKV, int hd, int cache_len,
+                       float theta) {
+    attention_forward_cached(out, qkv, k_cache, v_cache, slot, pos, M, NH, NKV, hd, cache_len, theta);
+}
+
+template <typename T>
+void attention_decode(T* out, float* part_o, float* part_ml, int* splits_done, const T* qkv, T* k_cache, T* v_cache,
+                      const int* pos, int B, int NH, int NKV, int hd, int cache_len, float theta) {
+    attention_forward_cached(out, qkv, k_cache, v_cache, (const int*)NULL, pos, B, NH, NKV, hd, cache_len, theta);
 }
 
 // Backward: dqkv (overwritten) from dout. Each thread owns one (sequence, kv
@@ -445,8 +491,27 @@ void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const
     }
 }
 
+// the dense FFN forward of inference: g = f Wg^T, u = f Wu^T, h = relu(g) * u
+// (over g), y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets
+// the number of g > 0 added. (decode: the GPU's choice of kernels for few rows)
+template <typename T>
+void ffn_dense_forward(T* y, T* g, T* u, const T* f, const T* wg, const T* wu, const T* wdT, int M, int D, int H,
+                       unsigned long long* active, bool decode = false) {
+    gemm(g, f, wg, M, H, D, 0, 1, 0);
+    gemm(u, f, wu, M, H, D, 0, 1, 0);
+    unsigned long long count = 0;
+    #pragma omp parallel for reduction(+:count)
+    for (size_t i = 0; i < (size_t)M * H; i++) {
+        T a = g[i] > 0 ? g[i] : 0;
+        count += g[i] > 0;
+        g[i] = a * u[i];
+    }
+    if (active) { *active += count; }
+    gemm(y, g, wdT, M, D, H, 0, 0, 0);
+}
+
 // ----------------------------------------------------------------------------
-// dead-neuron re-initialisation (MODEL.md): each of the `rows` rows j of a gate
+// dead-neuron re-initialisation (docs/MODEL.md): each of the `rows` rows j of a gate
 // matrix whose unit did not fire (fired[j] == 0) becomes
 // (1 - 0.1) W[j] + 0.1 N(0, 0.02^2), the noise a function of (seed, element).
 // master is NULL here (the parameters are the master weights).
@@ -462,15 +527,6 @@ void gate_dead_reinit(T* wg, float* master, const uint8_t* fired, int rows, int 
             wg[idx] = (T)(0.9 * wg[idx] + 0.1 * 0.02 * rng_normal(&state));
         }
     }
-}
-
-// ----------------------------------------------------------------------------
-// residual add: x += y
-
-template <typename T>
-void residual_add(T* x, const T* y, size_t n) {
-    #pragma omp parallel for simd
-    for (size_t i = 0; i < n; i++) { x[i] += y[i]; }
 }
 
 // ----------------------------------------------------------------------------

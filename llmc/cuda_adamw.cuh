@@ -104,18 +104,6 @@ void adamw_update_cuda(float* master, bf16* params, const float* grads, float* m
     cudaCheck(cudaGetLastError());
 }
 
-// params = bf16(master), rounded to nearest: the compute weights of freshly set master weights
-__global__ void round_to_bf16_kernel(bf16* out, const float* in, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        out[i] = __float2bfloat16_rn(in[i]);
-    }
-}
-
-void round_to_bf16_cuda(bf16* out, const float* in, size_t n) {
-    round_to_bf16_kernel<<<1024, 256, 0, main_stream>>>(out, in, n);
-    cudaCheck(cudaGetLastError());
-}
-
 // out[r] = in[perm[r]], rows of D elements (out and in distinct): a new order of a layer's units in the
 // weights and in the optimizer state (llmc/optimizer.h); a block per row, 16 bytes per thread when rows allow
 template <typename T>

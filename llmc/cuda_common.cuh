@@ -41,6 +41,72 @@ static inline void cuda_free(void* ptr) {
 
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// an attribute of the current device (the number of SMs, the compute capability, ...)
+static inline int device_attribute(cudaDeviceAttr attr) {
+    int device = 0, value = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&value, attr, device));
+    return value;
+}
+
+// out = bf16(in), rounded to nearest (n values on the device)
+__global__ void round_to_bf16_kernel(bf16* out, const float* in, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = __float2bfloat16_rn(in[i]);
+    }
+}
+
+static inline void round_to_bf16_cuda(bf16* out, const float* in, size_t n) {
+    round_to_bf16_kernel<<<1024, 256, 0, main_stream>>>(out, in, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// out [n] on the device = bf16(in [n] on the host), through an fp32 staging buffer of at most 256 MiB
+static inline void upload_bf16(bf16* out, const float* in, size_t n) {
+    size_t chunk = (size_t)1 << 26;
+    float* staging = (float*)cuda_malloc((n < chunk ? n : chunk) * sizeof(float));
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t count = n - off < chunk ? n - off : chunk;
+        cudaCheck(cudaMemcpyAsync(staging, in + off, count * sizeof(float), cudaMemcpyHostToDevice, main_stream));
+        round_to_bf16_cuda(out + off, staging, count);
+    }
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    cuda_free(staging);
+}
+
+// ----------------------------------------------------------------------------
+// A CUDA graph of the work that `body` queues on main_stream, captured at the
+// first launch and launched again while `key` stays the same (a new key
+// captures it again). Before a capture, body also runs once as ordinary
+// launches, in which cuBLASLt picks its algorithms and kernels set their
+// attributes: nothing of that kind may happen inside a capture.
+
+typedef struct {
+    cudaGraphExec_t exec; // NULL until the first launch
+    long long key;
+} CudaGraph;
+
+template <typename Body>
+static void cuda_graph_launch(CudaGraph* g, long long key, Body body) {
+    if (g->exec == NULL || g->key != key) {
+        if (g->exec) { cudaCheck(cudaGraphExecDestroy(g->exec)); g->exec = NULL; }
+        body();
+        cudaGraph_t graph;
+        cudaCheck(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeThreadLocal));
+        body();
+        cudaCheck(cudaStreamEndCapture(main_stream, &graph));
+        cudaCheck(cudaGraphInstantiate(&g->exec, graph, 0));
+        cudaCheck(cudaGraphDestroy(graph));
+        g->key = key;
+    }
+    cudaCheck(cudaGraphLaunch(g->exec, main_stream));
+}
+
+static inline void cuda_graph_free(CudaGraph* g) {
+    if (g->exec) { cudaCheck(cudaGraphExecDestroy(g->exec)); }
+    g->exec = NULL;
+}
+
 // ----------------------------------------------------------------------------
 // programmatic dependent launch (compute capability 9.0): a kernel launched by
 // launch_early may start while the kernel before it in the stream still runs,
@@ -63,12 +129,8 @@ __device__ __forceinline__ void grid_dependents_launch() {
 }
 
 static inline bool early_launch_supported(void) {
-    static int major = -1;
-    if (major < 0) {
-        int device;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    }
+    static int major = -1; // a process drives one device
+    if (major < 0) { major = device_attribute(cudaDevAttrComputeCapabilityMajor); }
     return major >= 9;
 }
 

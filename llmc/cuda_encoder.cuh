@@ -1,6 +1,6 @@
 /*
  The token embedding on the GPU:
-     forward:   out[m, :] = wte[tokens[m], :]
+     forward:   out[m, :] = wte[tokens[m], :]  (and gather_rows, the same for a few rows of any table)
      backward:  dwte[v, :] += dout[m1, :], then += dout[m2, :], ... for the positions m1 < m2 < ... with
                 tokens[m] == v, in increasing m: the CPU reference's order, so the fp32 result is its, bit for bit.
  The backward needs neither atomics nor a sorted index: the first position that holds a token owns that
@@ -27,6 +27,20 @@ void encoder_forward(bf16* out, const int* tokens, const bf16* wte, int M, int D
     const int threads = 256;
     int blocks = (int)(((size_t)M * (D / 8) + threads - 1) / threads);
     encoder_forward_kernel<<<blocks, threads, 0, main_stream>>>(out, tokens, wte, M, D);
+    cudaCheck(cudaGetLastError());
+}
+
+// out[r] = in[rows[r]] for r < n, the same gather for a few rows of any table
+// (each prompt's last row of a prefill): a block per row
+__global__ void gather_rows_kernel(bf16* out, const bf16* in, const int* rows, int n, int D) {
+    const int r = blockIdx.x;
+    for (int d = threadIdx.x * 8; d < D; d += blockDim.x * 8) {
+        store_bf16x8(out + (size_t)r * D + d, load_bf16x8(in + (size_t)rows[r] * D + d));
+    }
+}
+
+void gather_rows(bf16* out, const bf16* in, const int* rows, int n, int D) {
+    gather_rows_kernel<<<n, 128, 0, main_stream>>>(out, in, rows, n, D);
     cudaCheck(cudaGetLastError());
 }
 

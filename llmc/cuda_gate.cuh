@@ -1,13 +1,15 @@
 /*
- The ReLU-gated FFN activation on the GPU, rows of H (bf16 in and out, fp32 math):
+ The ReLU-gated FFN on the GPU: its activation over rows of H (bf16 in and out, fp32 math),
      forward:   h = bf16(relu(g) * u);  per row m:  row_l1[m] = sum_n |h[m, n]| (of h as stored),
                 row_active[m] = #{n : g[m, n] > 0} (both added to the old values with accumulate);
                 per unit n:  fired[n] = 1 if g[m, n] > 0 for any m (only ever set, never cleared; fired may
                 be NULL)
      unit counts:  count[n] += #{m : g[m, n] > 0}
      backward:  d = dh + l1_scale * sign(h),  du = d * relu(g),  dg = d * u * [g > 0]   (dg may alias dh)
-     dead-neuron re-initialisation (MODEL.md): the fp32 master row j of W_g whose unit did not fire becomes
-                0.9 W_g[j] + 0.1 N(0, 0.02^2) (Philox noise of (seed, element)), and its bf16 copy follows
+     dead-neuron re-initialisation (docs/MODEL.md): the fp32 master row j of W_g whose unit did not fire
+                becomes 0.9 W_g[j] + 0.1 N(0, 0.02^2) (Philox noise of (seed, element)), and its bf16 copy follows
+ and the dense FFN forward of inference and of TwELL's dense path, y = bf16(relu(f Wg^T) * (f Wu^T)) WdT
+ (g and u rounded to bf16 as GEMM outputs; no statistics).
 */
 #ifndef LLMC_CUDA_GATE_CUH
 #define LLMC_CUDA_GATE_CUH
@@ -15,6 +17,7 @@
 #include <curand_kernel.h>
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
+#include "llmc/cuda_matmul.cuh"
 
 constexpr int GATE_THREADS = 256;
 constexpr int GATE_ROWS_PER_WARP = 4;
@@ -159,6 +162,59 @@ void gate_dead_reinit(bf16* wg, float* master, const uint8_t* fired, int rows, i
     if (master == NULL) { fatal("gate_dead_reinit: the GPU path needs the fp32 master weights"); }
     gate_dead_reinit_kernel<<<rows, 256, 0, main_stream>>>(wg, master, fired, D, seed);
     cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// the dense FFN forward of inference and of TwELL's dense path (no statistics)
+
+// the dense FFN's elementwise step: h = bf16(relu(g) * u), 8 values per thread
+// and step; `active` (if not NULL) gets the number of g > 0, one atomic per block
+constexpr int RELU_MUL_THREADS = 256;
+__global__ void __launch_bounds__(RELU_MUL_THREADS)
+relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long long* active) {
+    unsigned long long count = 0;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n8; k += (size_t)gridDim.x * blockDim.x) {
+        Bf16x8 gv = load_bf16x8(g + 8 * k), uv = load_bf16x8(u + 8 * k), hv;
+        #pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float gate = __bfloat162float(gv.v[e]);
+            count += gate > 0.0f;
+            hv.v[e] = __float2bfloat16_rn(gate > 0.0f ? gate * __bfloat162float(uv.v[e]) : 0.0f);
+        }
+        store_bf16x8(h + 8 * k, hv);
+    }
+    count = block_reduce<Sum>(count);
+    if (threadIdx.x == 0 && active != NULL && count > 0) { atomicAdd(active, count); }
+}
+
+// h = bf16(relu(g) * u) over n values (n % 8 == 0; h may be g), a grid of at
+// most 8 blocks per SM striding over them; `active` (if not NULL) gets the number of g > 0
+static inline void relu_mul(bf16* h, const bf16* g, const bf16* u, size_t n, unsigned long long* active) {
+    static int num_sms = 0;
+    if (num_sms == 0) { num_sms = device_attribute(cudaDevAttrMultiProcessorCount); }
+    size_t n8 = n / 8, blocks = (n8 + RELU_MUL_THREADS - 1) / RELU_MUL_THREADS;
+    blocks = blocks < (size_t)num_sms * 8 ? blocks : (size_t)num_sms * 8;
+    relu_mul_kernel<<<(unsigned int)blocks, RELU_MUL_THREADS, 0, main_stream>>>(h, g, u, n8, active);
+    cudaCheck(cudaGetLastError());
+}
+
+// the dense gated FFN (the reference, and the path for layers too active for
+// sparsity): g = f Wg^T and u = f Wu^T as one batched product (decode: the
+// few rows of a decode step, each by decode_linear), h = relu(g) * u over g,
+// y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets the
+// number of g > 0
+static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
+                                     const bf16* wdT, int M, int D, int H, unsigned long long* active,
+                                     bool decode = false) {
+    if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
+    if (decode) {
+        decode_linear(g, f, wg, M, H, D);
+        decode_linear(u, f, wu, M, H, D);
+    } else {
+        gemm_pair(g, u, f, wg, wu, M, H, D);
+    }
+    relu_mul(g, g, u, (size_t)M * H, active);
+    gemm(y, g, wdT, M, D, H, 0, 0, 0);
 }
 
 #endif // LLMC_CUDA_GATE_CUH

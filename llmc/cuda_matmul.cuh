@@ -9,6 +9,10 @@
  cuBLASLt is column-major, and a row-major X is the column-major X^T, so we ask
  it for C^T = op(B)^T op(A)^T: B comes first. The heuristic's choice of
  algorithm is cached per shape, so after the first step no call searches.
+
+ The few rows of a decode step (B <= 8) go through a GEMV of our own instead,
+ y[B, N] = x[B, K] W[N, K]^T with a warp per row of W: each weight is read
+ once, and the reads start before the kernel before it ends (launch_early).
 */
 #ifndef LLMC_CUDA_MATMUL_CUH
 #define LLMC_CUDA_MATMUL_CUH
@@ -128,9 +132,9 @@ static inline void gemm(float* C, const bf16* A, const bf16* B, int M, int N, in
 
 // C1 = A B1^T and C2 = A B2^T ([M, K] times two [N, K]) as one batched product:
 // one launch with twice the tiles, which fills the GPU's last wave better than
-// two (the dense FFN's gate and up: its forward at M 16384, D 2048, H 5632 took
-// 1.66 ms against 1.71 with two products and 1.68 with one [2H, D] product on an
-// H100). Falls back to two products when B and C are not equally ordered in memory.
+// two products or one [2N, K] product (the dense FFN's gate and up; dev/NOTES.md
+// has the figures). Falls back to two products when B and C are not equally
+// ordered in memory.
 static inline void gemm_pair(bf16* C1, bf16* C2, const bf16* A, const bf16* B1, const bf16* B2, int M, int N, int K) {
     // distances between separate allocations, as integers (no pointer arithmetic across objects)
     long long stride_b = ((long long)(uintptr_t)B2 - (long long)(uintptr_t)B1) / (long long)sizeof(bf16);
@@ -141,6 +145,123 @@ static inline void gemm_pair(bf16* C1, bf16* C2, const bf16* A, const bf16* B1, 
         return;
     }
     gemm_cublaslt(C1, CUDA_R_16BF, A, B1, M, N, K, 0, 1, 0, 2, stride_b, stride_c);
+}
+
+// ----------------------------------------------------------------------------
+// The first ROW_PREFETCH 256-column steps of a weight row, loaded into a lane's
+// registers before the kernel waits for the ones before it (launch_early): the
+// weights stream in while those finish. K <= 2048 is the whole row.
+constexpr int ROW_PREFETCH = 8;
+struct RowPrefetch { Bf16x8 v[ROW_PREFETCH]; };
+
+__device__ __forceinline__ void prefetch_row(RowPrefetch& r, const bf16* row, int K, int lane) {
+    #pragma unroll
+    for (int s = 0; s < ROW_PREFETCH; s++) {
+        if ((s * 32 + lane) * 8 < K) { r.v[s] = load_bf16x8(row + (s * 32 + lane) * 8); }
+    }
+}
+
+// acc[b] += x_b . row over K (x [B, K] in shared memory, the row's first steps in
+// r), lanes over 8 columns per step
+template <int B>
+__device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, const RowPrefetch& r, const bf16* row,
+                                              int K, int lane) {
+    #pragma unroll
+    for (int s = 0; s < ROW_PREFETCH; s++) {
+        const int k = (s * 32 + lane) * 8;
+        if (k >= K) { break; }
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            Bf16x8 xv = *reinterpret_cast<const Bf16x8*>(xs + b * K + k);
+            #pragma unroll
+            for (int e = 0; e < 8; e++) { acc[b] += __bfloat162float(xv.v[e]) * __bfloat162float(r.v[s].v[e]); }
+        }
+    }
+    #pragma unroll 4
+    for (int k = (ROW_PREFETCH * 32 + lane) * 8; k < K; k += 256) {
+        Bf16x8 wv = load_bf16x8(row + k);
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            Bf16x8 xv = *reinterpret_cast<const Bf16x8*>(xs + b * K + k);
+            #pragma unroll
+            for (int e = 0; e < 8; e++) { acc[b] += __bfloat162float(xv.v[e]) * __bfloat162float(wv.v[e]); }
+        }
+    }
+    #pragma unroll
+    for (int b = 0; b < B; b++) { acc[b] = warp_reduce<Sum>(acc[b]); }
+}
+
+// ----------------------------------------------------------------------------
+// the linear layers of a decode step for B <= 8 rows: y[B, N] = x[B, K] W[N, K]^T
+// as a GEMV: x in shared memory, a warp per row n of W reading it once (the row
+// loaded into registers before the wait of the early launch), fp32 sums, then
+// an epilogue per row: a bf16 store (decode_linear), or the sparse decode FFN's gate
+// and up (llmc/cuda_sparse_decode.cuh)
+constexpr int GEMV_MAX_ROWS = 8, GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32;
+
+// the epilogue of a plain product: y[b, n] = bf16(acc_b)
+struct StoreRow {
+    bf16* y;
+    int N;
+    template <int B>
+    __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            if (lane == b) { y[(size_t)b * N + n] = __float2bfloat16_rn(acc[b]); }
+        }
+    }
+};
+
+template <int B, typename Epilogue>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_kernel(Epilogue epilogue, const bf16* x, const bf16* w, int N, int K) {
+    extern __shared__ __align__(16) bf16 xs[];
+    const int n = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    RowPrefetch r;
+    if (n < N) { prefetch_row(r, w + (size_t)n * K, K, lane); }
+    grid_dependents_launch();
+    grid_dependency_wait();
+    for (int i = threadIdx.x * 8; i < B * K; i += GEMV_THREADS * 8) { store_bf16x8(xs + i, load_bf16x8(x + i)); }
+    __syncthreads();
+    if (n >= N) { return; }
+    float acc[B] = {};
+    warp_dot_rows<B>(acc, xs, r, w + (size_t)n * K, K, lane);
+    epilogue(n, acc, xs, lane);
+}
+
+// the product with `epilogue` per row of W [N, K] for B <= 8 rows of x
+template <int B, typename Epilogue>
+static void gemv_launch(const Epilogue& epilogue, const bf16* x, const bf16* w, int N, int K) {
+    static bool configured = false;
+    if (!configured) { prefer_shared_memory(gemv_kernel<B, Epilogue>); configured = true; }
+    launch_early(gemv_kernel<B, Epilogue>, ceil_div(N, GEMV_WARPS), GEMV_THREADS, (size_t)B * K * sizeof(bf16), epilogue,
+                 x, w, N, K);
+}
+
+// whether the GEMV takes B rows of K (K % 8 == 0, x in 48 KiB)
+static inline bool gemv_fits(int B, int K) {
+    return B <= GEMV_MAX_ROWS && K % 8 == 0 && (size_t)B * K * sizeof(bf16) <= 48 * 1024;
+}
+
+template <typename Epilogue>
+static void gemv(const Epilogue& epilogue, const bf16* x, const bf16* w, int B, int N, int K) {
+    switch (B) {
+    case 1: gemv_launch<1>(epilogue, x, w, N, K); break;
+    case 2: gemv_launch<2>(epilogue, x, w, N, K); break;
+    case 3: gemv_launch<3>(epilogue, x, w, N, K); break;
+    case 4: gemv_launch<4>(epilogue, x, w, N, K); break;
+    case 5: gemv_launch<5>(epilogue, x, w, N, K); break;
+    case 6: gemv_launch<6>(epilogue, x, w, N, K); break;
+    case 7: gemv_launch<7>(epilogue, x, w, N, K); break;
+    case 8: gemv_launch<8>(epilogue, x, w, N, K); break;
+    default: fatal("gemv: %d rows, built for 1 to %d", B, GEMV_MAX_ROWS);
+    }
+}
+
+// y = x W^T for a decode step: the GEMV where it fits, else cuBLASLt
+static void decode_linear(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
+    if (gemv_fits(B, K)) { gemv(StoreRow{y, N}, x, w, B, N, K); }
+    else { gemm(y, x, w, B, N, K, 0, 1, 0); }
 }
 
 // uniform values in [-1, 1) from a hash of the index: random enough that the

@@ -13,7 +13,7 @@
        by warp_dot_rows on the bf16 row (the GEMV's own code: the same bits);
      then epilogue(n, G_n) as the GEMV calls it, with G_n = 0 for a unit not
        recomputed (no b fires there, and relu(bf16(0)) = relu(g)).
- With GateUpRow (llmc/cuda_infer.cuh) the epilogue writes a[b, n] =
+ With GateUpRow (llmc/cuda_sparse_decode.cuh) the epilogue writes a[b, n] =
  bf16(g bf16(f_b . Wu[n])) where g > 0 and 0 elsewhere: every word that
  gemv(GateUpRow) writes, to the bit, for sparse_down_active_kernel to read.
 
@@ -41,13 +41,13 @@
 #define LLMC_CUDA_SCREENED_GATE_CUH
 
 #include "llmc/cuda_common.cuh"
-#include "llmc/cuda_infer.cuh"
+#include "llmc/cuda_matmul.cuh"
 #include "llmc/screened_gate.h"
 
 namespace screen_detail {
 
 constexpr int SCREEN_PREFETCH = 4; // steps of the int8 row loaded before the wait (D <= 2048: the row)
-constexpr int SCREEN_THREADS = infer_detail::GEMV_THREADS, SCREEN_WARPS = SCREEN_THREADS / 32;
+constexpr int SCREEN_THREADS = GEMV_THREADS, SCREEN_WARPS = SCREEN_THREADS / 32;
 
 // the int8 copy of rows of Wg: a warp per row
 __global__ void screen_quantize_kernel(ScreenedGate sg, const bf16* wg) {
@@ -197,9 +197,9 @@ screened_gate_kernel(Epilogue epilogue, ScreenedGate sg, const bf16* wg, const b
     float G[B] = {};
     if (recompute) {
         const bf16* wrow = wg + (size_t)n * D;
-        infer_detail::RowPrefetch r;
-        infer_detail::prefetch_row(r, wrow, D, lane);
-        infer_detail::warp_dot_rows<B>(G, xs, r, wrow, D, lane);
+        RowPrefetch r;
+        prefetch_row(r, wrow, D, lane);
+        warp_dot_rows<B>(G, xs, r, wrow, D, lane);
         if (candidates && lane == 0) { atomicAdd(candidates + B, 1); }
     }
     epilogue(n, G, xs, lane);
@@ -231,7 +231,7 @@ static inline void screen_quantize(ScreenedGate* sg, const bf16* wg) {
 
 // whether the screened gate takes B rows of width D (else the GEMV gate)
 static inline bool screened_gate_fits(int B, int D) {
-    return infer_detail::gemv_fits(B, D) && D % SCREEN_LANE_COLS == 0 && D <= SCREEN_MAX_GROUPS * SCREEN_GROUP;
+    return gemv_fits(B, D) && D % SCREEN_LANE_COLS == 0 && D <= SCREEN_MAX_GROUPS * SCREEN_GROUP;
 }
 
 // The gate of B <= 8 rows x [B, D] over the units of sg (its int8 copy of wg

@@ -1004,7 +1004,7 @@ static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, voi
     cudaCheck(cub::DeviceScan::ExclusiveSum(NULL, b, s->block_counts, s->block_offsets, (int)n, main_stream));
     s->scan_temp_bytes = a > b ? a : b;
     s->scan_temp = cuda_malloc(s->scan_temp_bytes);
-    if (twell_has_wgmma()) { // the fused gate's buffers
+    if (device_has_wgmma()) { // the fused gate's buffers
         const int T = ceil_div(H, TWELL_TILE);
         const size_t word_bytes = (size_t)M * T * (GATE_SLOTS + 1) * sizeof(uint32_t);
         s->gate_words_owned = spare == NULL || spare_bytes < word_bytes;

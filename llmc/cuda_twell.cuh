@@ -33,8 +33,7 @@
  2 P D 2 bytes = 4.1 GB, from L2 (both matrices, 46 MB, mostly stay there).
  At ~8 TB/s that is ~0.5 ms. A work list that tiled rows x units to gather
  from shared memory instead (0.12 ms of shared-memory bandwidth on paper)
- measured slower at every k: latency-bound, 0.86 ms at k = 30 against this
- kernel's 0.66 (dev/NOTES.md).
+ measured slower at every k: latency-bound (dev/NOTES.md has the figures).
 
  Exactness: a block with more positives than slots is packed as an overflow
  record (the tile's relu(g) row) and the up + down kernel lists its positives,
@@ -50,10 +49,11 @@
 #ifndef LLMC_CUDA_TWELL_CUH
 #define LLMC_CUDA_TWELL_CUH
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include <limits.h>
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
+#include "llmc/cuda_gate.cuh"
+#include "llmc/cuda_hopper.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/twell.h"
 
@@ -126,7 +126,7 @@ pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, co
 // 128 r + 127. Warpgroup 0 (one thread) issues TMA loads of the CTA's 128 x 64
 // tile of f and of half the 256 x 64 tile of Wg, multicast into both CTAs (so
 // the weights leave L2 once per pair: 2 MB of L2 reads per 256 x 256 tile
-// instead of 3; 6% faster on an H100), 128-byte swizzle, 4 stages,
+// instead of 3, which was faster: dev/NOTES.md), 128-byte swizzle, 4 stages,
 // each completing on its "full" mbarrier; warpgroups 1 and 2 multiply rows 0-63
 // and 64-127 of the CTA tile (wgmma m64n256k16 from shared memory, one k-block
 // in flight while the next is issued) and release a stage on the "empty"
@@ -138,99 +138,6 @@ pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, co
 constexpr int WG_BM = 128, WG_BN = 256, WG_BK = TWELL_D_MULTIPLE, WG_STAGES = 4, WG_THREADS = 384;
 constexpr int WG_A_BYTES = WG_BM * WG_BK * 2, WG_B_BYTES = WG_BN * WG_BK * 2;
 constexpr size_t WG_SMEM = 1024 + (size_t)WG_STAGES * (WG_A_BYTES + WG_B_BYTES) + 2 * WG_STAGES * sizeof(uint64_t);
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned int bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
-}
-// waits until the phase of the given parity has completed
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned int parity) {
-    unsigned int done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_address(bar)), "r"(parity) : "memory");
-    } while (!done);
-}
-// the box at (x = column, y = row) of a 2D tensor map into shared memory, completing on bar
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
-                 ::"r"(smem_address(dst)), "l"(map), "r"(smem_address(bar)), "r"(x), "r"(y) : "memory");
-}
-
-// clusters of two CTAs (the gate's weight tile is loaded once for both)
-__device__ __forceinline__ unsigned int cluster_rank() {
-    unsigned int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// every thread of both CTAs; orders what each wrote before (shared memory included) before what all read after
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
-}
-// an arrival on the barrier at bar's place in the shared memory of CTA `rank` of the cluster
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, unsigned int rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(bar)), "r"(rank));
-    // release at CTA scope: the arriving threads only read the stage (a cluster-scope release is a fence
-    // that stalled every consumer warp; the gate ran 0.88 ms instead of 0.58)
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// tma_load_2d into the same place of every CTA in cta_mask, each completing on its own bar
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
-                                                      uint16_t cta_mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                 " [%0], [%1, {%3, %4}], [%2], %5;\n"
-                 ::"r"(smem_address(dst)), "l"(map), "r"(smem_address(bar)), "r"(x), "r"(y), "h"(cta_mask) : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// descriptor of a K-major operand in the 128-byte swizzle: start address,
-// leading byte offset 16 (unused by this layout), 1024 bytes from one 8-row
-// group to the next. A k-step of 16 is 32 bytes further into the rows.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t address) {
-    return (uint64_t)((address & 0x3FFFF) >> 4) | (uint64_t)(16 >> 4) << 16 | (uint64_t)(1024 >> 4) << 32 | 1ull << 62;
-}
-
-#define WGMMA_D(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
-
-// D[64 x 256] (+)= A[64 x 16] B[256 x 16]^T, both K-major in shared memory.
-// Thread (warp w of the warpgroup, lane l) holds d[j][e] = row 16w + l/4 + 8(e/2),
-// column 8j + 2(l%4) + e%2: the mma.sync accumulator layout, 32 times over.
-__device__ __forceinline__ void wgmma_m64n256(float (&d)[32][4], uint64_t a, uint64_t b, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : WGMMA_D(0), WGMMA_D(1), WGMMA_D(2), WGMMA_D(3), WGMMA_D(4), WGMMA_D(5), WGMMA_D(6), WGMMA_D(7),
-                   WGMMA_D(8), WGMMA_D(9), WGMMA_D(10), WGMMA_D(11), WGMMA_D(12), WGMMA_D(13), WGMMA_D(14), WGMMA_D(15),
-                   WGMMA_D(16), WGMMA_D(17), WGMMA_D(18), WGMMA_D(19), WGMMA_D(20), WGMMA_D(21), WGMMA_D(22), WGMMA_D(23),
-                   WGMMA_D(24), WGMMA_D(25), WGMMA_D(26), WGMMA_D(27), WGMMA_D(28), WGMMA_D(29), WGMMA_D(30), WGMMA_D(31)
-                 : "l"(a), "l"(b), "r"(accumulate));
-}
-#undef WGMMA_D
-
-// an empty asm that reads and writes the accumulators: the compiler keeps their
-// uses on the same side of it as in the source (after a wgmma wait)
-__device__ __forceinline__ void fence_acc(float (&d)[32][4]) {
-    #pragma unroll
-    for (int j = 0; j < 32; j++) { asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory"); }
-}
 
 // The wgmma kernel packs from the registers. Lane (g = lane/4, i = lane%4) of a
 // consumer warp holds acc[j][2h + e] = row g + 8h of the warp's 16, column
@@ -345,8 +252,8 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
                 wgmma_fence();
                 uint32_t a_addr = smem_address(a_s + s * WG_A_BYTES + c * 64 * 128), b_addr = smem_address(b_s + s * WG_B_BYTES);
                 #pragma unroll
-                for (int ks = 0; ks < WG_BK / 16; ks++) {
-                    wgmma_m64n256(acc, wgmma_desc(a_addr + ks * 32), wgmma_desc(b_addr + ks * 32), kb > 0 || ks > 0);
+                for (int ks = 0; ks < WG_BK / 16; ks++) { // K-major operands: a k-step of 16 is 32 bytes further
+                    wgmma_abt(acc, wgmma_desc(a_addr + ks * 32, 16), wgmma_desc(b_addr + ks * 32, 16), kb > 0 || ks > 0);
                 }
                 wgmma_commit();
                 if (kb > 0) { // the k-block before this one is done: its stage can be refilled
@@ -355,7 +262,7 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
                 }
             }
             wgmma_wait<0>();
-            fence_acc(acc);
+            fence_regs(acc);
             release((it - 1) % WG_STAGES);
 
             #pragma unroll
@@ -537,27 +444,6 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
     }
 }
 
-// ----------------------------------------------------------------------------
-// the dense FFN's elementwise step: h = bf16(relu(g) * u), 8 values per thread
-// and step; `active` (if not NULL) gets the number of g > 0, one atomic per block
-constexpr int RELU_MUL_THREADS = 256;
-__global__ void __launch_bounds__(RELU_MUL_THREADS)
-relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long long* active) {
-    unsigned long long count = 0;
-    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n8; k += (size_t)gridDim.x * blockDim.x) {
-        Bf16x8 gv = load_bf16x8(g + 8 * k), uv = load_bf16x8(u + 8 * k), hv;
-        #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            float gate = __bfloat162float(gv.v[e]);
-            count += gate > 0.0f;
-            hv.v[e] = __float2bfloat16_rn(gate > 0.0f ? gate * __bfloat162float(uv.v[e]) : 0.0f);
-        }
-        store_bf16x8(h + 8 * k, hv);
-    }
-    count = block_reduce<Sum>(count);
-    if (threadIdx.x == 0 && active != NULL && count > 0) { atomicAdd(active, count); }
-}
-
 } // namespace twell_detail
 
 // ----------------------------------------------------------------------------
@@ -567,9 +453,9 @@ relu_mul_kernel(bf16* h, const bf16* g, const bf16* u, size_t n8, unsigned long 
 typedef enum { TWELL_SPARSE, TWELL_DENSE } TwellPath;
 typedef enum { TWELL_AUTO, TWELL_FORCE_SPARSE, TWELL_FORCE_DENSE } TwellChoice;
 
-// The dense FFN is three GEMMs of the gate's size and an elementwise step; it
-// took 2.74-2.89x the gate on an H200. Until a dense run was timed, its time
-// is taken as this multiple of the measured gate.
+// The dense FFN is three GEMMs of the gate's size and an elementwise step, a
+// little under three times the gate (dev/NOTES.md has the figures). Until a
+// dense run was timed, its time is taken as this multiple of the measured gate.
 constexpr float TWELL_DENSE_PER_GATE = 2.75f;
 
 typedef struct {
@@ -618,6 +504,14 @@ static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int reco
     return ffn;
 }
 
+// a record buffer of record_capacity records in place of ffn's (the words and
+// what the path choice learnt stay)
+static inline void twell_ffn_grow(TwellFFN* ffn, int record_capacity) {
+    cuda_free(ffn->records);
+    ffn->tw = twell_layout(ffn->tw.rows, ffn->tw.cols, TWELL_TILE, ffn->tw.slots, record_capacity);
+    ffn->records = (uint16_t*)cuda_malloc((twell_record_values(&ffn->tw) + 8) * sizeof(uint16_t));
+}
+
 static inline void twell_ffn_free(TwellFFN* ffn) {
     cuda_free(ffn->words);
     cuda_free(ffn->records);
@@ -659,13 +553,6 @@ static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
     return st;
 }
 
-static inline int twell_device_attribute(cudaDeviceAttr attr) {
-    int device = 0, value = 0;
-    cudaCheck(cudaGetDevice(&device));
-    cudaCheck(cudaDeviceGetAttribute(&value, attr, device));
-    return value;
-}
-
 // every counter to 0: the start of a run
 static inline void twell_reset_counters(TwellFFN* ffn) {
     cudaCheck(cudaMemsetAsync(ffn->counters, 0, twell_counter_bytes(), main_stream));
@@ -684,47 +571,13 @@ static inline void twell_gate_cublas(TwellFFN* ffn, bf16* g, const bf16* f, cons
     cudaCheck(cudaGetLastError());
 }
 
-typedef CUresult (*TensorMapEncoder)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// a [rows, cols] bf16 row-major matrix as a TMA map of boxes of box_rows x 64
-// columns (128 bytes: the 128-byte swizzle); boxes past the edge read zeros
-static inline CUtensorMap twell_tensor_map(const bf16* ptr, int rows, int cols, int box_rows) {
-    static TensorMapEncoder encode = NULL;
-    if (encode == NULL) { // the driver's entry point, without linking libcuda
-        void* fn = NULL;
-        cudaDriverEntryPointQueryResult found;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-        if (found != cudaDriverEntryPointSuccess || fn == NULL) { fatal("twell: the driver has no cuTensorMapEncodeTiled"); }
-        encode = (TensorMapEncoder)fn;
-    }
-    CUtensorMap map;
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    cuuint64_t strides[1] = {(cuuint64_t)cols * sizeof(bf16)};
-    cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-    cuuint32_t element_strides[2] = {1, 1};
-    CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)ptr, dims, strides, box, element_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) { fatal("twell: cuTensorMapEncodeTiled failed (%d) for a %d x %d matrix", (int)r, rows, cols); }
-    return map;
-}
-
-// whether this GPU runs the wgmma gate (compute capability 9.0: the sm_90a build)
-static inline bool twell_has_wgmma(void) {
-    static int major = -1;
-    if (major < 0) { major = twell_device_attribute(cudaDevAttrComputeCapabilityMajor); }
-    return major == 9;
-}
-
 // the fused gate + packing into explicit buffers (compute capability 9.0):
 // words [M][T][1 + S], records (record_capacity x 256), counters
 // [TWELL_NUM_COUNTERS], zeroed first; g never leaves the GEMM
 static inline void twell_gate_wgmma_into(uint32_t* words, uint16_t* records, unsigned long long* counters,
                                          const Twell* tw, int D, const bf16* f, const bf16* wg) {
     using namespace twell_detail;
-    if (!twell_has_wgmma()) { fatal("twell: the wgmma gate needs compute capability 9.0"); }
+    if (!device_has_wgmma()) { fatal("twell: the wgmma gate needs compute capability 9.0"); }
     if (D % TWELL_D_MULTIPLE != 0) { fatal("twell: the wgmma gate needs D (%d) a multiple of %d", D, TWELL_D_MULTIPLE); }
     cudaLaunchConfig_t config = {};
     cudaLaunchAttribute cluster_dims;
@@ -738,13 +591,13 @@ static inline void twell_gate_wgmma_into(uint32_t* words, uint16_t* records, uns
     static int max_clusters = 0; // pairs of CTAs that fit at once: a GPC with an odd number of free SMs leaves one out
     if (max_clusters == 0) {
         cudaCheck(cudaFuncSetAttribute(gate_pack_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
-        config.gridDim = dim3(twell_device_attribute(cudaDevAttrMultiProcessorCount) / 2 * 2);
+        config.gridDim = dim3(device_attribute(cudaDevAttrMultiProcessorCount) / 2 * 2);
         cudaCheck(cudaOccupancyMaxActiveClusters(&max_clusters, gate_pack_wgmma_kernel, &config));
         if (max_clusters < 1) { fatal("twell: the wgmma gate's clusters of two CTAs do not fit on this GPU"); }
     }
     cudaCheck(cudaMemsetAsync(counters, 0, twell_counter_bytes(), main_stream));
-    CUtensorMap map_f = twell_tensor_map(f, tw->rows, D, WG_BM);
-    CUtensorMap map_w = twell_tensor_map(wg, tw->cols, D, WG_BN / 2);
+    CUtensorMap map_f = tma_map_bf16(f, tw->rows, D, WG_BM);
+    CUtensorMap map_w = tma_map_bf16(wg, tw->cols, D, WG_BN / 2);
     int tiles = ((tw->rows + WG_BM - 1) / WG_BM + 1) / 2 * tw->tiles; // 256 x 256, one per cluster
     config.gridDim = dim3(2 * (tiles < max_clusters ? tiles : max_clusters));
     cudaCheck(cudaLaunchKernelEx(&config, gate_pack_wgmma_kernel, map_f, map_w, words, records, counters, tw->rows, D,
@@ -760,7 +613,7 @@ static inline void twell_gate_wgmma(TwellFFN* ffn, const bf16* f, const bf16* wg
 
 // gate + packing the fastest way this GPU has: wgmma, else cuBLASLt into g_scratch [M, H]
 static inline void twell_gate(TwellFFN* ffn, const bf16* f, const bf16* wg, bf16* g_scratch) {
-    if (twell_has_wgmma()) {
+    if (device_has_wgmma()) {
         twell_gate_wgmma(ffn, f, wg);
     } else {
         if (g_scratch == NULL) { fatal("twell: the cuBLAS gate needs an [M, H] scratch buffer"); }
@@ -783,30 +636,6 @@ static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf
     kernel<<<tw->rows, ROWS_THREADS, smem, main_stream>>>(y, ffn->counters, ffn->words, ffn->records, f, wu, wdT, D,
                                                           tw->tiles, tw->slots);
     cudaCheck(cudaGetLastError());
-}
-
-// h = bf16(relu(g) * u) over n values (n % 8 == 0; h may be g), a grid of at
-// most 8 blocks per SM striding over them; `active` (if not NULL) gets the number of g > 0
-static inline void relu_mul(bf16* h, const bf16* g, const bf16* u, size_t n, unsigned long long* active) {
-    static int num_sms = 0;
-    if (num_sms == 0) { num_sms = twell_device_attribute(cudaDevAttrMultiProcessorCount); }
-    size_t n8 = n / 8, blocks = (n8 + twell_detail::RELU_MUL_THREADS - 1) / twell_detail::RELU_MUL_THREADS;
-    blocks = blocks < (size_t)num_sms * 8 ? blocks : (size_t)num_sms * 8;
-    twell_detail::relu_mul_kernel<<<(unsigned int)blocks, twell_detail::RELU_MUL_THREADS, 0, main_stream>>>(h, g, u, n8,
-                                                                                                          active);
-    cudaCheck(cudaGetLastError());
-}
-
-// the dense gated FFN (the reference, and the path for layers too active for
-// sparsity): g = f Wg^T and u = f Wu^T as one batched product, h = relu(g) * u
-// over g, y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets
-// the number of g > 0
-static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
-                                     const bf16* wdT, int M, int D, int H, unsigned long long* active) {
-    if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
-    gemm_pair(g, u, f, wg, wu, M, H, D);
-    relu_mul(g, g, u, (size_t)M * H, active);
-    gemm(y, g, wdT, M, D, H, 0, 0, 0);
 }
 
 // The FFN forward, sparse or dense (check twell_ffn_status before trusting y):
@@ -833,6 +662,83 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
     ffn->path = dense ? TWELL_DENSE : TWELL_SPARSE;
     ffn->timed = 1;
     return ffn->path;
+}
+
+// ----------------------------------------------------------------------------
+// The TwELL FFN of a model's prefills (the FFN dispatch of llmc/gpt.h's cached
+// forward): one set of buffers for the current row count, grown when a layer
+// needs more, and what each layer's last prefill measured. Each layer waits for
+// its status (twell_ffn_status), the one host wait a prefill layer makes.
+
+// A prefill of fewer rows than this runs the dense FFN in TwELL mode too: there
+// every weight row is read anyway (the units a few hundred tokens fire cover
+// most of H), and TwELL's one status read per layer (exactness) costs more
+// than the gate saves (dev/NOTES.md has the measurements).
+constexpr int TWELL_PREFILL_MIN_ROWS = 4096;
+
+typedef struct {
+    TwellFFN ffn;
+    int rows;              // M of ffn (0: none yet)
+    TwellChoice choice;    // TWELL_AUTO (dense for too active layers) unless a test forces a path
+    int dense_timed;       // the dense FFN was timed at this M (what auto compares the sparse path with)
+    double* layer_active;  // [L] units per row the layer's last prefill saw (-1: none yet)
+    long long regrows;     // buffer growths (each reruns a layer)
+    int min_rows;          // prefills of fewer rows run the dense FFN (TWELL_PREFILL_MIN_ROWS; 0: never)
+} TwellPrefill;
+
+static inline void twell_prefill_init(TwellPrefill* tp, int L) {
+    memset(tp, 0, sizeof(*tp));
+    tp->choice = TWELL_AUTO;
+    tp->min_rows = TWELL_PREFILL_MIN_ROWS;
+    tp->layer_active = (double*)mallocCheck(L * sizeof(double));
+    for (int l = 0; l < L; l++) { tp->layer_active[l] = -1.0; }
+}
+
+static inline void twell_prefill_free(TwellPrefill* tp) {
+    if (tp->rows) { twell_ffn_free(&tp->ffn); }
+    free(tp->layer_active);
+    memset(tp, 0, sizeof(*tp));
+}
+
+// whether the GPU's TwELL path takes this shape (else a prefill runs the dense FFN)
+static inline bool twell_prefill_supports(int D) { return D % TWELL_D_MULTIPLE == 0; }
+
+// whether a prefill of M rows runs TwELL
+static inline bool twell_prefill_takes(const TwellPrefill* tp, int M, int D) {
+    return twell_prefill_supports(D) && M >= tp->min_rows;
+}
+
+// the FFN of layer l for M rows, y [M, D] from f, by TwELL: grown and run again
+// until its status says the output is exact; scratch: 2 M H
+static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
+                                       const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
+    if (tp->rows != M) {
+        if (tp->rows) { twell_ffn_free(&tp->ffn); }
+        // first sizes for a trained model's activity; the status grows them when a layer needs more
+        tp->ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, M > 1024 ? M : 1024);
+        tp->ffn.choice = tp->choice;
+        tp->rows = M;
+        tp->dense_timed = 0;
+    }
+    TwellFFN* tw = &tp->ffn;
+    for (;;) {
+        tw->active_per_row = tp->layer_active[l];
+        // auto: the first layer at a new M runs dense once, so that the choice compares measured times
+        // (twell_ffn_status keeps them), not the sparse time with an estimate of the dense one
+        bool time_dense = tw->choice == TWELL_AUTO && !tp->dense_timed;
+        if (time_dense) { tw->choice = TWELL_FORCE_DENSE; }
+        twell_ffn_forward(tw, y, f, wg, wu, wdT, scratch);
+        if (time_dense) { tw->choice = TWELL_AUTO; tp->dense_timed = 1; }
+        TwellStatus st = twell_ffn_status(tw);
+        tp->layer_active[l] = st.active_per_row;
+        if (st.ok) { return; }
+        // grow to what the status asked for (with room)
+        long long records = st.records_needed + st.records_needed / 4 + 1;
+        if (records < tw->tw.record_capacity) { records = tw->tw.record_capacity; }
+        if (records > INT_MAX) { fatal("twell: %lld records are too many", records); }
+        twell_ffn_grow(tw, (int)records);
+        tp->regrows++;
+    }
 }
 
 #endif // LLMC_CUDA_TWELL_CUH

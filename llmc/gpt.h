@@ -38,27 +38,23 @@
 #include "llmc/ffn.h"
 #include "llmc/sparse_ffn.h"
 #ifdef __CUDACC__
+#include <type_traits>
 #include "llmc/cuda_attention.cuh"
+#include "llmc/cuda_attention_cached.cuh"
 #include "llmc/cuda_classifier.cuh"
 #include "llmc/cuda_encoder.cuh"
 #include "llmc/cuda_gate.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_rmsnorm.cuh"
 #include "llmc/cuda_rope.cuh"
+#include "llmc/cuda_sparse_decode.cuh"
 #include "llmc/cuda_sparse_ffn.cuh"
+#include "llmc/cuda_twell.cuh"
 #endif
 #include "llmc/memory.h"
 #include "llmc/model.h"
 #include "llmc/rng.h"
 #include "llmc/utils.h"
-
-// per-layer sparsity statistics over the forwards since gpt_stats_reset
-typedef struct {
-    double l1;       // mean over tokens of sum_n |h[m, n]|
-    double l0_mean;  // mean number of firing units per token
-    int l0_max;      // most firing units of any token
-    double dead;     // fraction of units that fired for no token
-} LayerStats;
 
 template <typename T, typename G>
 struct Activations {
@@ -215,37 +211,6 @@ static inline void init_params_random(float* params, const GPTConfig* c, uint64_
         }
         p += sizes[i];
     }
-}
-
-// Benchmark-only (never written into a checkpoint): init_params_random, then
-// gates that are sparse from the start, about k of H units firing per token
-// in every layer (docs/SPARSE.md's synthetic sparsity inside the model). The
-// last embedding channel becomes a constant 0.02, the scale of the others, so
-// the normed FFN input carries a feature of about 1; W_o and W_d are scaled by
-// 1e-3, so the residual stream stays the embedding and that feature survives
-// every layer; and the last column of W_g is -t_n sd(g), t_n = Phi^-1(1 - p_n),
-// with p_n = k / H (uniform) or skewed as the realistic pattern (log-normal
-// rates, 30% of the units never firing; sparse_synthetic_rates).
-static inline void init_params_synthetic_sparse(float* params, const GPTConfig* c, double k, uint64_t seed,
-                                                int skewed = 0) {
-    init_params_random(params, c, seed);
-    float* p[NUM_PARAM_TENSORS];
-    gpt_point_tensors(params, p, c);
-    size_t L = c->num_layers, D = c->channels, H = c->hidden;
-    for (int v = 0; v < c->vocab_size; v++) { p[P_WTE][(size_t)v * D + D - 1] = 0.02f; }
-    for (size_t i = 0; i < L * D * D; i++) { p[P_WO][i] *= 1e-3f; }
-    for (size_t i = 0; i < L * H * D; i++) { p[P_WDT][i] *= 1e-3f; }
-    double* rate = (double*)mallocCheck(H * sizeof(double));
-    uint64_t rng = seed ^ 0x5eed5eedull;
-    for (size_t l = 0; l < L; l++) {
-        sparse_synthetic_rates(rate, (int)H, k, skewed, &rng);
-        double t = 0;
-        for (size_t n = 0; n < H; n++) {
-            if (n == 0 || rate[n] != rate[n - 1]) { t = rate[n] > 0 ? sparse_normal_quantile(1.0 - rate[n]) : 40.0; }
-            p[P_WG][(l * H + n) * D + D - 1] = (float)(-t * 0.02 * sqrt((double)D - 1)); // (40 sd: never)
-        }
-    }
-    free(rate);
 }
 
 template <typename T, typename G>
@@ -528,7 +493,7 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
     free(fired);
 }
 
-// The dead-neuron re-initialisation of MODEL.md, after an optimizer step and
+// The dead-neuron re-initialisation of docs/MODEL.md, after an optimizer step and
 // its gpt_stats_read (the fired marks then cover that step's tokens): every
 // W_g row whose unit fired for no token is pulled a tenth of the way to fresh
 // N(0, 0.02^2) noise. master: the fp32 master weights in the model's flat order
@@ -819,80 +784,284 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
 }
 
 // ----------------------------------------------------------------------------
-// inference on the CPU path: one sequence, a key/value cache, any number of
-// new tokens at a time
+// Inference: the forward above over a key/value cache, for a batch of
+// sequences. A prefill feeds a batch of prompts of any lengths; then each
+// decode step feeds one new token of every sequence. Per layer l and row
+// (sequence s, position p):
+//     a = RMSNorm(x);  qkv = a Wqkv^T;  RoPE(q, k at p);  cache[l, s, p] = k, v
+//     x += Attn(q, cache[l, s, 0..p]) Wo^T
+//     f = RMSNorm(x);  x += FFN(f)
+// and logits = RMSNorm(x) E^T of each sequence's last row.
+//
+// A prefill's prompts are the rows of one [M, D] batch (M = the sum of their
+// lengths): the products, norms and the FFN do not care where a sequence ends;
+// RoPE and the cache take each row's sequence and position from arrays on the
+// device, and attention runs per prompt over its own rows. A decode step has a
+// row per sequence; on the GPU its linear layers are a GEMV of our own for up to
+// 8 rows (llmc/cuda_matmul.cuh), its attention splits a long cache over many
+// SMs (llmc/cuda_attention_cached.cuh), and the step is queued as one CUDA graph
+// (tokens and positions live in device memory: no allocation and no wait for
+// the host inside it), so its launches cost the GPU's time, not the host's.
+// The FFN of a layer: gpt_ffn_cached. The parts only the GPU has are compiled
+// for bf16, its type, alone.
 
 template <typename T>
 struct InferState {
-    int capacity;  // most new tokens per call
-    T* k_cache;    // [L, T_max, KVD] keys after RoPE
-    T* v_cache;    // [L, T_max, KVD]
-    T *x, *normed, *qkv, *att, *tmp, *g, *u, *h, *row_l1, *logits;
-    int* row_active;
-    T* memory;
+    int max_seqs;      // sequences the cache holds (the decode batch)
+    int max_rows;      // tokens of one prefill (the sum of the prompts' lengths)
+    int cache_len;     // positions per sequence in the cache (<= max_seq_len)
+    T *k_cache, *v_cache; // [L, max_seqs, cache_len, KVD] keys after RoPE, values
+    // activations, [rows, ...] with rows = max(max_rows, max_seqs)
+    T *x, *x_mid, *normed, *qkv, *att, *proj;
+    T* gu;             // [rows, 2H]: g and u of the dense FFN, the sparse FFNs' scratch
+    T* last;           // [max_seqs, D] each sequence's last row, final-normed
+    T* logits;         // [max_seqs, Vp]
+    int *tokens, *row_slot, *row_pos; // [rows]: each row's token, sequence (cache slot) and position
+    int* last_row;     // [max_seqs] each prompt's last row
+    // the GPU's (NULL on the CPU): the prefill attention's log-sum-exp [max_rows, NH], the decode
+    // attention's splits (llmc/cuda_attention_cached.cuh)
+    float* lse;
+    float *part_o, *part_ml;
+    int* splits_done;
+    // called before layer l's FFN of a prefill of M rows (the synthetic-sparse
+    // benchmark model sets its gates there, llmc/synthetic.h); NULL: nothing
+    void (*before_ffn)(void* ctx, int layer, int M);
+    void* before_ffn_ctx;
+#ifdef __CUDACC__
+    SparseDecode sparse_decode; // the sparse FFN of a decode step
+    TwellPrefill twell;         // the TwELL FFN of a prefill
+    CudaGraph graph;            // the decode step, for one batch size and FFN
+    int use_graph;              // 1 (the default): a decode step is one CUDA graph
+    uint16_t* logits_pinned;    // [max_seqs, Vp] bf16 bits: the logits' way to the host
+#endif
 };
 
-template <typename T>
-void infer_state_alloc(InferState<T>* s, const GPTConfig* c, int capacity) {
-    size_t L = c->num_layers, Tm = c->max_seq_len, KVD = kv_dim(c), D = c->channels, H = c->hidden;
-    size_t n = capacity;
-    struct { T** ptr; size_t count; } parts[] = {
-        {&s->k_cache, L * Tm * KVD}, {&s->v_cache, L * Tm * KVD}, {&s->x, n * D}, {&s->normed, n * D},
-        {&s->qkv, n * qkv_dim(c)}, {&s->att, n * D}, {&s->tmp, n * D}, {&s->g, n * H}, {&s->u, n * H},
-        {&s->h, n * H}, {&s->row_l1, n}, {&s->logits, (size_t)c->padded_vocab_size},
+// The cache and buffers of max_seqs sequences, prefills of up to max_rows
+// tokens, and cache_len positions per sequence, on the model's device.
+template <typename T, typename G>
+void infer_state_alloc(InferState<T>* s, const GPT<T, G>* model, int max_seqs, int max_rows, int cache_len) {
+    const GPTConfig* c = &model->config;
+    size_t L = c->num_layers, D = c->channels, H = c->hidden, QKV = qkv_dim(c), KVD = kv_dim(c);
+    int gpu = model->device == DEVICE_CUDA;
+    if (max_seqs < 1 || max_rows < 1) { fatal("inference for %d sequences of %d rows in all", max_seqs, max_rows); }
+    if (cache_len < 1 || cache_len > c->max_seq_len) { fatal("cache length %d must be 1..%d", cache_len, c->max_seq_len); }
+#ifdef __CUDACC__
+    if (gpu && (D % 8 != 0 || H % 8 != 0 || !attention_decode_supports(head_size(c)))) {
+        fatal("the GPU path needs D %zu and H %zu multiples of 8 and a head size (%d) of 16, 32, 64 or 128", D, H,
+              head_size(c));
+    }
+    if (gpu && main_stream == 0) { cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking)); }
+#endif
+    memset(s, 0, sizeof(*s));
+    s->max_seqs = max_seqs;
+    s->max_rows = max_rows;
+    s->cache_len = cache_len;
+    size_t rows = max_rows > max_seqs ? max_rows : max_seqs, cache = L * max_seqs * cache_len * KVD;
+    struct { void** ptr; size_t bytes; } parts[] = {
+        {(void**)&s->k_cache, cache * sizeof(T)}, {(void**)&s->v_cache, cache * sizeof(T)},
+        {(void**)&s->x, rows * D * sizeof(T)}, {(void**)&s->x_mid, rows * D * sizeof(T)},
+        {(void**)&s->normed, rows * D * sizeof(T)}, {(void**)&s->qkv, rows * QKV * sizeof(T)},
+        {(void**)&s->att, rows * D * sizeof(T)}, {(void**)&s->proj, rows * D * sizeof(T)},
+        {(void**)&s->gu, rows * 2 * H * sizeof(T)}, {(void**)&s->last, max_seqs * D * sizeof(T)},
+        {(void**)&s->logits, (size_t)max_seqs * c->padded_vocab_size * sizeof(T)},
+        {(void**)&s->lse, gpu ? (size_t)max_rows * c->num_heads * sizeof(float) : 0},
+        {(void**)&s->tokens, rows * sizeof(int)}, {(void**)&s->row_slot, rows * sizeof(int)},
+        {(void**)&s->row_pos, rows * sizeof(int)}, {(void**)&s->last_row, max_seqs * sizeof(int)},
     };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) { total += parts[i].count; }
-    s->memory = (T*)mallocCheck(total * sizeof(T));
-    T* p = s->memory;
-    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) { *parts[i].ptr = p; p += parts[i].count; }
-    s->row_active = (int*)mallocCheck(n * sizeof(int));
-    s->capacity = capacity;
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        if (parts[i].bytes > 0) { *parts[i].ptr = device_malloc(parts[i].bytes, model->device); }
+    }
+#ifdef __CUDACC__
+    if (gpu) {
+        sparse_decode_alloc(&s->sparse_decode, max_seqs, (int)H);
+        cudaCheck(cudaMallocHost(&s->logits_pinned, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
+        twell_prefill_init(&s->twell, (int)L);
+        attention_decode_alloc(&s->part_o, &s->part_ml, &s->splits_done, max_seqs, c->num_heads, head_size(c), cache_len);
+        s->use_graph = 1;
+    }
+#endif
 }
 
-template <typename T>
-void infer_state_free(InferState<T>* s) {
-    free(s->memory);
-    free(s->row_active);
+template <typename T, typename G>
+void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
+    void* bufs[] = {s->k_cache, s->v_cache, s->x, s->x_mid, s->normed, s->qkv, s->att, s->proj, s->gu, s->last,
+                    s->logits, s->lse, s->tokens, s->row_slot, s->row_pos, s->last_row, s->part_o, s->part_ml,
+                    s->splits_done};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { device_free(bufs[i], model->device); }
+#ifdef __CUDACC__
+    if (model->device == DEVICE_CUDA) {
+        sparse_decode_free(&s->sparse_decode);
+        twell_prefill_free(&s->twell);
+        cuda_graph_free(&s->graph);
+        cudaCheck(cudaFreeHost(s->logits_pinned));
+    }
+#endif
     memset(s, 0, sizeof(*s));
 }
 
-// Feeds tokens[0..n) at positions pos0..pos0+n-1 (earlier positions are in the
-// cache) and leaves the logits of the last one in s->logits.
-template <typename T>
-void gpt_forward_cached(const GPT<T, T>* model, InferState<T>* s, const int* tokens, int n, int pos0) {
-    const GPTConfig* c = &model->config;
-    if (n < 1 || n > s->capacity) { fatal("%d new tokens, the inference state holds 1 to %d", n, s->capacity); }
-    if (pos0 + n > c->max_seq_len) { fatal("position %d exceeds max_seq_len %d", pos0 + n, c->max_seq_len); }
-    int L = c->num_layers, D = c->channels, H = c->hidden, QKV = qkv_dim(c), KVD = kv_dim(c);
-    int hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
-    size_t cache_layer = (size_t)c->max_seq_len * KVD;
+// the parameters from fp32 (a checkpoint's), rounded to the model's type on its device
+template <typename T, typename G>
+void gpt_load_params(GPT<T, G>* model, const float* params) {
+#ifdef __CUDACC__
+    if constexpr (std::is_same<T, bf16>::value) { upload_bf16(model->params, params, model->num_parameters); } else
+#endif
+    for (size_t i = 0; i < model->num_parameters; i++) { model->params[i] = (T)params[i]; }
+}
 
-    encoder_forward(s->x, tokens, model->param[P_WTE], n, D);
+// y = x W^T of the cached forward: a decode step's few rows by decode_linear (the GPU's GEMV)
+template <typename T>
+static void linear_cached(T* y, const T* x, const T* w, int M, int K, int N, int decode) {
+    if (decode) { decode_linear(y, x, w, M, N, K); } else { linear_forward(y, x, w, M, K, N); }
+}
+
+// Layer l's FFN of the cached forward, s->normed [M, D] -> s->proj: dense
+// (FFN_DENSE, and always on the CPU), or on the GPU with FFN_SPARSE the
+// active units' weight rows for a decode step (llmc/cuda_sparse_decode.cuh)
+// and TwELL for a prefill of enough rows (llmc/cuda_twell.cuh: the packing
+// gate, then the fused up + down; its status is read after every layer, and a
+// layer whose record buffer was too small is grown and run again, so the
+// output is always exact). The one place a layer's FFN is chosen.
+template <typename T, typename G>
+static void gpt_ffn_cached(GPT<T, G>* model, InferState<T>* s, int l, int M, int decode) {
+    const GPTConfig* c = &model->config;
+    int D = c->channels, H = c->hidden;
+    size_t LH = (size_t)l * H * D;
+    const T *wg = model->param[P_WG] + LH, *wu = model->param[P_WU] + LH, *wdT = model->param[P_WDT] + LH;
+    if (s->before_ffn) { s->before_ffn(s->before_ffn_ctx, l, M); }
+#ifdef __CUDACC__
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (model->ffn_mode == FFN_SPARSE && decode) {
+            ffn_sparse_decode(s->proj, &s->sparse_decode, s->normed, wg, wu, wdT, M, D, H, s->gu);
+            return;
+        }
+        if (model->ffn_mode == FFN_SPARSE && twell_prefill_takes(&s->twell, M, D)) {
+            twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg, wu, wdT, M, D, H, s->gu);
+            return;
+        }
+    }
+#endif
+    ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * H, s->normed, wg, wu, wdT, M, D, H,
+                      (unsigned long long*)NULL, decode);
+}
+
+// The layers over M rows whose tokens, cache slots and positions are in s;
+// leaves the final norm of every row in s->normed. A prefill (decode 0) names
+// its prompts' rows: prompt i is rows seq_rows[i] .. seq_rows[i] + seq_lens[i] - 1
+// (host arrays, nseq prompts); a decode step has row b in slot b.
+template <typename T, typename G>
+static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const int* seq_rows, const int* seq_lens,
+                               int nseq, int decode) {
+    const GPTConfig* c = &model->config;
+    int L = c->num_layers, D = c->channels, QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads;
+    int NKV = c->num_kv_heads;
+    size_t cache_layer = (size_t)s->max_seqs * s->cache_len * kv_dim(c);
+    encoder_forward(s->x, s->tokens, model->param[P_WTE], M, D);
+    rmsnorm_forward(s->normed, (G*)NULL, s->x, model->param[P_ATTN_NORM], M, D, c->norm_eps, decode);
     for (int l = 0; l < L; l++) {
         T* kc = s->k_cache + l * cache_layer;
         T* vc = s->v_cache + l * cache_layer;
-        rmsnorm_forward(s->normed, (T*)NULL, s->x, model->param[P_ATTN_NORM] + (size_t)l * D, n, D, c->norm_eps);
-        linear_forward(s->qkv, s->normed, model->param[P_WQKV] + (size_t)l * QKV * D, n, D, QKV);
-        rope_forward(s->qkv, 1, n, pos0, NH, NKV, hd, c->rope_theta);
-        for (int t = 0; t < n; t++) {
-            memcpy(kc + (size_t)(pos0 + t) * KVD, s->qkv + (size_t)t * QKV + D, KVD * sizeof(T));
-            memcpy(vc + (size_t)(pos0 + t) * KVD, s->qkv + (size_t)t * QKV + D + KVD, KVD * sizeof(T));
+        linear_cached(s->qkv, s->normed, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV, decode);
+        if (decode) {
+            attention_decode(s->att, s->part_o, s->part_ml, s->splits_done, s->qkv, kc, vc, s->row_pos, M, NH, NKV,
+                             hd, s->cache_len, c->rope_theta);
+        } else {
+            attention_prefill(s->att, s->lse, s->qkv, kc, vc, s->row_slot, s->row_pos, M, seq_rows, seq_lens, nseq,
+                              NH, NKV, hd, s->cache_len, c->rope_theta);
         }
-        attention_forward_cached(s->att, s->qkv, kc, vc, n, pos0, NH, NKV, hd);
-        linear_forward(s->tmp, s->att, model->param[P_WO] + (size_t)l * D * D, n, D, D);
-        residual_add(s->x, s->tmp, (size_t)n * D);
-
-        rmsnorm_forward(s->normed, (T*)NULL, s->x, model->param[P_FFN_NORM] + (size_t)l * D, n, D, c->norm_eps);
-        linear_forward(s->g, s->normed, model->param[P_WG] + (size_t)l * H * D, n, D, H);
-        linear_forward(s->u, s->normed, model->param[P_WU] + (size_t)l * H * D, n, D, H);
-        relu_gate_forward(s->h, s->row_l1, s->row_active, (uint8_t*)NULL, s->g, s->u, n, H);
-        gemm(s->tmp, s->h, model->param[P_WDT] + (size_t)l * H * D, n, D, H, 0, 0, 0);
-        residual_add(s->x, s->tmp, (size_t)n * D);
+        linear_cached(s->proj, s->att, model->param[P_WO] + (size_t)l * D * D, M, D, D, decode);
+        fused_residual_rmsnorm_forward(s->x_mid, s->normed, (G*)NULL, s->x, s->proj,
+                                       model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps, decode);
+        gpt_ffn_cached(model, s, l, M, decode);
+        int last = l == L - 1;
+        fused_residual_rmsnorm_forward(s->x, s->normed, (G*)NULL, s->x_mid, s->proj,
+                                       last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,
+                                       M, D, c->norm_eps, decode);
     }
-    const T* last = s->x + (size_t)(n - 1) * D;
-    rmsnorm_forward(s->normed, (T*)NULL, last, model->param[P_FINAL_NORM], 1, D, c->norm_eps);
-    linear_forward(s->logits, s->normed, model->param[P_WTE], 1, D, c->padded_vocab_size);
+}
+
+// the first n rows of s->logits into logits (host floats [n, Vp]; NULL: none),
+// once the device's work is done
+template <typename T, typename G>
+static void gpt_logits_out(GPT<T, G>* model, InferState<T>* s, int n, float* logits) {
+    size_t count = (size_t)n * model->config.padded_vocab_size;
+#ifdef __CUDACC__
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (logits) {
+            cudaCheck(cudaMemcpyAsync(s->logits_pinned, s->logits, count * sizeof(bf16), cudaMemcpyDeviceToHost,
+                                      main_stream));
+        }
+        cudaCheck(cudaStreamSynchronize(main_stream));
+        for (size_t i = 0; logits && i < count; i++) { logits[i] = float_from_bf16(s->logits_pinned[i]); }
+    } else
+#endif
+    for (size_t i = 0; logits && i < count; i++) { logits[i] = (float)s->logits[i]; }
+}
+
+// Prefill: prompt i (tokens[first_i .. first_i + lens[i]), the prompts
+// concatenated) fills cache slot i from position 0. logits (host, [nseq, Vp],
+// may be NULL) gets each prompt's last-token logits.
+template <typename T, typename G>
+void gpt_prefill(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* lens, int nseq, float* logits) {
+    const GPTConfig* c = &model->config;
+    if (nseq < 1 || nseq > s->max_seqs) { fatal("prefill of %d prompts, the model holds 1 to %d", nseq, s->max_seqs); }
+    int M = 0;
+    int* seq_rows = (int*)mallocCheck(nseq * sizeof(int));
+    for (int i = 0; i < nseq; i++) {
+        if (lens[i] < 1 || lens[i] > s->cache_len) {
+            fatal("prompt %d has %d tokens, the cache holds 1 to %d", i, lens[i], s->cache_len);
+        }
+        seq_rows[i] = M;
+        M += lens[i];
+    }
+    if (M > s->max_rows) { fatal("prefill of %d tokens, the model was sized for %d", M, s->max_rows); }
+    int* host = (int*)mallocCheck((size_t)2 * M * sizeof(int) + nseq * sizeof(int));
+    int *slot = host, *pos = host + M, *last = host + 2 * M;
+    for (int i = 0; i < nseq; i++) {
+        for (int t = 0; t < lens[i]; t++) { slot[seq_rows[i] + t] = i; pos[seq_rows[i] + t] = t; }
+        last[i] = seq_rows[i] + lens[i] - 1;
+    }
+    device_upload(s->tokens, tokens, M * sizeof(int), model->device);
+    device_upload(s->row_slot, slot, M * sizeof(int), model->device);
+    device_upload(s->row_pos, pos, M * sizeof(int), model->device);
+    device_upload(s->last_row, last, nseq * sizeof(int), model->device);
+    gpt_forward_cached(model, s, M, seq_rows, lens, nseq, 0);
+    gather_rows(s->last, s->normed, s->last_row, nseq, c->channels);
+    linear_forward(s->logits, s->last, model->param[P_WTE], nseq, c->channels, c->padded_vocab_size);
+    gpt_logits_out(model, s, nseq, logits);
+    free(host);
+    free(seq_rows);
+}
+
+// one decode step of B sequences as queued work (what the graph holds)
+template <typename T, typename G>
+static void gpt_decode_step(GPT<T, G>* model, InferState<T>* s, int B) {
+    const GPTConfig* c = &model->config;
+    gpt_forward_cached(model, s, B, (const int*)NULL, (const int*)NULL, B, 1);
+    decode_linear(s->logits, s->normed, model->param[P_WTE], B, c->padded_vocab_size, c->channels);
+}
+
+// Decode: sequence b (cache slot b) gets tokens[b] at position pos[b] (its
+// cache holds 0..pos[b]-1); logits (host, [B, Vp], may be NULL) gets the
+// next-token logits.
+template <typename T, typename G>
+void gpt_decode(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* pos, int B, float* logits) {
+    if (B < 1 || B > s->max_seqs) { fatal("decode of %d sequences, the model holds 1 to %d", B, s->max_seqs); }
+    for (int b = 0; b < B; b++) {
+        if (pos[b] < 0 || pos[b] >= s->cache_len) {
+            fatal("decode at position %d, the cache holds 0 to %d", pos[b], s->cache_len - 1);
+        }
+    }
+    device_upload(s->tokens, tokens, B * sizeof(int), model->device);
+    device_upload(s->row_pos, pos, B * sizeof(int), model->device);
+#ifdef __CUDACC__
+    if (model->device == DEVICE_CUDA && s->use_graph) { // captured again when the batch or the FFN changes
+        cuda_graph_launch(&s->graph, 4LL * B + model->ffn_mode, [&] { gpt_decode_step(model, s, B); });
+        gpt_logits_out(model, s, B, logits);
+        return;
+    }
+#endif
+    gpt_decode_step(model, s, B);
+    gpt_logits_out(model, s, B, logits);
 }
 
 #endif // LLMC_GPT_H

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include "llmc/gpt.h"
+#include "llmc/model.h"
 #include "llmc/utils.h"
 
 typedef struct {

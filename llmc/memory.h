@@ -48,6 +48,16 @@ static inline void device_copy(void* dst, const void* src, size_t bytes, Device 
 #endif
 }
 
+// host -> the model's device, queued without waiting for the device: the CUDA
+// path copies pageable host memory before it returns (so src may be reused at
+// once), and the device reads dst in stream order
+static inline void device_upload(void* dst, const void* src, size_t bytes, Device device) {
+    if (device == DEVICE_CPU) { memcpy(dst, src, bytes); return; }
+#ifdef __CUDACC__
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
+#endif
+}
+
 // waits until the device has done all its queued work (timing)
 static inline void device_synchronize(Device device) {
 #ifdef __CUDACC__

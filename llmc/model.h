@@ -67,6 +67,14 @@ static inline size_t num_parameters(const GPTConfig* c) {
     return total;
 }
 
+// per-layer sparsity statistics over the forwards since gpt_stats_reset (llmc/gpt.h)
+typedef struct {
+    double l1;       // mean over tokens of sum_n |h[m, n]|
+    double l0_mean;  // mean number of firing units per token
+    int l0_max;      // most firing units of any token
+    double dead;     // fraction of units that fired for no token
+} LayerStats;
+
 // model shapes by name: the small default for the embedded corpus and the paper's family
 typedef struct { const char* name; int layers, dim, heads, hidden; } ModelPreset;
 

@@ -41,12 +41,6 @@ typedef struct {
     const char* launcher; // where rank and size came from, for the log
 } ProcessInfo;
 
-static inline double rdv_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static inline void rdv_sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -114,7 +108,7 @@ static inline int rdv_transfer(int fd, void* buf, size_t n, int sending, double 
     char* p = (char*)buf;
     while (n > 0) {
         struct pollfd pfd = {fd, (short)(sending ? POLLOUT : POLLIN), 0};
-        int wait_ms = (int)((deadline - rdv_now()) * 1000);
+        int wait_ms = (int)((deadline - now_seconds()) * 1000);
         if (wait_ms <= 0 || poll(&pfd, 1, wait_ms) <= 0) { return -1; }
         ssize_t k = sending ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
         if (k <= 0) { return -1; }
@@ -130,7 +124,7 @@ static inline int rdv_transfer(int fd, void* buf, size_t n, int sending, double 
 static inline void rendezvous_tcp(const char* address, const ProcessInfo* p, void* blob, size_t bytes, double timeout_s) {
     char host[256], port[32];
     rdv_split_address(address, host, sizeof(host), port, sizeof(port));
-    double deadline = rdv_now() + timeout_s;
+    double deadline = now_seconds() + timeout_s;
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -149,7 +143,7 @@ static inline void rendezvous_tcp(const char* address, const ProcessInfo* p, voi
         uint32_t head[2] = {RDV_MAGIC, (uint32_t)bytes};
         for (int joined = 1; joined < p->size; joined++) {
             struct pollfd pfd = {fd, POLLIN, 0};
-            int wait_ms = (int)((deadline - rdv_now()) * 1000);
+            int wait_ms = (int)((deadline - now_seconds()) * 1000);
             if (wait_ms <= 0 || poll(&pfd, 1, wait_ms) <= 0) {
                 fatal("rendezvous: only %d of %d processes reached %s within %.0f s", joined, p->size, address, timeout_s);
             }
@@ -181,7 +175,7 @@ static inline void rendezvous_tcp(const char* address, const ProcessInfo* p, voi
             return;
         }
         close(fd);
-        if (rdv_now() > deadline) { fatal("rendezvous: rank %d could not reach rank 0 at %s within %.0f s", p->rank, address, timeout_s); }
+        if (now_seconds() > deadline) { fatal("rendezvous: rank %d could not reach rank 0 at %s within %.0f s", p->rank, address, timeout_s); }
         rdv_sleep_ms(100);
     }
 }
@@ -190,7 +184,7 @@ static inline void rendezvous_tcp(const char* address, const ProcessInfo* p, voi
 // shared file: rank 0 writes <path>, rank r > 0 answers with <path>.ack<r>
 
 static inline void rendezvous_file(const char* path, const ProcessInfo* p, void* blob, size_t bytes, double timeout_s) {
-    double deadline = rdv_now() + timeout_s;
+    double deadline = now_seconds() + timeout_s;
     char ack[4096];
     if (p->rank == 0) {
         if (access(path, F_OK) == 0) {
@@ -205,7 +199,7 @@ static inline void rendezvous_file(const char* path, const ProcessInfo* p, void*
         for (int r = 1; r < p->size; r++) {
             snprintf(ack, sizeof(ack), "%s.ack%d", path, r);
             while (access(ack, F_OK) != 0) {
-                if (rdv_now() > deadline) { fatal("rendezvous: rank %d never answered through %s within %.0f s", r, path, timeout_s); }
+                if (now_seconds() > deadline) { fatal("rendezvous: rank %d never answered through %s within %.0f s", r, path, timeout_s); }
                 rdv_sleep_ms(50);
             }
         }
@@ -226,7 +220,7 @@ static inline void rendezvous_file(const char* path, const ProcessInfo* p, void*
             if (!ok) { fatal("rendezvous file %s is not this program's (or is damaged)", path); }
             break;
         }
-        if (rdv_now() > deadline) { fatal("rendezvous: rank %d found no %s within %.0f s", p->rank, path, timeout_s); }
+        if (now_seconds() > deadline) { fatal("rendezvous: rank %d found no %s within %.0f s", p->rank, path, timeout_s); }
         rdv_sleep_ms(50);
     }
     snprintf(ack, sizeof(ack), "%s.ack%d", path, p->rank);

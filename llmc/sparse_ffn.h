@@ -36,7 +36,6 @@
 #include <stdint.h>
 #include <string.h>
 #include "llmc/memory.h"
-#include "llmc/rng.h"
 #include "llmc/utils.h"
 
 #define SPARSE_ROW_LOST (-2)
@@ -350,54 +349,6 @@ void sparse_dh_weight_grads(T* du, T* dg, G* dwu, G* dwg, G* dwdT, const SparseP
 template <typename T>
 void sparse_df(T* df, const SparsePattern<T>* p, const T* du, const T* dg, const T* wu, const T* wg, int D) {
     sparse_gather_rows(df, p, du, wu, dg, wg, D);
-}
-
-// ----------------------------------------------------------------------------
-// synthetic sparsity for tests and benchmarks (SPARSE.md, "Measuring"): f rows
-// N(0, 1) with the last feature a bias carrier of 1; Wg rows N(0, 1/(D-1)) with
-// the last column -t_n, t_n = Phi^-1(1 - p_n), so unit n fires with probability
-// p_n. uniform: p_n = k / H. realistic: p_n log-normal (sigma 1.5) with mean k / H,
-// capped at 0.5, 30% of units never firing, and the carrier 0.5 on the first 1%
-// of rows (which then fire many times the mean). Wu N(0, 1/D), WdT N(0, 1/H).
-
-// Phi^-1(q) by bisection on the normal CDF (host only, H calls)
-static inline double sparse_normal_quantile(double q) {
-    double lo = -40, hi = 40;
-    for (int i = 0; i < 200; i++) {
-        double mid = 0.5 * (lo + hi);
-        if (0.5 * erfc(-mid / sqrt(2.0)) < q) { lo = mid; } else { hi = mid; }
-    }
-    return 0.5 * (lo + hi);
-}
-
-// p[n], the rate at which unit n fires: k / H (uniform), or the realistic skew
-static inline void sparse_synthetic_rates(double* p, int H, double k, int realistic, uint64_t* rng) {
-    double sum = 0;
-    for (int n = 0; n < H; n++) {
-        p[n] = realistic ? (rng_uniform(rng) < 0.3 ? 0.0 : exp(1.5 * rng_normal(rng))) : 1.0;
-        sum += p[n];
-    }
-    // rescale to mean k / H; the cap at 0.5 takes a little mass off the largest
-    for (int n = 0; n < H; n++) { p[n] = fmin(0.5, p[n] * (k / H) * H / sum); }
-}
-
-static inline void sparse_synthetic_ffn(float* f, float* wg, float* wu, float* wdT, int M, int D, int H, double k,
-                                        int realistic, uint64_t seed) {
-    uint64_t rng = seed;
-    double* p = (double*)mallocCheck(H * sizeof(double));
-    sparse_synthetic_rates(p, H, k, realistic, &rng);
-    for (int m = 0; m < M; m++) {
-        for (int i = 0; i < D - 1; i++) { f[(size_t)m * D + i] = (float)rng_normal(&rng); }
-        f[(size_t)m * D + D - 1] = realistic && m < M / 100 ? 0.5f : 1.0f;
-    }
-    double sd = 1.0 / sqrt((double)(D - 1));
-    for (int n = 0; n < H; n++) {
-        for (int i = 0; i < D - 1; i++) { wg[(size_t)n * D + i] = (float)(sd * rng_normal(&rng)); }
-        wg[(size_t)n * D + D - 1] = p[n] > 0 ? (float)-sparse_normal_quantile(1.0 - p[n]) : -1e4f;
-    }
-    for (size_t i = 0; i < (size_t)H * D; i++) { wu[i] = (float)(rng_normal(&rng) / sqrt((double)D)); }
-    for (size_t i = 0; i < (size_t)H * D; i++) { wdT[i] = (float)(rng_normal(&rng) / sqrt((double)H)); }
-    free(p);
 }
 
 #endif // LLMC_SPARSE_FFN_H

@@ -140,7 +140,7 @@ static void test_resharding(void) {
         make_dir(dir.s);
         float* model = random_floats(n, 6);
         char path[4096];
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", dir.s, 40);
+        model_path(path, sizeof(path), dir.s, 40);
         checkpoint_save_model(path, &c, model, 40);
         free(model);
         size_t covered = 0;
@@ -200,7 +200,7 @@ static void test_resharding(void) {
             state_path(path, sizeof(path), dir.s, 40, r);
             remove(path);
         }
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", dir.s, 40);
+        model_path(path, sizeof(path), dir.s, 40);
         remove(path);
         rmdir(dir.s);
     }

@@ -1,5 +1,5 @@
 /*
- Tests the Hugging Face checkpoint converter (dev/hf_convert.cpp, included here) and what it is built on:
+ Tests the Hugging Face checkpoint converter (tools/hf_convert.cpp, included here) and what it is built on:
  - llmc/json.h: valid documents, and a one-line error naming the file, line and column for each
    kind of malformed one;
  - llmc/safetensors.h: BF16 and F16 conversions over all 65536 values and at rounding boundaries,
@@ -19,7 +19,7 @@
 #include <fcntl.h>
 
 #define HF_CONVERT_NO_MAIN
-#include "dev/hf_convert.cpp"
+#include "tools/hf_convert.cpp"
 #include "llmc/rng.h"
 #include "test/test.h"
 

@@ -3,8 +3,9 @@
  - the blocked matrix products against naive triple loops at ragged sizes;
  - every parameter group's gradient against central finite differences, in
    double precision on a tiny config, with lambda = 0 and lambda > 0;
- - the cached inference forward (prefill, then one token at a time) against
-   the training forward's logits.
+ - the cached inference forward (a prefill, then one token at a time; one
+   prompt, and a batch of prompts of different lengths) against the training
+   forward's logits.
 */
 #include "llmc/gpt.h"
 #include "llmc/optimizer.h"
@@ -181,29 +182,52 @@ static void test_recompute(void) {
     gpt_free(&recomputed);
 }
 
-static void test_cached_forward(void) {
+// prompts of the given lengths prefilled as one batch, then decode steps of all
+// sequences until the longest fills max_seq_len, against each sequence's
+// training forward
+static void test_cached_forward(int nseq, const int* lens) {
     GPTConfig c = tiny_config();
     GPT<double, double> model;
     gpt_build(&model, &c, DEVICE_CPU);
     init_for_check(&model, 9);
-    int T = c.max_seq_len;
-    int tokens[8];
+    int T = c.max_seq_len, Vp = c.padded_vocab_size, total = 0, longest = 0;
+    int* tokens = (int*)mallocCheck((size_t)nseq * T * sizeof(int));       // [nseq, T]
+    double* ref = (double*)mallocCheck((size_t)nseq * T * Vp * sizeof(double)); // [nseq, T, Vp]
     uint64_t rng = 5;
-    for (int i = 0; i < T; i++) { tokens[i] = (int)rng_below(&rng, c.vocab_size); }
-    gpt_forward(&model, tokens, (const int*)NULL, 1, T, 0.0f);
-    InferState<double> s;
-    infer_state_alloc(&s, &c, T);
-    int prefill = 3;
-    double worst = 0;
-    for (int pos = 0; pos < T;) {
-        int n = pos == 0 ? prefill : 1;
-        gpt_forward_cached(&model, &s, tokens + pos, n, pos);
-        pos += n;
-        const double* ref = model.acts.logits + (size_t)(pos - 1) * c.padded_vocab_size;
-        for (int v = 0; v < c.vocab_size; v++) { worst = fmax(worst, rel_err(s.logits[v], ref[v])); }
+    for (int i = 0; i < nseq * T; i++) { tokens[i] = (int)rng_below(&rng, c.vocab_size); }
+    for (int i = 0; i < nseq; i++) {
+        gpt_forward(&model, tokens + (size_t)i * T, (const int*)NULL, 1, T, 0.0f);
+        memcpy(ref + (size_t)i * T * Vp, model.acts.logits, (size_t)T * Vp * sizeof(double));
+        total += lens[i];
+        longest = lens[i] > longest ? lens[i] : longest;
     }
-    CHECK(worst < 1e-10, "cached forward logits differ from the full forward: rel err %g", worst);
-    infer_state_free(&s);
+    InferState<double> s;
+    infer_state_alloc(&s, &model, nseq, total, T);
+    int* prompts = (int*)mallocCheck(total * sizeof(int));
+    for (int i = 0, off = 0; i < nseq; off += lens[i], i++) {
+        memcpy(prompts + off, tokens + (size_t)i * T, lens[i] * sizeof(int));
+    }
+    int next[8], pos[8];
+    double worst = 0;
+    for (int step = 0; longest + step <= T; step++) {
+        if (step == 0) {
+            gpt_prefill(&model, &s, prompts, lens, nseq, (float*)NULL);
+        } else {
+            for (int i = 0; i < nseq; i++) { pos[i] = lens[i] + step - 1; next[i] = tokens[(size_t)i * T + pos[i]]; }
+            gpt_decode(&model, &s, next, pos, nseq, (float*)NULL);
+        }
+        for (int i = 0; i < nseq; i++) { // the logits after position lens[i] + step - 1
+            const double* r = ref + ((size_t)i * T + lens[i] + step - 1) * Vp;
+            for (int v = 0; v < c.vocab_size; v++) {
+                worst = fmax(worst, rel_err(s.logits[(size_t)i * Vp + v], r[v]));
+            }
+        }
+    }
+    CHECK(worst < 1e-10, "cached forward (%d prompts) logits differ from the full forward: rel err %g", nseq, worst);
+    infer_state_free(&s, &model);
+    free(prompts);
+    free(ref);
+    free(tokens);
     gpt_free(&model);
 }
 
@@ -249,6 +273,8 @@ int main(void) {
     test_gradients(0.0);
     test_gradients(0.05);
     test_recompute();
-    test_cached_forward();
+    const int one[1] = {3}, batch[3] = {3, 1, 5};
+    test_cached_forward(1, one);
+    test_cached_forward(3, batch);
     return test_summary("test_model");
 }

@@ -133,10 +133,10 @@ static void test_meetings(void) {
 
     // a rank that never comes: rank 0 stops with one line, within the timeout
     Meeting missing = {"tcp", address, 3, 2, 1.5};
-    double t0 = rdv_now();
+    double t0 = now_seconds();
     rc = run_meeting(&missing, err, sizeof(err), &others_ok);
-    CHECK(rc == 1 && strstr(err, "only 2 of 3 processes reached") && rdv_now() - t0 < 10,
-          "tcp, missing rank: exit %d after %.1f s: %s", rc, rdv_now() - t0, err);
+    CHECK(rc == 1 && strstr(err, "only 2 of 3 processes reached") && now_seconds() - t0 < 10,
+          "tcp, missing rank: exit %d after %.1f s: %s", rc, now_seconds() - t0, err);
     Meeting missing_file = {"file", file.s, 3, 2, 1.5};
     rc = run_meeting(&missing_file, err, sizeof(err), &others_ok);
     CHECK(rc == 1 && strstr(err, "rank 2 never answered"), "file, missing rank: exit %d: %s", rc, err);
@@ -198,10 +198,10 @@ static void watchdog_off(const void*) {
 
 static void test_watchdog(void) {
     char err[1024];
-    double t0 = rdv_now();
+    double t0 = now_seconds();
     int rc = run_child(watchdog_fires, NULL, err, sizeof(err));
-    CHECK(rc == 1 && strstr(err, "error: rank 1: step 42 did not finish within 0.3 s") && rdv_now() - t0 < 3,
-          "armed watchdog: exit %d after %.1f s: %s", rc, rdv_now() - t0, err);
+    CHECK(rc == 1 && strstr(err, "error: rank 1: step 42 did not finish within 0.3 s") && now_seconds() - t0 < 3,
+          "armed watchdog: exit %d after %.1f s: %s", rc, now_seconds() - t0, err);
     rc = run_child(watchdog_quiet, NULL, err, sizeof(err));
     CHECK(rc == 0 && err[0] == '\0', "disarmed watchdog fired: exit %d: %s", rc, err);
     rc = run_child(watchdog_off, NULL, err, sizeof(err));

@@ -19,7 +19,7 @@
    bound short of it by 1% would fail U >= G); non-finite inputs always a
    candidate;
  - the screened gate's fired set and G against the GEMV's on random gates
-   (half fire), the synthetic-sparse ones of SPARSE.md (uniform and
+   (half fire), the synthetic-sparse ones of docs/SPARSE.md (uniform and
    realistic k = 30), units put right at the threshold (G = a bf16 rounding
    error, either sign), and f with outliers, for 1 to 8 rows.
 */
@@ -27,6 +27,7 @@
 #include "llmc/rng.h"
 #include "llmc/screened_gate.h"
 #include "llmc/sparse_ffn.h"
+#include "llmc/synthetic.h"
 #include "llmc/twell.h"
 #include "test/screened_gate_rows.h"
 #include "test/test.h"
@@ -233,7 +234,7 @@ static void test_gate(int B, int H, int D, uint64_t seed) {
     for (float& x : wgf) { x = (float)(rng_normal(&rng) / sqrt((double)D)); }
     to_bf16();
     check_gate("random", wg, f, B, H, D);
-    // synthetic sparse, uniform and realistic (SPARSE.md)
+    // synthetic sparse, uniform and realistic (docs/SPARSE.md)
     for (int realistic = 0; realistic < 2; realistic++) {
         sparse_synthetic_ffn(f.data(), wgf.data(), wu.data(), wd.data(), B, D, H, 30.0 * H / 5632, realistic, seed + realistic);
         to_bf16();

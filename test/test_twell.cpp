@@ -13,6 +13,7 @@
 */
 #include <vector>
 #include "llmc/rng.h"
+#include "llmc/synthetic.h"
 #include "llmc/twell.h"
 #include "test/test.h"
 
@@ -144,11 +145,7 @@ static void test_ffn(int M, int D, int H, int TW, int S, double active, int reco
     std::vector<float> wu = normals((size_t)H * D, 1.0 / sqrt(D)), wdT = normals((size_t)H * D, 1.0 / sqrt(H));
     std::vector<float> g((size_t)M * H);
     gate_cpu(g.data(), f.data(), wg.data(), M, D, H);
-    double shift = 0.0; // P(N(0,1) > shift) = active / H, by bisection on erfc
-    for (double lo = -10, hi = 10, it = 0; it < 100; it++) {
-        shift = 0.5 * (lo + hi);
-        (0.5 * erfc(shift / sqrt(2.0)) > active / H ? lo : hi) = shift;
-    }
+    double shift = normal_quantile(1.0 - active / H); // P(N(0,1) > shift) = active / H
     for (size_t k = 0; k < g.size(); k++) { g[k] = round_bf16(g[k] - (float)shift); }
     Twell tw = twell_layout(M, H, TW, S, record_capacity);
     std::vector<uint32_t> words(twell_num_words(&tw));

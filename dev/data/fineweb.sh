@@ -110,7 +110,7 @@ elif [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 18 ]; then
     missing+=("node >= 18 (this is $(node --version))")
 fi
 for p in $NPM_PACKAGES; do [ -d "$NPM_PREFIX/node_modules/${p%@*}" ] || missing+=("npm ${p%@*}"); done
-if [ ! -x tokenize ] || [ dev/data/tokenize.cpp -nt tokenize ]; then
+if [ ! -x tokenize ] || [ tools/tokenize.cpp -nt tokenize ]; then
     { command -v make >/dev/null && command -v g++ >/dev/null; } || missing+=(make g++)
 fi
 [ ${#missing[@]} -eq 0 ] || die "missing: ${missing[*]}; install with: bash $0 --install"

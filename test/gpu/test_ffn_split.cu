@@ -17,6 +17,7 @@
 #include <vector>
 #include "llmc/gpt.h"
 #include "llmc/optimizer.h"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 

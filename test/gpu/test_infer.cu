@@ -1,7 +1,8 @@
 /*
- GPU inference (llmc/cuda_infer.cuh) against the CPU reference path
- (gpt_forward_cached of llmc/gpt.h, fp32 on the same bf16-rounded weights),
- on fresh random inputs:
+ GPU inference (the cached forward of llmc/gpt.h on GPT<bf16, float>, and its
+ decode kernels) against the CPU reference path (the same forward on
+ GPT<float, float>, fp32 on the same bf16-rounded weights), on fresh random
+ inputs:
  - decode attention (RoPE of q and the new k inside) against the CPU RoPE and
    an fp64 softmax over each sequence's cache (positions 0, 17, 128, 299: one
    key, one split, just past a split, the whole cache of 300), head sizes 16,
@@ -9,7 +10,7 @@
  - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
-   units (SPARSE.md's carrier construction), D not a multiple of the kernel's
+   units (docs/SPARSE.md's carrier construction), D not a multiple of the kernel's
    256 columns: g given, then up (which lists g > 0) and down, batches 1, 3,
    8, 9, 64, the active counts exact; and for 1, 3, 8 the GEMV with the gate +
    up epilogue (every h written, poisoned before), then down from the nonzero h;
@@ -26,8 +27,8 @@
 */
 #include <algorithm>
 #include <vector>
-#include "llmc/cuda_infer.cuh"
 #include "llmc/gpt.h"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 
@@ -49,7 +50,6 @@ static std::vector<bf16> random_bf16(size_t n, double std, uint64_t* rng) {
 }
 
 static void test_decode_attention(void) {
-    using namespace infer_detail;
     uint64_t rng = 101;
     const float theta = 10000.0f;
     for (int hd : {16, 32, 64, 128}) {
@@ -67,7 +67,7 @@ static void test_decode_attention(void) {
         bf16 *qkv_d = upload(qkv), *kc_d = upload(kc), *vc_d = upload(vc);
         int* pos_d = upload(pos);
         bf16* out_d = (bf16*)cuda_malloc((size_t)B * NH * hd * sizeof(bf16));
-        size_t splits = (size_t)B * NH * decode_splits(cache_len);
+        size_t splits = (size_t)B * NH * attention_decode_splits(cache_len);
         float* part_o = (float*)cuda_malloc(splits * hd * sizeof(float));
         float* part_ml = (float*)cuda_malloc(splits * 2 * sizeof(float));
         cudaCheck(cudaMemset(out_d, 0xFF, (size_t)B * NH * hd * sizeof(bf16)));
@@ -75,7 +75,7 @@ static void test_decode_attention(void) {
         cudaCheck(cudaMemset(part_ml, 0xFF, splits * 2 * sizeof(float)));
         int* splits_done = (int*)cuda_malloc((size_t)B * NH * sizeof(int));
         cudaCheck(cudaMemset(splits_done, 0, (size_t)B * NH * sizeof(int)));
-        decode_attention(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len, theta);
+        attention_decode(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len, theta);
         std::vector<int> left = download(splits_done, (size_t)B * NH);
         CHECK(std::count(left.begin(), left.end(), 0) == B * NH, "decode attention hd %d: the split counters end at zero", hd);
         std::vector<float> out = to_float(download(out_d, (size_t)B * NH * hd));
@@ -135,7 +135,7 @@ static void test_decode_linear(void) {
         bf16 *x_d = upload(x), *w_d = upload(w);
         bf16* y_d = (bf16*)cuda_malloc((size_t)B * N * sizeof(bf16));
         cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * N * sizeof(bf16)));
-        infer_detail::decode_linear(y_d, x_d, w_d, B, N, K);
+        decode_linear(y_d, x_d, w_d, B, N, K);
         std::vector<float> y = to_float(download(y_d, (size_t)B * N)), xf = to_float(x), wf = to_float(w);
         std::vector<double> ref((size_t)B * N);
         for (int b = 0; b < B; b++) {
@@ -147,13 +147,13 @@ static void test_decode_linear(void) {
         }
         double e = max_rel_err(y.data(), ref.data(), ref.size());
         CHECK(e < 1e-2, "decode linear B %d: rel err %g", B, e);
-        printf("  decode linear B %d (%s): rel err %.2e\n", B, B <= infer_detail::GEMV_MAX_ROWS ? "GEMV" : "cuBLASLt", e);
+        printf("  decode linear B %d (%s): rel err %.2e\n", B, B <= GEMV_MAX_ROWS ? "GEMV" : "cuBLASLt", e);
         cuda_free(x_d); cuda_free(w_d); cuda_free(y_d);
     }
 }
 
 static void test_sparse_decode_ffn(void) {
-    using namespace infer_detail;
+    using namespace sparse_decode_detail;
     uint64_t rng = 202;
     const int D = 320;
     const double offsets[4][2] = {{0.0, 10.0}, {0.01, 2.326}, {0.5, 0.0}, {1.0, -10.0}}; // p, t = Phi^-1(1 - p)
@@ -244,53 +244,52 @@ struct Script {
 static Script cpu_script(const GPTConfig* c, const std::vector<float>& params, int steps, uint64_t* rng) {
     Script s;
     s.lens = {5, 17, 17, 1}; // the two of 17 are one batch of the prefill's attention
-    int nseq = (int)s.lens.size(), Vp = c->padded_vocab_size;
-    for (int l : s.lens) { for (int t = 0; t < l; t++) { s.tokens.push_back((int)rng_below(rng, c->vocab_size)); } }
+    int nseq = (int)s.lens.size(), Vp = c->padded_vocab_size, total = 0;
+    for (int l : s.lens) {
+        for (int t = 0; t < l; t++) { s.tokens.push_back((int)rng_below(rng, c->vocab_size)); }
+        total += l;
+    }
     GPT<float, float> model;
     gpt_build(&model, c, DEVICE_CPU);
-    memcpy(model.params, params.data(), params.size() * sizeof(float));
-    std::vector<InferState<float>> states(nseq);
-    s.logits.push_back(std::vector<double>((size_t)nseq * Vp));
-    for (int i = 0, off = 0; i < nseq; off += s.lens[i], i++) {
-        infer_state_alloc(&states[i], c, s.lens[i]);
-        gpt_forward_cached(&model, &states[i], s.tokens.data() + off, s.lens[i], 0);
-        for (int v = 0; v < Vp; v++) { s.logits[0][(size_t)i * Vp + v] = states[i].logits[v]; }
-    }
+    gpt_load_params(&model, params.data());
+    InferState<float> state;
+    infer_state_alloc(&state, &model, nseq, total, c->max_seq_len);
+    std::vector<float> logits((size_t)nseq * Vp);
+    gpt_prefill(&model, &state, s.tokens.data(), s.lens.data(), nseq, logits.data());
+    s.logits.push_back(std::vector<double>(logits.begin(), logits.end()));
     for (int step = 0; step < steps; step++) {
-        std::vector<int> next(nseq);
-        s.logits.push_back(std::vector<double>((size_t)nseq * Vp));
-        for (int i = 0; i < nseq; i++) {
-            next[i] = (int)rng_below(rng, c->vocab_size);
-            gpt_forward_cached(&model, &states[i], &next[i], 1, s.lens[i] + step);
-            for (int v = 0; v < Vp; v++) { s.logits.back()[(size_t)i * Vp + v] = states[i].logits[v]; }
-        }
+        std::vector<int> next(nseq), pos(nseq);
+        for (int i = 0; i < nseq; i++) { next[i] = (int)rng_below(rng, c->vocab_size); pos[i] = s.lens[i] + step; }
+        gpt_decode(&model, &state, next.data(), pos.data(), nseq, logits.data());
+        s.logits.push_back(std::vector<double>(logits.begin(), logits.end()));
         s.next.push_back(next);
     }
-    for (auto& st : states) { infer_state_free(&st); }
+    infer_state_free(&state, &model);
     gpt_free(&model);
     return s;
 }
 
 // runs the script on the GPU; returns the worst relative error of any call's
 // logits (NaN: infinite) and leaves every call's logits in out
-static double gpu_script(GpuModel* m, const Script& s, std::vector<std::vector<float>>* out) {
-    int nseq = (int)s.lens.size(), Vp = m->config.padded_vocab_size;
+static double gpu_script(GPT<bf16, float>* model, InferState<bf16>* m, const Script& s,
+                         std::vector<std::vector<float>>* out) {
+    int nseq = (int)s.lens.size(), Vp = model->config.padded_vocab_size;
     double worst = 0;
     out->clear();
     for (size_t call = 0; call < s.logits.size(); call++) {
         std::vector<float> logits((size_t)nseq * Vp, NAN);
         cudaCheck(cudaMemsetAsync(m->logits, 0xFF, (size_t)nseq * Vp * sizeof(bf16), main_stream));
         if (call == 0) {
-            gpu_model_prefill(m, s.tokens.data(), s.lens.data(), nseq, logits.data());
+            gpt_prefill(model, m, s.tokens.data(), s.lens.data(), nseq, logits.data());
         } else {
             std::vector<int> pos(nseq);
             for (int i = 0; i < nseq; i++) { pos[i] = s.lens[i] + (int)call - 1; }
-            gpu_model_decode(m, s.next[call - 1].data(), pos.data(), nseq, logits.data());
+            gpt_decode(model, m, s.next[call - 1].data(), pos.data(), nseq, logits.data());
         }
         // only the real vocabulary: the padded rows of wte are 0 on both sides
         for (int i = 0; i < nseq; i++) {
             double e = max_rel_err(logits.data() + (size_t)i * Vp, s.logits[call].data() + (size_t)i * Vp,
-                                   m->config.vocab_size);
+                                   model->config.vocab_size);
             worst = fmax(worst, e);
         }
         out->push_back(logits);
@@ -302,37 +301,38 @@ static void test_model(const char* name, bool synthetic) {
     GPTConfig c = {300, 384, 2, 128, 4, 2, 512, 64, 10000.0f, 1e-5f};
     const int steps = 4;
     uint64_t rng = synthetic ? 404 : 303;
-    GpuModel m;
-    gpu_model_create(&m, &c, 4, 64, c.max_seq_len);
-    m.twell_min_rows = 0; // TwELL prefills of any size (the default runs a few rows dense)
+    GPT<bf16, float> model;
+    InferState<bf16> m;
+    gpt_build(&model, &c, DEVICE_CUDA);
+    infer_state_alloc(&m, &model, 4, 64, c.max_seq_len);
+    m.twell.min_rows = 0; // TwELL prefills of any size (the default runs a few rows dense)
     std::vector<float> params(num_parameters(&c));
     if (synthetic) { // the GPU's synthetic-sparse init, calibrated by one prefill, then read back
-        gpu_model_init_synthetic(&m, 7, 8.0);
+        init_params_synthetic_gpu(&model, 7, 8.0);
         std::vector<int> tokens(40), lens = {40};
         for (int& t : tokens) { t = (int)rng_below(&rng, c.vocab_size); }
-        m.ffn = INFER_FFN_DENSE;
-        gpu_model_prefill(&m, tokens.data(), lens.data(), 1, NULL);
-        params = to_float(download(m.params, params.size()));
+        synthetic_calibrate(&model, &m, tokens.data(), lens.data(), 1, 8.0);
+        params = to_float(download(model.params, params.size()));
     } else {
         init_params_random(params.data(), &c, 42);
         for (float& p : params) { p = __bfloat162float(__float2bfloat16(p)); }
-        gpu_model_upload(&m, params.data());
+        gpt_load_params(&model, params.data());
     }
     Script s = cpu_script(&c, params, steps, &rng);
     std::vector<std::vector<float>> dense, sparse, direct;
 
-    m.ffn = INFER_FFN_DENSE;
-    double e = gpu_script(&m, s, &dense);
+    model.ffn_mode = FFN_DENSE;
+    double e = gpu_script(&model, &m, s, &dense);
     CHECK(e < 3e-2, "%s: dense GPU logits vs CPU rel err %g", name, e);
     printf("  %s, dense:  prefill + %d decode steps, logits rel err %.2e\n", name, steps, e);
 
-    m.ffn = INFER_FFN_TWELL;
-    m.twell_choice = TWELL_FORCE_SPARSE;
-    e = gpu_script(&m, s, &sparse);
+    model.ffn_mode = FFN_SPARSE;
+    m.twell.choice = TWELL_FORCE_SPARSE;
+    e = gpu_script(&model, &m, s, &sparse);
     CHECK(e < 3e-2, "%s: TwELL GPU logits vs CPU rel err %g", name, e);
-    CHECK(m.twell.path == TWELL_SPARSE, "%s: the TwELL prefill took the dense path", name);
+    CHECK(m.twell.ffn.path == TWELL_SPARSE, "%s: the TwELL prefill took the dense path", name);
     double active = 0;
-    for (int l = 0; l < c.num_layers; l++) { active += m.layer_active[l] / c.num_layers; }
+    for (int l = 0; l < c.num_layers; l++) { active += m.twell.layer_active[l] / c.num_layers; }
     printf("  %s, TwELL:  prefill + %d decode steps, logits rel err %.2e (%.1f of %d units active per row)\n", name,
            steps, e, active, c.hidden);
     // the calibration aims at the mean ratio of a layer's rows; spread over rows raises the activity (dev/NOTES.md)
@@ -340,25 +340,26 @@ static void test_model(const char* name, bool synthetic) {
     else { CHECK(active > 128, "%s: %.1f active units per row: the tiles were meant to overflow", name, active); }
 
     m.use_graph = 0; // the same steps launched directly: the same bits
-    gpu_script(&m, s, &direct);
+    gpu_script(&model, &m, s, &direct);
     CHECK(direct == sparse, "%s: decode as a graph and launched directly differ", name);
     m.use_graph = 1;
 
     // blocks of one slot and one record: nearly every block overflows, the status grows the
     // record buffer, the layers rerun, the logits are exact
-    twell_ffn_free(&m.twell);
-    m.twell = twell_ffn_create(m.twell_rows, c.channels, c.hidden, 1, 1);
-    m.twell.choice = TWELL_FORCE_SPARSE;
-    long long before = m.regrows;
-    e = gpu_script(&m, s, &direct);
-    CHECK(m.regrows > before && e < 3e-2, "%s: TwELL from tiny buffers: %lld growths, rel err %g", name,
-          m.regrows - before, e);
-    printf("  %s, TwELL from 1 slot and 1 record: %lld growths, rel err %.2e\n", name, m.regrows - before, e);
+    twell_ffn_free(&m.twell.ffn);
+    m.twell.ffn = twell_ffn_create(m.twell.rows, c.channels, c.hidden, 1, 1);
+    m.twell.ffn.choice = TWELL_FORCE_SPARSE;
+    long long before = m.twell.regrows;
+    e = gpu_script(&model, &m, s, &direct);
+    CHECK(m.twell.regrows > before && e < 3e-2, "%s: TwELL from tiny buffers: %lld growths, rel err %g", name,
+          m.twell.regrows - before, e);
+    printf("  %s, TwELL from 1 slot and 1 record: %lld growths, rel err %.2e\n", name, m.twell.regrows - before, e);
 
-    m.twell.choice = TWELL_AUTO; // auto: either path, the same logits within tolerance
-    for (int i = 0; i < 2; i++) { e = gpu_script(&m, s, &direct); }
-    CHECK(e < 3e-2, "%s: TwELL auto (%s path) rel err %g", name, m.twell.path == TWELL_DENSE ? "dense" : "sparse", e);
-    gpu_model_free(&m);
+    m.twell.ffn.choice = TWELL_AUTO; // auto: either path, the same logits within tolerance
+    for (int i = 0; i < 2; i++) { e = gpu_script(&model, &m, s, &direct); }
+    CHECK(e < 3e-2, "%s: TwELL auto (%s path) rel err %g", name, m.twell.ffn.path == TWELL_DENSE ? "dense" : "sparse", e);
+    infer_state_free(&m, &model);
+    gpt_free(&model);
 }
 
 int main(void) {

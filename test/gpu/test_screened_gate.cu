@@ -1,6 +1,6 @@
 /*
  The screened decode gate (llmc/cuda_screened_gate.cuh) against the decode
- GEMV's gate (gemv of llmc/cuda_infer.cuh) and the CPU reference
+ GEMV's gate (gemv of llmc/cuda_matmul.cuh) and the CPU reference
  (llmc/screened_gate.h), on fresh random inputs:
  - the int8 copy of Wg: q, scale words and outliers equal to the CPU's, bit
    for bit, on the adversarial rows of the CPU test (test/screened_gate_rows.h)
@@ -23,7 +23,8 @@
 */
 #include <vector>
 #include "llmc/cuda_screened_gate.cuh"
-#include "llmc/sparse_ffn.h"
+#include "llmc/cuda_sparse_decode.cuh"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/screened_gate_rows.h"
 #include "test/test.h"
@@ -91,7 +92,7 @@ static void make_gate(std::vector<float>& f, std::vector<uint16_t>& wg, int kind
 }
 
 static void test_gate(int B, int H, int D, int kind, cudaStream_t capture_stream) {
-    using namespace infer_detail;
+    using namespace sparse_decode_detail;
     std::vector<float> f((size_t)B * D);
     std::vector<uint16_t> wg((size_t)H * D), fb((size_t)B * D);
     make_gate(f, wg, kind, B, H, D);

@@ -1,6 +1,6 @@
 /*
  The sparse FFN of training on the GPU (llmc/cuda_sparse_ffn.cuh), on fresh
- synthetic-sparse inputs (SPARSE.md) at k = 8, 30, 100, 300 uniform and k = 30
+ synthetic-sparse inputs (docs/SPARSE.md) at k = 8, 30, 100, 300 uniform and k = 30
  realistic, with ELL width 64 (so the k = 100 and 300 rows and the realistic
  hot rows overflow into the tail), realistic units of thousands of entries
  (weight gradients summed in parts), rows of thousands of entries (tail rows
@@ -31,6 +31,7 @@
 #include "llmc/cuda_gate.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_sparse_ffn.cuh"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 

@@ -1,7 +1,7 @@
 /*
  The TwELL sparse FFN on the GPU (llmc/cuda_twell.cuh) against the CPU
  reference (llmc/twell.h) and the dense cuBLAS FFN, on fresh random inputs with
- SPARSE.md's synthetic sparsity: f rows N(0, 1) with the last feature a carrier
+ docs/SPARSE.md's synthetic sparsity: f rows N(0, 1) with the last feature a carrier
  (1.0; 0.5 on the first 1% of rows in the "realistic" pattern), Wg rows
  N(0, 1/(D-1)) with last column -t_n, t_n = Phi^-1(1 - p_n), so unit n fires
  with probability p_n; uniform p_n = k/H, or log-normal (sigma 1.5) p_n with
@@ -41,22 +41,14 @@
 #include <vector>
 #include "llmc/cuda_twell.cuh"
 #include "llmc/rng.h"
+#include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
 
 static uint64_t rng = 20240521;
 
 // ----------------------------------------------------------------------------
-// inputs with SPARSE.md's synthetic sparsity
-
-static double normal_tail_inverse(double p) { // t with P(N(0,1) > t) = p, by bisection on erfc
-    double lo = -40, hi = 40;
-    for (int it = 0; it < 200; it++) {
-        double mid = 0.5 * (lo + hi);
-        (0.5 * erfc(mid / sqrt(2.0)) > p ? lo : hi) = mid;
-    }
-    return 0.5 * (lo + hi);
-}
+// inputs with docs/SPARSE.md's synthetic sparsity
 
 // p_n: k/H each (uniform), or log-normal (sigma 1.5) on 70% of the units,
 // 0 on the rest, scaled to mean k/H with a cap of 0.5
@@ -91,7 +83,7 @@ static Inputs make_inputs(int M, int D, int H, double k, bool realistic) {
         in.f[(size_t)m * D + D - 1] = __float2bfloat16_rn(realistic && m < (M + 99) / 100 ? 0.5f : 1.0f);
     }
     for (int n = 0; n < H; n++) {
-        double t = p[n] > 0 ? normal_tail_inverse(p[n]) : 40.0;
+        double t = p[n] > 0 ? normal_quantile(1.0 - p[n]) : 40.0;
         in.wg[(size_t)n * D + D - 1] = __float2bfloat16_rn((float)-t);
     }
     return in;

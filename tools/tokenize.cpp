@@ -27,7 +27,6 @@
 #include <fcntl.h>
 #include <omp.h>
 #include <sys/stat.h>
-#include <time.h>
 #include "llmc/shard.h"
 #include "llmc/tokenizer.h"
 

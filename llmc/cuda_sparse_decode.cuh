@@ -1,0 +1,275 @@
+/*
+ The sparse FFN of a decode step on the GPU: B sequences with one new row f_b
+ each (B small). The gate g = f Wg^T is dense (it decides which units fire),
+ then only the active units:
+     list_b = {n : g_bn > 0} (increasing n),  a_bi = bf16(g_{b,n_i} bf16(f_b . Wu[n_i])),
+     y_b = sum_i a_bi WdT[n_i]
+ (u and h rounded as the dense path rounds them), reading the rows of Wu and
+ WdT of the active units only: 2 k D bf16 per sequence instead of 2 H D. The
+ list holds all H units, so it never overflows. The CPU reference of the FFN
+ is the dense one (llmc/cpu_ops.h): on the units that do not fire both add 0.
+*/
+#ifndef LLMC_CUDA_SPARSE_DECODE_CUH
+#define LLMC_CUDA_SPARSE_DECODE_CUH
+
+#include "llmc/cuda_common.cuh"
+#include "llmc/cuda_matmul.cuh"
+
+namespace sparse_decode_detail {
+
+// ----------------------------------------------------------------------------
+// sparse decode FFN. Up to 8 sequences: one kernel computes the gate (a warp
+// per unit, as the GEMV) and, for a unit that fired in any sequence, its up
+// product at once, leaving a = bf16(g bf16(u)) for every unit (0 where it did
+// not fire); the down kernel lists the units with a != 0 (a unit whose h
+// rounded to 0 adds nothing). More sequences: g by cuBLASLt, then an up kernel
+// that lists g > 0 itself, then down.
+
+constexpr int SPARSE_THREADS = 256, SPARSE_WARPS = SPARSE_THREADS / 32;
+constexpr int SPARSE_UP_BLOCKS = 16; // blocks per sequence in up: enough warps for ~100 active units
+
+struct Float8 { float v[8]; };
+
+// the units n < H with a nonzero value into list (and the values into values,
+// if not NULL) in increasing order; returns their number (every thread).
+// values_of(n) gives the values of units n..n+7 (H % 8 == 0); thread t takes 32
+// units per pass (one pass up to H = 8192), a block-wide prefix of the counts
+// gives each unit its place.
+template <typename Values>
+__device__ int list_units(int* list, float* values, int H, Values values_of) {
+    __shared__ int warp_total[SPARSE_WARPS];
+    __shared__ int base;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    if (tid == 0) { base = 0; }
+    __syncthreads();
+    for (int n0 = 0; n0 < H; n0 += 32 * SPARSE_THREADS) {
+        const int n = n0 + 32 * tid;
+        Float8 v[4];
+        unsigned int mask = 0;
+        #pragma unroll
+        for (int q = 0; q < 4; q++) {
+            v[q] = n + 8 * q < H ? values_of(n + 8 * q) : Float8{};
+            #pragma unroll
+            for (int e = 0; e < 8; e++) { mask |= (unsigned int)(v[q].v[e] != 0.0f) << (8 * q + e); }
+        }
+        int count = __popc(mask), inclusive = warp_inclusive_sum(count);
+        if (lane == 31) { warp_total[warp] = inclusive; }
+        __syncthreads();
+        int slot = base + inclusive - count;
+        for (int w = 0; w < warp; w++) { slot += warp_total[w]; }
+        #pragma unroll
+        for (int j = 0; j < 32; j++) {
+            if (mask >> j & 1) {
+                list[slot] = n + j;
+                if (values) { values[slot] = v[j / 8].v[j % 8]; }
+                slot++;
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 0; w < SPARSE_WARPS; w++) { base += warp_total[w]; }
+        }
+        __syncthreads();
+    }
+    return base;
+}
+
+// B <= 8 sequences, the epilogue of the GEMV g = f Wg^T: g_b = bf16(acc_b) (the
+// GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
+// a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is written)
+struct GateUpRow {
+    float* a;
+    const bf16* wu;
+    int D, H;
+    template <int B>
+    __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
+        float g[B];
+        bool any = false;
+        #pragma unroll
+        for (int b = 0; b < B; b++) { g[b] = __bfloat162float(__float2bfloat16_rn(acc[b])); any |= g[b] > 0.0f; }
+        float h[B] = {};
+        if (any) { // the same for every lane of the warp
+            float u[B] = {};
+            RowPrefetch r;
+            prefetch_row(r, wu + (size_t)n * D, D, lane);
+            warp_dot_rows<B>(u, xs, r, wu + (size_t)n * D, D, lane);
+            #pragma unroll
+            for (int b = 0; b < B; b++) {
+                if (g[b] > 0.0f) { h[b] = __bfloat162float(__float2bfloat16_rn(g[b] * __bfloat162float(__float2bfloat16_rn(u[b])))); }
+            }
+        }
+        #pragma unroll
+        for (int b = 0; b < B; b++) {
+            if (lane == b) { a[(size_t)b * H + n] = h[b]; }
+        }
+    }
+};
+
+// the active units of g_row (g > 0) into list in increasing order
+__device__ int list_active_units(int* list, const bf16* g_row, int H) {
+    return list_units(list, NULL, H, [&](int n) {
+        Bf16x8 g = load_bf16x8(g_row + n);
+        Float8 v;
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { v.v[e] = __bfloat162float(g.v[e]) > 0.0f ? 1.0f : 0.0f; }
+        return v;
+    });
+}
+
+// a_bi = bf16(g_{b, n_i} bf16(f_b . Wu[n_i])) for the active units n_i of sequence b =
+// blockIdx.y; a warp per unit. Every block lists the units itself (a few us of
+// L2 reads, no extra launch); block 0 also stores the list for the down kernel.
+__global__ void __launch_bounds__(SPARSE_THREADS)
+sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const bf16* f, const bf16* wu, int D, int H) {
+    extern __shared__ int list[];
+    const int b = blockIdx.y, lane = threadIdx.x % 32;
+    const int count = list_active_units(list, g + (size_t)b * H, H);
+    if (blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < count; i += SPARSE_THREADS) { list_out[(size_t)b * H + i] = list[i]; }
+        if (threadIdx.x == 0) { count_out[b] = count; }
+    }
+    const bf16* fb = f + (size_t)b * D;
+    for (int i = blockIdx.x * SPARSE_WARPS + threadIdx.x / 32; i < count; i += SPARSE_UP_BLOCKS * SPARSE_WARPS) {
+        const int n = list[i];
+        float dot[1] = {};
+        RowPrefetch r;
+        prefetch_row(r, wu + (size_t)n * D, D, lane);
+        warp_dot_rows<1>(dot, fb, r, wu + (size_t)n * D, D, lane);
+        if (lane == 0) { // h = bf16(g bf16(u)), rounded as the dense path rounds u and h
+            float u = __bfloat162float(__float2bfloat16_rn(dot[0]));
+            a[(size_t)b * H + i] = __bfloat162float(__float2bfloat16_rn(__bfloat162float(g[(size_t)b * H + n]) * u));
+        }
+    }
+}
+
+// y_b[256 columns of block x] = sum_i a_i WdT[unit_i] over the units and values
+// staged in shared memory (so that a warp's weight loads do not wait on one
+// another's addresses): a warp takes every 8th unit, a lane 8 columns, with the
+// rows of DOWN_BATCH units in flight at once; the warps' sums are added in order
+constexpr int SPARSE_DOWN_COLS = 256, DOWN_BATCH = 8;
+__device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s_a, int count, const bf16* wdT, int D) {
+    __shared__ float part[SPARSE_WARPS][SPARSE_DOWN_COLS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = blockIdx.x * SPARSE_DOWN_COLS + lane * 8;
+    float acc[8] = {};
+    if (col < D) {
+        for (int i0 = warp; i0 < count; i0 += SPARSE_WARPS * DOWN_BATCH) {
+            Bf16x8 w[DOWN_BATCH];
+            #pragma unroll
+            for (int j = 0; j < DOWN_BATCH; j++) {
+                const int i = i0 + j * SPARSE_WARPS;
+                if (i < count) { w[j] = load_bf16x8(wdT + (size_t)list[i] * D + col); }
+            }
+            #pragma unroll
+            for (int j = 0; j < DOWN_BATCH; j++) {
+                const int i = i0 + j * SPARSE_WARPS;
+                if (i < count) {
+                    #pragma unroll
+                    for (int e = 0; e < 8; e++) { acc[e] += s_a[i] * __bfloat162float(w[j].v[e]); }
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int e = 0; e < 8; e++) { part[warp][lane * 8 + e] = acc[e]; }
+    __syncthreads();
+    const int c = blockIdx.x * SPARSE_DOWN_COLS + threadIdx.x;
+    if (c < D) {
+        float sum = 0.0f;
+        for (int w = 0; w < SPARSE_WARPS; w++) { sum += part[w][threadIdx.x]; }
+        y_row[c] = __float2bfloat16_rn(sum);
+    }
+}
+
+// shared memory of the down kernels: a list of up to H units and their values
+static inline size_t sparse_down_smem(int H) { return (size_t)H * (sizeof(int) + sizeof(float)); }
+
+// down after sparse_up_kernel: the list and count it stored, a in list order
+__global__ void __launch_bounds__(SPARSE_THREADS)
+sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, const bf16* wdT, int D, int H) {
+    extern __shared__ int s_list[];
+    float* s_a = (float*)(s_list + H);
+    const int b = blockIdx.y, n = count[b];
+    for (int i = threadIdx.x; i < n; i += SPARSE_THREADS) {
+        s_list[i] = list[(size_t)b * H + i];
+        s_a[i] = a[(size_t)b * H + i];
+    }
+    __syncthreads();
+    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
+}
+
+// down after sparse_gate_up_kernel: the units with a != 0, listed with their values
+__global__ void __launch_bounds__(SPARSE_THREADS)
+sparse_down_active_kernel(bf16* y, const float* a, const bf16* wdT, int D, int H) {
+    extern __shared__ int s_list[];
+    float* s_a = (float*)(s_list + H);
+    grid_dependents_launch();
+    grid_dependency_wait();
+    const int b = blockIdx.y;
+    const float* ab = a + (size_t)b * H;
+    const int n = list_units(s_list, s_a, H, [&](int u) {
+        const float4 lo = reinterpret_cast<const float4*>(ab + u)[0], hi = reinterpret_cast<const float4*>(ab + u)[1];
+        return Float8{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
+    });
+    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
+}
+
+// with their static shared memory the down kernels pass 48 KiB from H ~ 5000
+static inline void sparse_down_allow_smem(int H) {
+    cudaCheck(cudaFuncSetAttribute(sparse_down_active_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)sparse_down_smem(H)));
+    cudaCheck(cudaFuncSetAttribute(sparse_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)sparse_down_smem(H)));
+    prefer_shared_memory(sparse_down_active_kernel);
+}
+
+} // namespace sparse_decode_detail
+
+// ----------------------------------------------------------------------------
+// host API
+
+// the decode FFN's scratch for up to B sequences of H units
+typedef struct {
+    int* list;    // [B, H] each sequence's active units (the path above 8 sequences)
+    int* count;   // [B] their number
+    float* a;     // [B, H] h of the active units (by list place, or by unit)
+} SparseDecode;
+
+static inline void sparse_decode_alloc(SparseDecode* s, int B, int H) {
+    s->list = (int*)cuda_malloc((size_t)B * H * sizeof(int));
+    s->count = (int*)cuda_malloc((size_t)B * sizeof(int));
+    s->a = (float*)cuda_malloc((size_t)B * H * sizeof(float));
+    if ((size_t)H * sizeof(int) > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(sparse_decode_detail::sparse_up_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(H * sizeof(int))));
+    }
+    sparse_decode_detail::sparse_down_allow_smem(H);
+}
+
+static inline void sparse_decode_free(SparseDecode* s) {
+    cuda_free(s->list);
+    cuda_free(s->count);
+    cuda_free(s->a);
+    memset(s, 0, sizeof(*s));
+}
+
+// y [B, D] = the FFN of f [B, D] over each row's active units (see the top of the
+// file); g_scratch: [B, H] for the path above 8 sequences (cuBLASLt's gate)
+static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, const bf16* wg, const bf16* wu,
+                                     const bf16* wdT, int B, int D, int H, bf16* g_scratch) {
+    using namespace sparse_decode_detail;
+    dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
+    if (gemv_fits(B, D)) {
+        gemv(GateUpRow{s->a, wu, D, H}, f, wg, B, H, D);
+        launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
+        return;
+    }
+    gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);
+    sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
+        s->a, s->list, s->count, g_scratch, f, wu, D, H);
+    cudaCheck(cudaGetLastError());
+    sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(y, s->a, s->list, s->count,
+                                                                                        wdT, D, H);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // LLMC_CUDA_SPARSE_DECODE_CUH
