@@ -39,6 +39,8 @@
 #include "llmc/sparse_ffn.h"
 #ifdef __CUDACC__
 #include <type_traits>
+#include <vector>
+#include "llmc/cuda_adamw.cuh"
 #include "llmc/cuda_attention.cuh"
 #include "llmc/cuda_attention_cached.cuh"
 #include "llmc/cuda_classifier.cuh"
@@ -829,6 +831,8 @@ struct InferState {
     void* before_ffn_ctx;
 #ifdef __CUDACC__
     SparseDecode sparse_decode; // the sparse FFN of a decode step
+    ScreenedGate screen;        // its gate's int8 copy of every layer's Wg (made at the first sparse decode)
+    int screen_stale;           // 1: the weights changed since the copy was made
     TwellPrefill twell;         // the TwELL FFN of a prefill
     CudaGraph graph;            // the decode step, for one batch size and FFN
     int use_graph;              // 1 (the default): a decode step is one CUDA graph
@@ -875,7 +879,7 @@ void infer_state_alloc(InferState<T>* s, const GPT<T, G>* model, int max_seqs, i
     if (gpu) {
         sparse_decode_alloc(&s->sparse_decode, max_seqs, (int)H);
         cudaCheck(cudaMallocHost(&s->logits_pinned, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
-        twell_prefill_init(&s->twell, (int)L);
+        twell_prefill_init(&s->twell, (int)L, (int)H);
         attention_decode_alloc(&s->part_o, &s->part_ml, &s->splits_done, max_seqs, c->num_heads, head_size(c), cache_len);
         s->use_graph = 1;
     }
@@ -891,6 +895,7 @@ void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
 #ifdef __CUDACC__
     if (model->device == DEVICE_CUDA) {
         sparse_decode_free(&s->sparse_decode);
+        screen_gate_free(&s->screen, DEVICE_CUDA);
         twell_prefill_free(&s->twell);
         cuda_graph_free(&s->graph);
         cudaCheck(cudaFreeHost(s->logits_pinned));
@@ -931,11 +936,21 @@ static void gpt_ffn_cached(GPT<T, G>* model, InferState<T>* s, int l, int M, int
 #ifdef __CUDACC__
     if constexpr (std::is_same<T, bf16>::value) {
         if (model->ffn_mode == FFN_SPARSE && decode) {
-            ffn_sparse_decode(s->proj, &s->sparse_decode, s->normed, wg, wu, wdT, M, D, H, s->gu);
+            ScreenedGate rows = s->screen.q ? screen_gate_rows(&s->screen, l * H, H) : s->screen;
+            ffn_sparse_decode(s->proj, &s->sparse_decode, s->normed, wg, wu, wdT, M, D, H, s->screen.q ? &rows : NULL,
+                              s->gu);
             return;
         }
         if (model->ffn_mode == FFN_SPARSE && twell_prefill_takes(&s->twell, M, D)) {
-            twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg, wu, wdT, M, D, H, s->gu);
+            // the layer's hot units (its first ones, llmc/ffn.h) as the dense FFN over them, added to TwELL's
+            // over the cold rest
+            int hot = model->ffn[l].hot.units;
+            size_t off = (size_t)hot * D;
+            if (hot < H) { twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg + off, wu + off, wdT + off, M, D, H - hot, s->gu); }
+            if (hot > 0) {
+                ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * hot, s->normed, wg, wu, wdT, M, D, hot,
+                                  (unsigned long long*)NULL, false, hot < H);
+            }
             return;
         }
     }
@@ -1040,6 +1055,105 @@ static void gpt_decode_step(GPT<T, G>* model, InferState<T>* s, int B) {
     decode_linear(s->logits, s->normed, model->param[P_WTE], B, c->padded_vocab_size, c->channels);
 }
 
+#ifdef __CUDACC__
+// The hot units of a model's TwELL prefills (llmc/ffn.h), from one calibration
+// prefill of the given prompts with the dense FFN: before each layer's FFN its
+// gate runs once more into the scratch and counts how often each unit fires;
+// at the middle layer the costs are measured on its real input (the dense FFN
+// over FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, TwELL over all of them, the
+// gate alone). Then each layer's hot set is the number of busiest units with
+// the least modelled prefill time, and its units are reordered (the weights'
+// rows of Wg, Wu, WdT: the same function) with the hot ones first.
+struct HotCalibration {
+    GPT<bf16, float>* model;
+    InferState<bf16>* s;
+    uint32_t* count; // [L, H] on the device
+    FfnCosts costs;
+    int verbose;
+};
+
+static void gpt_hot_calibrate_layer(void* ctx, int l, int M) {
+    HotCalibration* cal = (HotCalibration*)ctx;
+    GPT<bf16, float>* model = cal->model;
+    InferState<bf16>* s = cal->s;
+    const int D = model->config.channels, H = model->config.hidden, L = model->config.num_layers;
+    const size_t LH = (size_t)l * H * D;
+    const bf16 *wg = model->param[P_WG] + LH, *wu = model->param[P_WU] + LH, *wdT = model->param[P_WDT] + LH;
+    gemm(s->gu, s->normed, wg, M, H, D, 0, 1, 0);
+    unit_count_add(cal->count + (size_t)l * H, s->gu, M, H);
+    if (l != L / 2 || !twell_prefill_supports(D)) { return; }
+    std::vector<uint32_t> count(H);
+    device_copy(count.data(), cal->count + (size_t)l * H, H * sizeof(uint32_t), DEVICE_CUDA);
+    double pairs = 0;
+    for (uint32_t c : count) { pairs += c; }
+    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
+    auto dense = [&](int units) {
+        return gpt_time(DEVICE_CUDA, [&] {
+            ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * units, s->normed, wg, wu, wdT, M, D, units,
+                              (unsigned long long*)NULL);
+        });
+    };
+    double dense_small = dense(small), dense_large = dense(large);
+    double gate = gpt_time(DEVICE_CUDA, [&] { gemm(s->gu, s->normed, wg, M, H, D, 0, 1, 0); });
+    double sparse = gpt_time(DEVICE_CUDA, [&] {
+        twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg, wu, wdT, M, D, H, s->gu);
+    });
+    cal->costs = ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
+    if (cal->verbose) {
+        printf("hot units: costs measured on layer %d of a prefill of %d tokens: the dense FFN over %d / %d units "
+               "%.3f / %.3f ms, TwELL over all %.3f ms (its gate %.3f) at %.1f pairs per token\n", l, M, small,
+               large, 1e3 * dense_small, 1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
+    }
+}
+
+static void gpt_hot_calibrate(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, const int* lens,
+                              int nseq, int verbose) {
+    const int L = model->config.num_layers, H = model->config.hidden, D = model->config.channels;
+    int M = 0;
+    for (int i = 0; i < nseq; i++) { M += lens[i]; }
+    HotCalibration cal = {model, s, (uint32_t*)cuda_malloc((size_t)L * H * sizeof(uint32_t)), {}, verbose};
+    cudaCheck(cudaMemset(cal.count, 0, (size_t)L * H * sizeof(uint32_t)));
+    int ffn_mode = model->ffn_mode;
+    model->ffn_mode = FFN_DENSE;
+    s->before_ffn = gpt_hot_calibrate_layer;
+    s->before_ffn_ctx = &cal;
+    gpt_prefill(model, s, tokens, lens, nseq, (float*)NULL);
+    s->before_ffn = NULL;
+    s->before_ffn_ctx = NULL;
+    model->ffn_mode = ffn_mode;
+    std::vector<uint32_t> count((size_t)L * H);
+    device_copy(count.data(), cal.count, count.size() * sizeof(uint32_t), DEVICE_CUDA);
+    cuda_free(cal.count);
+    std::vector<int> perm(H);
+    int* dev_perm = (int*)cuda_malloc(H * sizeof(int));
+    bf16* tmp = (bf16*)cuda_malloc((size_t)H * D * sizeof(bf16));
+    for (int l = 0; l < L && cal.costs.dense1 > 0; l++) {
+        int units = ffn_hot_choose(perm.data(), count.data() + (size_t)l * H, H, model->ffn[l].hot.units, M, &cal.costs);
+        if (units < 0) { continue; }
+        cudaCheck(cudaMemcpy(dev_perm, perm.data(), H * sizeof(int), cudaMemcpyHostToDevice));
+        for (int i : {P_WG, P_WU, P_WDT}) {
+            bf16* w = model->param[i] + (size_t)l * H * D;
+            permute_rows_cuda(tmp, w, dev_perm, H, D);
+            cudaCheck(cudaMemcpyAsync(w, tmp, (size_t)H * D * sizeof(bf16), cudaMemcpyDeviceToDevice, main_stream));
+        }
+        if (verbose) {
+            double pairs = 0, hot_pairs = 0;
+            for (int n = 0; n < H; n++) {
+                pairs += count[(size_t)l * H + perm[n]];
+                hot_pairs += n < units ? count[(size_t)l * H + perm[n]] : 0;
+            }
+            printf("hot units: layer %d: %d hot units, %.0f%% of the firing\n", l, units,
+                   pairs > 0 ? 100 * hot_pairs / pairs : 0.0);
+        }
+        model->ffn[l].hot.units = units;
+    }
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    cuda_free(tmp);
+    cuda_free(dev_perm);
+    s->screen_stale = 1; // the gates' rows moved
+}
+#endif
+
 // Decode: sequence b (cache slot b) gets tokens[b] at position pos[b] (its
 // cache holds 0..pos[b]-1); logits (host, [B, Vp], may be NULL) gets the
 // next-token logits.
@@ -1054,6 +1168,16 @@ void gpt_decode(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int
     device_upload(s->tokens, tokens, B * sizeof(int), model->device);
     device_upload(s->row_pos, pos, B * sizeof(int), model->device);
 #ifdef __CUDACC__
+    if constexpr (std::is_same<T, bf16>::value) {
+        const GPTConfig* c = &model->config;
+        if (model->device == DEVICE_CUDA && model->ffn_mode == FFN_SPARSE && B <= SCREEN_MAX_ROWS &&
+            screened_gate_fits(B, c->channels) && (s->screen.q == NULL || s->screen_stale)) {
+            // the int8 copy of the gates, outside any graph (a graph keeps its pointers, not its contents)
+            if (s->screen.q == NULL) { s->screen = screen_gate_create(c->num_layers * c->hidden, c->channels, DEVICE_CUDA); }
+            screen_quantize(&s->screen, model->param[P_WG]);
+            s->screen_stale = 0;
+        }
+    }
     if (model->device == DEVICE_CUDA && s->use_graph) { // captured again when the batch or the FFN changes
         cuda_graph_launch(&s->graph, 4LL * B + model->ffn_mode, [&] { gpt_decode_step(model, s, B); });
         gpt_logits_out(model, s, B, logits);
