@@ -40,6 +40,8 @@
 */
 #include <cuda_runtime.h>
 #include <unistd.h>
+#include <algorithm>
+#include <vector>
 
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
@@ -62,6 +64,8 @@ typedef struct {
     int bench_on, bench_batch, bench_length;
     const char* preset_name;
     float sparse_k;
+    int sparse_skew;
+    int hot;
     // from the flags and the machine
     int ffn_mode;        // FFN_DENSE or FFN_SPARSE (--ffn)
     int ffn_given;       // --ffn was given (else a SiLU model runs dense by itself)
@@ -480,6 +484,64 @@ static void write_token_json(FILE* fp, const Tokenizer* tok, const TokenActivity
     }
 }
 
+// How a layer's firing is spread, over the analyzed tokens (docs/SPARSE.md: trained models fire unevenly,
+// which the hot/cold split uses): each unit's count; and, over blocks of REUSE_BLOCK tokens, the pairs
+// (token, unit that fires) per distinct unit, for consecutive tokens of a sequence and for the same
+// batch's tokens shuffled
+constexpr int REUSE_BLOCK = 128;
+
+typedef struct {
+    std::vector<double> count;          // [H]
+    double pairs, distinct, distinct_shuffled;
+} UnitSpread;
+
+// the units that fire for any of the tokens rows[0..n) of g [*, H], as bits
+static double distinct_units(const float* g, const int* rows, int n, int H, std::vector<uint64_t>* bits) {
+    std::fill(bits->begin(), bits->end(), 0);
+    for (int i = 0; i < n; i++) {
+        const float* gm = g + (size_t)rows[i] * H;
+        for (int u = 0; u < H; u++) { (*bits)[u / 64] |= (uint64_t)(gm[u] > 0) << (u % 64); }
+    }
+    double d = 0;
+    for (uint64_t w : *bits) { d += __builtin_popcountll(w); }
+    return d;
+}
+
+// adds a batch of B sequences of T tokens (g [B T, H], the layer's gate) to sp
+static void unit_spread_add(UnitSpread* sp, const float* g, int B, int T, int H, uint64_t* rng) {
+    int M = B * T, block = T < REUSE_BLOCK ? T : REUSE_BLOCK;
+    std::vector<uint64_t> bits((H + 63) / 64);
+    std::vector<int> rows(M);
+    for (int m = 0; m < M; m++) {
+        for (int u = 0; u < H; u++) { sp->count[u] += g[(size_t)m * H + u] > 0; }
+        rows[m] = m;
+    }
+    for (int b = 0; b < B; b++) {
+        for (int t0 = 0; t0 + block <= T; t0 += block) {
+            sp->distinct += distinct_units(g, rows.data() + b * T + t0, block, H, &bits);
+            for (int m = b * T + t0; m < b * T + t0 + block; m++) {
+                for (int u = 0; u < H; u++) { sp->pairs += g[(size_t)m * H + u] > 0; }
+            }
+        }
+    }
+    for (int m = M - 1; m > 0; m--) { std::swap(rows[m], rows[rng_below(rng, (uint64_t)m + 1)]); }
+    for (int b = 0; b < B; b++) { // the same number of blocks, of shuffled tokens
+        for (int t0 = 0; t0 + block <= T; t0 += block) { sp->distinct_shuffled += distinct_units(g, rows.data() + b * T + t0, block, H, &bits); }
+    }
+}
+
+// the share of the pairs that the busiest eighth of the units hold
+static double top_eighth_share(const std::vector<double>& count) {
+    std::vector<double> c = count;
+    std::sort(c.begin(), c.end(), [](double a, double b) { return a > b; });
+    double top = 0, all = 0;
+    for (size_t i = 0; i < c.size(); i++) {
+        all += c[i];
+        top += i < c.size() / 8 ? c[i] : 0;
+    }
+    return all > 0 ? top / all : 0;
+}
+
 static void analyze(GPT<float, float>* model, const Tokenizer* tok, const AnalyzeOptions* o, const char* model_path,
                     int step) {
     const GPTConfig* c = &model->config;
@@ -496,11 +558,16 @@ static void analyze(GPT<float, float>* model, const Tokenizer* tok, const Analyz
     double* tok_sum = (double*)callocCheck(V, sizeof(double));
     int* tok_count = (int*)callocCheck(V, sizeof(int));
 
+    std::vector<UnitSpread> spread(L);
+    for (UnitSpread& sp : spread) { sp = {std::vector<double>(H, 0.0), 0, 0, 0}; }
+    uint64_t rng = 17;
+
     double t0 = now_seconds();
     gpt_stats_reset(model);
     for (int i = 0; i < batches; i++) {
         dataloader_next_batch(&loader);
         gpt_forward(model, loader.inputs, loader.targets, B, T, 0.0f);
+        for (int l = 0; l < L; l++) { unit_spread_add(&spread[l], model->ffn[l].dense, B, T, H, &rng); }
         const int* active = model->acts.row_active; // [L, M], host memory on the CPU path
         for (int m = 0; m < M; m++) {
             double sum = 0;
@@ -544,6 +611,17 @@ static void analyze(GPT<float, float>* model, const Tokenizer* tok, const Analyz
         printf("%5d %8.2f %7d %7.2f %7.1f\n", l, s->l0_mean, s->l0_max, 100 * s->l0_mean / H, 100 * s->dead);
     }
     printf("  all %8.2f %7d %7.2f %7.1f\n\n", l0_all, max_all, 100 * l0_all / H, 100 * dead_all);
+    printf("how unevenly units fire, per layer: the share of the (token, unit) pairs that the busiest eighth of the\n"
+           "units hold; per block of %d consecutive tokens, pairs per distinct unit, and the same for the batch's\n"
+           "tokens shuffled (their ratio: how much more consecutive tokens share units)\n", T < REUSE_BLOCK ? T : REUSE_BLOCK);
+    printf("layer  top 1/8 %%  dead %%  reuse  shuffled  ratio\n");
+    for (int l = 0; l < L; l++) {
+        const UnitSpread* sp = &spread[l];
+        double reuse = sp->pairs / fmax(sp->distinct, 1), shuffled = sp->pairs / fmax(sp->distinct_shuffled, 1);
+        printf("%5d %10.1f %7.1f %6.2f %9.2f %6.2f\n", l, 100 * top_eighth_share(sp->count), 100 * model->stats[l].dead,
+               reuse, shuffled, reuse / fmax(shuffled, 1e-30));
+    }
+    printf("\n");
     printf("L0 per position in the sequence (mean over layers)\n");
     printf(" position   tokens  mean L0  %% of H\n");
     for (int k = 0; k < n_buckets; k++) {
@@ -580,6 +658,14 @@ static void analyze(GPT<float, float>* model, const Tokenizer* tok, const Analyz
         for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", 100 * model->stats[l].l0_mean / H); }
         fprintf(fp, "],\"dead\":[");
         for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", model->stats[l].dead); }
+        fprintf(fp, "],\"top_eighth_share\":[");
+        for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", top_eighth_share(spread[l].count)); }
+        fprintf(fp, "],\"block_reuse\":[");
+        for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", spread[l].pairs / fmax(spread[l].distinct, 1)); }
+        fprintf(fp, "],\"block_reuse_shuffled\":[");
+        for (int l = 0; l < L; l++) {
+            fprintf(fp, "%s%.6g", l ? "," : "", spread[l].pairs / fmax(spread[l].distinct_shuffled, 1));
+        }
         fprintf(fp, "]},\"position\":{\"l0_mean\":[");
         for (int p = 0; p < T; p++) { fprintf(fp, "%s%.6g", p ? "," : "", pos_sum[p] / ((double)batches * B)); }
         fprintf(fp, "]},\"position_buckets\":[");
@@ -730,14 +816,16 @@ static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int
 }
 
 static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double synthetic_k,
-                  const char* what, uint64_t seed) {
+                  int skewed, int hot, const char* what, uint64_t seed) {
     const GPTConfig* c = &model->config;
     int* tokens = (int*)mallocCheck((size_t)B * T * sizeof(int));
     int* lens = (int*)mallocCheck(B * sizeof(int));
     uint64_t rng = seed;
     for (int i = 0; i < B * T; i++) { tokens[i] = (int)rng_below(&rng, c->vocab_size); }
     for (int b = 0; b < B; b++) { lens[b] = T; }
-    if (synthetic_k > 0) { synthetic_calibrate(model, s, tokens, lens, B, synthetic_k); }
+    if (synthetic_k > 0) { synthetic_calibrate(model, s, tokens, lens, B, synthetic_k, skewed, seed ^ 0x5eedull); }
+    // the TwELL prefill's hot units, from a calibration prefill of the same prompts (when TwELL runs at this size)
+    if (hot && twell_prefill_takes(&s->twell, B * T, c->channels)) { gpt_hot_calibrate(model, s, tokens, lens, B, 1); }
     char bus[32];
     int device = 0;
     cudaCheck(cudaGetDevice(&device));
@@ -810,9 +898,10 @@ static void bench_main(const InferOptions* opt) {
     if (opt->preset_name) {
         init_params_synthetic_gpu(&model, (uint32_t)opt->seed, opt->sparse_k);
         if (opt->sparse_k > 0) {
-            snprintf(what, sizeof(what), "random %s model (L %d, D %d, H %d) with the SYNTHETIC-SPARSE init (k = %g "
+            snprintf(what, sizeof(what), "random %s model (L %d, D %d, H %d) with the %s SYNTHETIC-SPARSE init (k = %g "
                      "target units per token; benchmark only, never written to a checkpoint) on %s", opt->preset_name,
-                     config.num_layers, config.channels, config.hidden, opt->sparse_k, opt->gpu_name);
+                     config.num_layers, config.channels, config.hidden, opt->sparse_skew ? "skewed" : "uniform",
+                     opt->sparse_k, opt->gpu_name);
         } else {
             snprintf(what, sizeof(what), "random %s model (L %d, D %d, H %d, dense-random gates) on %s",
                      opt->preset_name, config.num_layers, config.channels, config.hidden, opt->gpu_name);
@@ -825,7 +914,8 @@ static void bench_main(const InferOptions* opt) {
         snprintf(what, sizeof(what), "%s (step %d, L %d, D %d, H %d) on %s", opt->model_path, step, config.num_layers,
                  config.channels, config.hidden, opt->gpu_name);
     }
-    bench(&model, &s, B, T, steps, opt->preset_name ? opt->sparse_k : 0, what, (uint64_t)opt->seed);
+    bench(&model, &s, B, T, steps, opt->preset_name ? opt->sparse_k : 0, opt->sparse_skew, opt->hot, what,
+          (uint64_t)opt->seed);
     infer_state_free(&s, &model);
     gpt_free(&model);
 }
@@ -838,7 +928,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     o->tokenizer_path = TOKENIZER_DEFAULT_PATH;
     o->device_name = "auto";
     o->ffn_name = "twell";
-    o->max_tokens = 256, o->seed = 42, o->graph = 1, o->twell_min_rows = TWELL_PREFILL_MIN_ROWS, o->max_batch = 64;
+    o->max_tokens = 256, o->seed = 42, o->graph = 1, o->hot = 1, o->twell_min_rows = TWELL_PREFILL_MIN_ROWS, o->max_batch = 64;
     o->temperature = 1.0f, o->top_p = 1.0f;
     o->analyze_batches = 16, o->analyze_batch = 4, o->analyze_min_count = 10, o->analyze_top = 20;
     o->bench_batch = 1, o->bench_length = 512, o->sparse_k = 30.0f;
@@ -864,6 +954,8 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
         {0, "length", ARG_INT, &o->bench_length, 1, 1 << 20, "--bench: prompt tokens per sequence", 0},
         {0, "preset", ARG_STRING, &o->preset_name, 0, 0, "--bench: a random model of this shape (1.5b, ...) instead of --model", 0},
         {0, "sparse-k", ARG_FLOAT, &o->sparse_k, 0, 1e6, "--bench --preset: synthetic-sparse init, ~k active units per token (0 = off)", 0},
+        {0, "hot", ARG_INT, &o->hot, 0, 1, "--bench: 1 = TwELL prefills run each layer's busiest units as dense products (chosen by a calibration prefill of the benchmark's prompts), 0 = all units by TwELL", 0},
+        {0, "sparse-skew", ARG_INT, &o->sparse_skew, 0, 1, "--bench --preset: 1 = the units' rates skewed as trained models' (log-normal, 30% never firing), 0 = uniform", 0},
         {0, "analyze", ARG_STRING, &o->analyze_pattern, 0, 0, "instead of generating, measure FFN sparsity on these shards (a glob)", 0},
         {0, "analyze-batches", ARG_INT, &o->analyze_batches, 1, 1 << 30, "batches to analyze (capped at what the shards hold)", 0},
         {0, "analyze-batch", ARG_INT, &o->analyze_batch, 1, 1 << 16, "sequences per analyzed batch", 0},

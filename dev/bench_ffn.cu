@@ -196,14 +196,14 @@ static void bench_pattern(Bench* b, const char* name) {
 
     // the sparse FFN with no hot units, as llmc/ffn.h runs it
     Cold all = cold_alloc(b, H, row_counts);
-    FfnHot<bf16> none = {0, NULL, NULL, NULL};
+    FfnHot<bf16> none = {0, NULL, NULL};
     auto sparse_fwd = [&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &none, b->g, b->f, b->wg, b->wu, b->wdT, M, D, H,
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &none, (bf16*)NULL, b->g, b->f, b->wg, b->wu, b->wdT, M, D, H,
                           &b->scratch);
     };
     auto sparse_bwd = [&] {
         ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &none, &all.t,
-                           all.du, all.dg, (bf16*)NULL, (bf16*)NULL, b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D,
+                           all.du, all.dg, (bf16*)NULL, b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D,
                            H, &b->scratch);
     };
     auto gate_pack = [&] { ffn_cold_gate(&all.p, b->active, b->fired, b->g, b->f, b->wg, D, &b->scratch); };
@@ -230,12 +230,12 @@ static void bench_pattern(Bench* b, const char* name) {
     const int large = std::min(H, 4 * FFN_HOT_PROBE), small = large / 4;
     bf16* probe_buf = (bf16*)cuda_malloc(5 * (size_t)M * large * 2);
     auto dense_part = [&](int units) {
-        FfnHot<bf16> h = {units, probe_buf, probe_buf + (size_t)M * units, probe_buf + 2 * (size_t)M * units};
+        FfnHot<bf16> h = {units, probe_buf, probe_buf + (size_t)M * units};
         return median_ms([&] {
-            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &h, b->g, b->f, b->wg, b->wu, b->wdT, M, D,
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &h, probe_buf + 2 * (size_t)M * units, b->g, b->f, b->wg, b->wu, b->wdT, M, D,
                               units, &b->scratch);
             ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &h, &all.t,
-                               all.du, all.dg, probe_buf + 3 * (size_t)M * units, probe_buf + 4 * (size_t)M * units,
+                               all.du, all.dg, probe_buf + 2 * (size_t)M * units,
                                b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D, units, &b->scratch);
         });
     };
@@ -271,16 +271,16 @@ static void bench_pattern(Bench* b, const char* name) {
         }
     }
     Cold cold = cold_alloc(b, H - units, cold_counts);
-    bf16* hot_buf = (bf16*)cuda_malloc(5 * (size_t)M * units * 2 + 16);
-    FfnHot<bf16> hot = {units, hot_buf, hot_buf + (size_t)M * units, hot_buf + 2 * (size_t)M * units};
-    bf16 *hot_dh = hot_buf + 3 * (size_t)M * units, *hot_du = hot_buf + 4 * (size_t)M * units;
+    bf16* hot_buf = (bf16*)cuda_malloc(5 * (size_t)M * units * 2 + 16); // g, u; the scratch
+    FfnHot<bf16> hot = {units, hot_buf, hot_buf + (size_t)M * units};
+    bf16* hot_scratch = hot_buf + 2 * (size_t)M * units;
     auto split_fwd = [&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot, b->g, b->f, b->pwg, b->pwu, b->pwdT, M,
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT, M,
                           D, H, &b->scratch);
     };
     auto split_bwd = [&] {
         ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot, &cold.t,
-                           cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale, M, D, H,
+                           cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale, M, D, H,
                            &b->scratch);
     };
     for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[1][i], 0, HD * 4)); }
@@ -299,22 +299,22 @@ static void bench_pattern(Bench* b, const char* name) {
     FfnHot<bf16> hot_only = hot;
     const size_t off = (size_t)units * D;
     float t_cold = units < H ? median_ms([&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &none, b->g, b->f, b->pwg + off, b->pwu + off,
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &none, (bf16*)NULL, b->g, b->f, b->pwg + off, b->pwu + off,
                           b->pwdT + off, M, D, H - units, &b->scratch);
         ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &none, &cold.t,
-                           cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg + off, b->pwu + off, b->pwdT + off,
+                           cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg + off, b->pwu + off, b->pwdT + off,
                            l1_scale, M, D, H - units, &b->scratch);
     }) : 0.0f;
     float t_hot = units > 0 ? median_ms([&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot_only, b->g, b->f, b->pwg, b->pwu, b->pwdT,
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot_only, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT,
                           M, D, units, &b->scratch);
         ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot_only,
-                           &cold.t, cold.du, cold.dg, hot_dh, hot_du, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale,
+                           &cold.t, cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale,
                            M, D, units, &b->scratch);
     }) : 0.0f;
     double dense_mb = 3.0 * MH * 2 / 1e6;
     double split_mb = (units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
-                      3.0 * M * units * 2 / 1e6;
+                      2.0 * M * units * 2 / 1e6;
     cold_free(&cold);
     cuda_free(hot_buf);
     // what --ffn auto runs for a layer with this activity (llmc/gpt.h): the split up to the limit, else dense
@@ -417,7 +417,7 @@ int main(int argc, char** argv) {
     printf("ratio = dense time / that path's time (> 1: faster than dense); split = hot units dense, the rest sparse"
            " (llmc/ffn.h), with the hot units the costs measured on this pattern give, as in training; hot ="
            " hot units, pairs = their share of the (token, unit) pairs; auto = what --ffn auto runs at this k (fwd+bwd);"
-           " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u, h);"
+           " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u);"
            " err = max over y, df, dW of ||path - dense|| / ||dense||\n");
     sparse_scratch_free_cuda(&b.scratch);
     cublaslt_free();

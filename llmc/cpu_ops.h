@@ -465,6 +465,19 @@ void relu_gate_forward(T* h, T* row_l1, int* row_active, uint8_t* fired, const T
     }
 }
 
+// h = act(g) * u over n values without the statistics (a hot unit's h, recomputed in the backward; the
+// dense FFN of inference); active (if not NULL) gets the number of g > 0
+template <typename T>
+void relu_mul(T* h, const T* g, const T* u, size_t n, unsigned long long* active, int activation = ACT_RELU) {
+    unsigned long long count = 0;
+    #pragma omp parallel for reduction(+:count)
+    for (size_t i = 0; i < n; i++) {
+        count += g[i] > 0;
+        h[i] = gate_act(g[i], activation) * u[i];
+    }
+    if (active) { *active += count; }
+}
+
 // count[n] += #{m : g[m, n] > 0}: how often each unit fired (the hot/cold choice)
 template <typename T>
 void unit_count_add(uint32_t* count, const T* g, int M, int H) {
@@ -498,21 +511,16 @@ void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const
 }
 
 // the dense FFN forward of inference: g = f Wg^T, u = f Wu^T, h = act(g) * u
-// (over g), y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets
-// the number of g > 0 added. (decode: the GPU's choice of kernels for few rows)
+// (over g), y = h WdT (y += with accumulate); g and u [M, H] are scratch;
+// `active` (if not NULL) gets the number of g > 0 added. (decode: the GPU's
+// choice of kernels for few rows)
 template <typename T>
 void ffn_dense_forward(T* y, T* g, T* u, const T* f, const T* wg, const T* wu, const T* wdT, int M, int D, int H,
-                       unsigned long long* active, bool decode = false, int activation = ACT_RELU) {
+                       unsigned long long* active, bool decode = false, int accumulate = 0, int activation = ACT_RELU) {
     gemm(g, f, wg, M, H, D, 0, 1, 0);
     gemm(u, f, wu, M, H, D, 0, 1, 0);
-    unsigned long long count = 0;
-    #pragma omp parallel for reduction(+:count)
-    for (size_t i = 0; i < (size_t)M * H; i++) {
-        count += g[i] > 0;
-        g[i] = gate_act(g[i], activation) * u[i];
-    }
-    if (active) { *active += count; }
-    gemm(y, g, wdT, M, D, H, 0, 0, 0);
+    relu_mul(g, g, u, (size_t)M * H, active, activation);
+    gemm(y, g, wdT, M, D, H, 0, 0, accumulate);
 }
 
 // ----------------------------------------------------------------------------

@@ -225,11 +225,11 @@ static inline void relu_mul(bf16* h, const bf16* g, const bf16* u, size_t n, uns
 // the dense gated FFN (the reference, and the path for layers too active for
 // sparsity): g = f Wg^T and u = f Wu^T as one batched product (decode: the
 // few rows of a decode step, each by decode_linear), h = act(g) * u over g,
-// y = h WdT; g and u [M, H] are scratch; `active` (if not NULL) gets the
-// number of g > 0
+// y = h WdT (y += with accumulate: a layer's hot units beside its cold ones);
+// g and u [M, H] are scratch; `active` (if not NULL) gets the number of g > 0
 static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int M, int D, int H, unsigned long long* active,
-                                     bool decode = false, int activation = ACT_RELU) {
+                                     bool decode = false, int accumulate = 0, int activation = ACT_RELU) {
     if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
     if (decode) {
         decode_linear(g, f, wg, M, H, D);
@@ -238,7 +238,7 @@ static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, c
         gemm_pair(g, u, f, wg, wu, M, H, D);
     }
     relu_mul(g, g, u, (size_t)M * H, active, activation);
-    gemm(y, g, wdT, M, D, H, 0, 0, 0);
+    gemm(y, g, wdT, M, D, H, 0, 0, accumulate);
 }
 
 #endif // LLMC_CUDA_GATE_CUH

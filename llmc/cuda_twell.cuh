@@ -679,6 +679,7 @@ constexpr int TWELL_PREFILL_MIN_ROWS = 4096;
 typedef struct {
     TwellFFN ffn;
     int rows;              // M of ffn (0: none yet)
+    int cols;              // the units of a layer (one with hot units runs TwELL over fewer: its cold ones)
     TwellChoice choice;    // TWELL_AUTO (dense for too active layers) unless a test forces a path
     int dense_timed;       // the dense FFN was timed at this M (what auto compares the sparse path with)
     double* layer_active;  // [L] units per row the layer's last prefill saw (-1: none yet)
@@ -686,8 +687,9 @@ typedef struct {
     int min_rows;          // prefills of fewer rows run the dense FFN (TWELL_PREFILL_MIN_ROWS; 0: never)
 } TwellPrefill;
 
-static inline void twell_prefill_init(TwellPrefill* tp, int L) {
+static inline void twell_prefill_init(TwellPrefill* tp, int L, int H) {
     memset(tp, 0, sizeof(*tp));
+    tp->cols = H;
     tp->choice = TWELL_AUTO;
     tp->min_rows = TWELL_PREFILL_MIN_ROWS;
     tp->layer_active = (double*)mallocCheck(L * sizeof(double));
@@ -708,19 +710,22 @@ static inline bool twell_prefill_takes(const TwellPrefill* tp, int M, int D) {
     return twell_prefill_supports(D) && M >= tp->min_rows;
 }
 
-// the FFN of layer l for M rows, y [M, D] from f, by TwELL: grown and run again
+// the FFN of layer l for M rows, y [M, D] from f, by TwELL over H units (the
+// layer's cold ones where it has hot units: llmc/ffn.h): grown and run again
 // until its status says the output is exact; scratch: 2 M H
 static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
                                        const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
+    if (H > tp->cols) { fatal("twell: a layer of %d units, the prefill's buffers are for %d", H, tp->cols); }
     if (tp->rows != M) {
         if (tp->rows) { twell_ffn_free(&tp->ffn); }
         // first sizes for a trained model's activity; the status grows them when a layer needs more
-        tp->ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, M > 1024 ? M : 1024);
+        tp->ffn = twell_ffn_create(M, D, tp->cols, TWELL_TILE / 8 - 1, M > 1024 ? M : 1024);
         tp->ffn.choice = tp->choice;
         tp->rows = M;
         tp->dense_timed = 0;
     }
     TwellFFN* tw = &tp->ffn;
+    if (tw->tw.cols != H) { tw->tw = twell_layout(M, H, TWELL_TILE, tw->tw.slots, tw->tw.record_capacity); }
     for (;;) {
         tw->active_per_row = tp->layer_active[l];
         // auto: the first layer at a new M runs dense once, so that the choice compares measured times

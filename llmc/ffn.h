@@ -19,6 +19,7 @@
  Forward (cold first: its kernels write row_l1, row_active and y; the hot part adds to them):
      cold:  pattern of g over units [hot, H), u on it, y = h_cold WdT[hot:]
      hot:   g_hot = f Wg[:hot]^T, u_hot = f Wu[:hot]^T, h_hot = relu(g_hot) u_hot, y += h_hot WdT[:hot]
+            (g_hot and u_hot are kept for the backward, h_hot is recomputed there: a third less memory)
  Backward (dy = dL/dy):
      cold:  dh, du, dg on the pattern with the weight gradients of rows [hot, H) (unit by unit over the
             transposed pattern), then df = du Wu[hot:] + dg Wg[hot:]
@@ -108,11 +109,11 @@ static inline int ffn_hot_choose(int* perm, const uint32_t* count, int H, int ho
     return best;
 }
 
-// the hot units of a layer: how many, and their dense activations [M, units], kept for the backward
+// the hot units of a layer: how many, and their g and u [M, units], kept for the backward
 template <typename T>
 struct FfnHot {
     int units;
-    T *g, *u, *h;
+    T *g, *u;
 };
 
 // the cold units' gate product and pattern (wg: their rows), fused where the GPU's gate packs its tiles
@@ -126,12 +127,12 @@ void ffn_cold_gate(SparsePattern<T>* cold, int* row_active, uint8_t* fired, T* g
 }
 
 // y [M, D] = FFN(f); row_l1, row_active per token and the fired marks as relu_gate_forward gives them.
-// cold: the pattern of units [hot->units, H) (unused when every unit is hot); g_scratch: [M, H] or
-// what the gate packing of the platform needs (sparse_gate_pack).
+// cold: the pattern of units [hot->units, H) (unused when every unit is hot); hot_scratch: [3, M, hot units];
+// g_scratch: [M, H] or what the gate packing of the platform needs (sparse_gate_pack).
 template <typename T, typename G>
 void ffn_split_forward(T* y, G* row_l1, int* row_active, uint8_t* fired, SparsePattern<T>* cold, FfnHot<T>* hot,
-                       T* g_scratch, const T* f, const T* wg, const T* wu, const T* wdT, int M, int D, int H,
-                       SparseScratch* scratch) {
+                       T* hot_scratch, T* g_scratch, const T* f, const T* wg, const T* wu, const T* wdT, int M, int D,
+                       int H, SparseScratch* scratch) {
     const int n_hot = hot->units;
     const size_t off = (size_t)n_hot * D;
     if (n_hot < H) {
@@ -142,16 +143,17 @@ void ffn_split_forward(T* y, G* row_l1, int* row_active, uint8_t* fired, SparseP
     if (n_hot > 0) {
         const int add = n_hot < H;
         gemm_pair(hot->g, hot->u, f, wg, wu, M, n_hot, D);
-        relu_gate_forward(hot->h, row_l1, row_active, fired, hot->g, hot->u, M, n_hot, add);
-        gemm(y, hot->h, wdT, M, D, n_hot, 0, 0, add);
+        T* h = hot_scratch;
+        relu_gate_forward(h, row_l1, row_active, fired, hot->g, hot->u, M, n_hot, add);
+        gemm(y, h, wdT, M, D, n_hot, 0, 0, add);
     }
 }
 
 // df [M, D] = dL/df from dy [M, D]; adds the weight gradients and the units' firing counts.
-// t, du, dg: the cold part's scratch (sparse_transposed_alloc, [entries]); hot_dh, hot_du: [M, hot]
+// t, du, dg: the cold part's scratch (sparse_transposed_alloc, [entries]); hot_scratch: [3, M, hot units]
 template <typename T, typename G>
 void ffn_split_backward(T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, const SparsePattern<T>* cold,
-                        const FfnHot<T>* hot, SparseTransposed* t, T* du, T* dg, T* hot_dh, T* hot_du, const T* dy,
+                        const FfnHot<T>* hot, SparseTransposed* t, T* du, T* dg, T* hot_scratch, const T* dy,
                         const T* f, const T* wg, const T* wu, const T* wdT, float l1_scale, int M, int D, int H,
                         SparseScratch* scratch) {
     const int n_hot = hot->units;
@@ -164,9 +166,11 @@ void ffn_split_backward(T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, co
     }
     if (n_hot > 0) {
         const int add = n_hot < H;
+        T *h = hot_scratch, *hot_dh = h + (size_t)M * n_hot, *hot_du = hot_dh + (size_t)M * n_hot;
+        relu_mul(h, hot->g, hot->u, (size_t)M * n_hot, (unsigned long long*)NULL);
         gemm(hot_dh, dy, wdT, M, n_hot, D, 0, 1, 0);
-        gemm(dwdT, hot->h, dy, n_hot, D, M, 1, 0, 1);
-        relu_gate_backward(hot_dh, hot_du, hot_dh, hot->g, hot->u, hot->h, l1_scale, M, n_hot);
+        gemm(dwdT, h, dy, n_hot, D, M, 1, 0, 1);
+        relu_gate_backward(hot_dh, hot_du, hot_dh, hot->g, hot->u, h, l1_scale, M, n_hot);
         gemm(df, hot_du, wu, M, D, n_hot, 0, 0, add);
         gemm(df, hot_dh, wg, M, D, n_hot, 0, 0, 1);
         gemm(dwu, hot_du, f, n_hot, D, M, 1, 0, 1);

@@ -43,6 +43,8 @@
 #include "llmc/sparse_ffn.h"
 #ifdef __CUDACC__
 #include <type_traits>
+#include <vector>
+#include "llmc/cuda_adamw.cuh"
 #include "llmc/cuda_attention.cuh"
 #include "llmc/cuda_attention_cached.cuh"
 #include "llmc/cuda_classifier.cuh"
@@ -104,7 +106,7 @@ struct SparseFfnLayer {
     int on;                  // this step's choice: 1 sparse, 0 dense
     SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
-    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u, h [M, hot.units]
+    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u [M, hot.units]
     int hot_capacity;        // units the hot buffers hold
 };
 
@@ -141,7 +143,7 @@ struct GPT {
     SparseScratch sparse_scratch; // the GPU kernels' scratch
     int ffn_redone;               // forwards redone after a tail overflow, since gpt_build
     FfnCosts hot_costs;           // what moving units between the hot and cold parts costs (llmc/ffn.h)
-    T *hot_dh, *hot_du;           // [M, hot_scratch_units] the hot units' backward scratch
+    T* hot_scratch;               // [3, M, hot_scratch_units] the hot units' h, dh, du (ffn_split_forward)
     int hot_scratch_units;
     // called by gpt_backward once layer l's gradients are final (l = -1: the
     // embedding and final norm), so that data parallelism can reduce them while
@@ -296,15 +298,13 @@ static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
     int H = model->config.hidden - hot; // cold units
     if (hot > f->hot_capacity) {
         device_free(f->hot.g, model->device);
-        f->hot.g = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), model->device);
+        f->hot.g = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), model->device);
         f->hot.u = f->hot.g + (size_t)M * hot;
-        f->hot.h = f->hot.u + (size_t)M * hot;
         f->hot_capacity = hot;
     }
     if (hot > model->hot_scratch_units) {
-        device_free(model->hot_dh, model->device);
-        model->hot_dh = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), model->device);
-        model->hot_du = model->hot_dh + (size_t)M * hot;
+        device_free(model->hot_scratch, model->device);
+        model->hot_scratch = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), model->device);
         model->hot_scratch_units = hot;
     }
     if (H == 0) { return; }
@@ -373,7 +373,7 @@ void gpt_free(GPT<T, G>* model) {
         device_free(model->ffn[l].hot.g, model->device);
         device_free(model->ffn[l].dense, model->device);
     }
-    device_free(model->hot_dh, model->device);
+    device_free(model->hot_scratch, model->device);
     free(model->ffn);
     device_free(model->tail_used, model->device);
     sparse_transposed_free(&model->transposed, model->device);
@@ -573,26 +573,26 @@ FfnCosts gpt_hot_costs(GPT<T, G>* model, int l, int verbose) {
     // the dense part alone: `units` hot units and no cold ones
     T* probe = (T*)device_malloc(5 * (size_t)M * large * sizeof(T), model->device);
     auto dense = [&](int units) {
-        FfnHot<T> hot = {units, probe, probe + (size_t)M * units, probe + 2 * (size_t)M * units};
+        FfnHot<T> hot = {units, probe, probe + (size_t)M * units};
         return gpt_time(model->device, [&] {
-            ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &hot, a->g, ffn_in, wg, wu, wdT, M, D, units,
-                              &model->sparse_scratch);
+            ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &hot, probe + 2 * (size_t)M * units, a->g,
+                              ffn_in, wg, wu, wdT, M, D, units, &model->sparse_scratch);
             ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &hot, &model->transposed, model->sparse_du,
-                               model->sparse_dg, probe + 3 * (size_t)M * units, probe + 4 * (size_t)M * units, a->d_res,
-                               ffn_in, wg, wu, wdT, 0.0f, M, D, units, &model->sparse_scratch);
+                               model->sparse_dg, probe + 2 * (size_t)M * units, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M,
+                               D, units, &model->sparse_scratch);
         });
     };
     double dense_small = dense(small), dense_large = dense(large);
     device_free(probe, model->device);
-    FfnHot<T> none = {0, NULL, NULL, NULL};
+    FfnHot<T> none = {0, NULL, NULL};
     double gate = gpt_time(model->device, [&] {
         ffn_cold_gate(&f->p, row_active, fired, a->g, ffn_in, wg, D, &model->sparse_scratch);
     });
     double sparse = gpt_time(model->device, [&] {
-        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &none, a->g, ffn_in, wg, wu, wdT, M, D, H,
+        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &none, (T*)NULL, a->g, ffn_in, wg, wu, wdT, M, D, H,
                           &model->sparse_scratch);
         ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &none, &model->transposed, model->sparse_du,
-                           model->sparse_dg, model->hot_dh, model->hot_du, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D,
+                           model->sparse_dg, model->hot_scratch, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D,
                            H, &model->sparse_scratch);
     });
     int* active = (int*)mallocCheck(M * sizeof(int));
@@ -680,7 +680,7 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
             SparseFfnLayer<T>* f = &model->ffn[l];
             gpt_sparse_ensure(model, l);
             ffn_split_forward(a->proj, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M,
-                              model->fired + (size_t)l * H, &f->p, &f->hot, a->g, ffn_in,
+                              model->fired + (size_t)l * H, &f->p, &f->hot, model->hot_scratch, a->g, ffn_in,
                               model->param[P_WG] + (size_t)l * H * D, model->param[P_WU] + (size_t)l * H * D, wdT, M,
                               D, H, &model->sparse_scratch);
         } else {
@@ -767,7 +767,7 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
             // the cold units' six products over their pattern only, the hot units' as dense products
             const SparseFfnLayer<T>* f = &model->ffn[l];
             ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, unit_count, &f->p, &f->hot, &model->transposed,
-                               model->sparse_du, model->sparse_dg, model->hot_dh, model->hot_du, d_res, ffn_in, wg, wu,
+                               model->sparse_du, model->sparse_dg, model->hot_scratch, d_res, ffn_in, wg, wu,
                                wdT, l1_scale, M, D, H, &model->sparse_scratch);
         } else {
             T *g, *u, *h;
@@ -846,6 +846,8 @@ struct InferState {
     void* before_ffn_ctx;
 #ifdef __CUDACC__
     SparseDecode sparse_decode; // the sparse FFN of a decode step
+    ScreenedGate screen;        // its gate's int8 copy of every layer's Wg (made at the first sparse decode)
+    int screen_stale;           // 1: the weights changed since the copy was made
     TwellPrefill twell;         // the TwELL FFN of a prefill
     CudaGraph graph;            // the decode step, for one batch size and FFN
     int use_graph;              // 1 (the default): a decode step is one CUDA graph
@@ -892,7 +894,7 @@ void infer_state_alloc(InferState<T>* s, const GPT<T, G>* model, int max_seqs, i
     if (gpu) {
         sparse_decode_alloc(&s->sparse_decode, max_seqs, (int)H);
         cudaCheck(cudaMallocHost(&s->logits_pinned, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
-        twell_prefill_init(&s->twell, (int)L);
+        twell_prefill_init(&s->twell, (int)L, (int)H);
         attention_decode_alloc(&s->part_o, &s->part_ml, &s->splits_done, max_seqs, c->num_heads, head_size(c), cache_len);
         s->use_graph = 1;
     }
@@ -908,6 +910,7 @@ void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
 #ifdef __CUDACC__
     if (model->device == DEVICE_CUDA) {
         sparse_decode_free(&s->sparse_decode);
+        screen_gate_free(&s->screen, DEVICE_CUDA);
         twell_prefill_free(&s->twell);
         cuda_graph_free(&s->graph);
         cudaCheck(cudaFreeHost(s->logits_pinned));
@@ -948,17 +951,27 @@ static void gpt_ffn_cached(GPT<T, G>* model, InferState<T>* s, int l, int M, int
 #ifdef __CUDACC__
     if constexpr (std::is_same<T, bf16>::value) {
         if (model->ffn_mode == FFN_SPARSE && decode) {
-            ffn_sparse_decode(s->proj, &s->sparse_decode, s->normed, wg, wu, wdT, M, D, H, s->gu);
+            ScreenedGate rows = s->screen.q ? screen_gate_rows(&s->screen, l * H, H) : s->screen;
+            ffn_sparse_decode(s->proj, &s->sparse_decode, s->normed, wg, wu, wdT, M, D, H, s->screen.q ? &rows : NULL,
+                              s->gu);
             return;
         }
         if (model->ffn_mode == FFN_SPARSE && twell_prefill_takes(&s->twell, M, D)) {
-            twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg, wu, wdT, M, D, H, s->gu);
+            // the layer's hot units (its first ones, llmc/ffn.h) as the dense FFN over them, added to TwELL's
+            // over the cold rest
+            int hot = model->ffn[l].hot.units;
+            size_t off = (size_t)hot * D;
+            if (hot < H) { twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg + off, wu + off, wdT + off, M, D, H - hot, s->gu); }
+            if (hot > 0) {
+                ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * hot, s->normed, wg, wu, wdT, M, D, hot,
+                                  (unsigned long long*)NULL, false, hot < H);
+            }
             return;
         }
     }
 #endif
     ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * H, s->normed, wg, wu, wdT, M, D, H,
-                      (unsigned long long*)NULL, decode, c->activation);
+                      (unsigned long long*)NULL, decode, 0, c->activation);
 }
 
 // The layers over M rows whose tokens, cache slots and positions are in s;
@@ -1058,6 +1071,105 @@ static void gpt_decode_step(GPT<T, G>* model, InferState<T>* s, int B) {
     decode_linear(s->logits, s->normed, model->param[output_head(c)], B, c->padded_vocab_size, c->channels);
 }
 
+#ifdef __CUDACC__
+// The hot units of a model's TwELL prefills (llmc/ffn.h), from one calibration
+// prefill of the given prompts with the dense FFN: before each layer's FFN its
+// gate runs once more into the scratch and counts how often each unit fires;
+// at the middle layer the costs are measured on its real input (the dense FFN
+// over FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, TwELL over all of them, the
+// gate alone). Then each layer's hot set is the number of busiest units with
+// the least modelled prefill time, and its units are reordered (the weights'
+// rows of Wg, Wu, WdT: the same function) with the hot ones first.
+struct HotCalibration {
+    GPT<bf16, float>* model;
+    InferState<bf16>* s;
+    uint32_t* count; // [L, H] on the device
+    FfnCosts costs;
+    int verbose;
+};
+
+static void gpt_hot_calibrate_layer(void* ctx, int l, int M) {
+    HotCalibration* cal = (HotCalibration*)ctx;
+    GPT<bf16, float>* model = cal->model;
+    InferState<bf16>* s = cal->s;
+    const int D = model->config.channels, H = model->config.hidden, L = model->config.num_layers;
+    const size_t LH = (size_t)l * H * D;
+    const bf16 *wg = model->param[P_WG] + LH, *wu = model->param[P_WU] + LH, *wdT = model->param[P_WDT] + LH;
+    gemm(s->gu, s->normed, wg, M, H, D, 0, 1, 0);
+    unit_count_add(cal->count + (size_t)l * H, s->gu, M, H);
+    if (l != L / 2 || !twell_prefill_supports(D)) { return; }
+    std::vector<uint32_t> count(H);
+    device_copy(count.data(), cal->count + (size_t)l * H, H * sizeof(uint32_t), DEVICE_CUDA);
+    double pairs = 0;
+    for (uint32_t c : count) { pairs += c; }
+    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
+    auto dense = [&](int units) {
+        return gpt_time(DEVICE_CUDA, [&] {
+            ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * units, s->normed, wg, wu, wdT, M, D, units,
+                              (unsigned long long*)NULL);
+        });
+    };
+    double dense_small = dense(small), dense_large = dense(large);
+    double gate = gpt_time(DEVICE_CUDA, [&] { gemm(s->gu, s->normed, wg, M, H, D, 0, 1, 0); });
+    double sparse = gpt_time(DEVICE_CUDA, [&] {
+        twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg, wu, wdT, M, D, H, s->gu);
+    });
+    cal->costs = ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
+    if (cal->verbose) {
+        printf("hot units: costs measured on layer %d of a prefill of %d tokens: the dense FFN over %d / %d units "
+               "%.3f / %.3f ms, TwELL over all %.3f ms (its gate %.3f) at %.1f pairs per token\n", l, M, small,
+               large, 1e3 * dense_small, 1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
+    }
+}
+
+static void gpt_hot_calibrate(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, const int* lens,
+                              int nseq, int verbose) {
+    const int L = model->config.num_layers, H = model->config.hidden, D = model->config.channels;
+    int M = 0;
+    for (int i = 0; i < nseq; i++) { M += lens[i]; }
+    HotCalibration cal = {model, s, (uint32_t*)cuda_malloc((size_t)L * H * sizeof(uint32_t)), {}, verbose};
+    cudaCheck(cudaMemset(cal.count, 0, (size_t)L * H * sizeof(uint32_t)));
+    int ffn_mode = model->ffn_mode;
+    model->ffn_mode = FFN_DENSE;
+    s->before_ffn = gpt_hot_calibrate_layer;
+    s->before_ffn_ctx = &cal;
+    gpt_prefill(model, s, tokens, lens, nseq, (float*)NULL);
+    s->before_ffn = NULL;
+    s->before_ffn_ctx = NULL;
+    model->ffn_mode = ffn_mode;
+    std::vector<uint32_t> count((size_t)L * H);
+    device_copy(count.data(), cal.count, count.size() * sizeof(uint32_t), DEVICE_CUDA);
+    cuda_free(cal.count);
+    std::vector<int> perm(H);
+    int* dev_perm = (int*)cuda_malloc(H * sizeof(int));
+    bf16* tmp = (bf16*)cuda_malloc((size_t)H * D * sizeof(bf16));
+    for (int l = 0; l < L && cal.costs.dense1 > 0; l++) {
+        int units = ffn_hot_choose(perm.data(), count.data() + (size_t)l * H, H, model->ffn[l].hot.units, M, &cal.costs);
+        if (units < 0) { continue; }
+        cudaCheck(cudaMemcpy(dev_perm, perm.data(), H * sizeof(int), cudaMemcpyHostToDevice));
+        for (int i : {P_WG, P_WU, P_WDT}) {
+            bf16* w = model->param[i] + (size_t)l * H * D;
+            permute_rows_cuda(tmp, w, dev_perm, H, D);
+            cudaCheck(cudaMemcpyAsync(w, tmp, (size_t)H * D * sizeof(bf16), cudaMemcpyDeviceToDevice, main_stream));
+        }
+        if (verbose) {
+            double pairs = 0, hot_pairs = 0;
+            for (int n = 0; n < H; n++) {
+                pairs += count[(size_t)l * H + perm[n]];
+                hot_pairs += n < units ? count[(size_t)l * H + perm[n]] : 0;
+            }
+            printf("hot units: layer %d: %d hot units, %.0f%% of the firing\n", l, units,
+                   pairs > 0 ? 100 * hot_pairs / pairs : 0.0);
+        }
+        model->ffn[l].hot.units = units;
+    }
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    cuda_free(tmp);
+    cuda_free(dev_perm);
+    s->screen_stale = 1; // the gates' rows moved
+}
+#endif
+
 // Decode: sequence b (cache slot b) gets tokens[b] at position pos[b] (its
 // cache holds 0..pos[b]-1); logits (host, [B, Vp], may be NULL) gets the
 // next-token logits.
@@ -1072,6 +1184,16 @@ void gpt_decode(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int
     device_upload(s->tokens, tokens, B * sizeof(int), model->device);
     device_upload(s->row_pos, pos, B * sizeof(int), model->device);
 #ifdef __CUDACC__
+    if constexpr (std::is_same<T, bf16>::value) {
+        const GPTConfig* c = &model->config;
+        if (model->device == DEVICE_CUDA && model->ffn_mode == FFN_SPARSE && B <= SCREEN_MAX_ROWS &&
+            screened_gate_fits(B, c->channels) && (s->screen.q == NULL || s->screen_stale)) {
+            // the int8 copy of the gates, outside any graph (a graph keeps its pointers, not its contents)
+            if (s->screen.q == NULL) { s->screen = screen_gate_create(c->num_layers * c->hidden, c->channels, DEVICE_CUDA); }
+            screen_quantize(&s->screen, model->param[P_WG]);
+            s->screen_stale = 0;
+        }
+    }
     if (model->device == DEVICE_CUDA && s->use_graph) { // captured again when the batch or the FFN changes
         cuda_graph_launch(&s->graph, 4LL * B + model->ffn_mode, [&] { gpt_decode_step(model, s, B); });
         gpt_logits_out(model, s, B, logits);

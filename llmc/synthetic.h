@@ -107,9 +107,11 @@ static inline void init_params_synthetic_sparse(float* params, const GPTConfig* 
 // depend on rms(x), and f_data . Wg[n]_data is about
 // N(0, |f_data|^2 |Wg[n]_data|^2 / (D - 1)); so with
 //     Wg[n][D-1] = -t rho_l |Wg[n]_data| / sqrt(D - 1),   rho_l = mean |f_data| / f[D-1],
-// t = Phi^-1(1 - k / H), unit n fires for about k / H of the tokens. rho_l is
-// measured on layer l's FFN input during one calibration prefill, before layer
-// l's gate runs (so it sees the already-sparse layers below it).
+// t = Phi^-1(1 - k / H), unit n fires for about k / H of the tokens (skewed: t_n
+// from the realistic pattern's rates p_n, a draw per layer, so a few units fire
+// for many tokens and 30% for none). rho_l is measured on layer l's FFN input
+// during one calibration prefill, before layer l's gate runs (so it sees the
+// already-sparse layers below it).
 
 namespace synthetic_detail {
 
@@ -145,14 +147,14 @@ __global__ void carrier_ratio_kernel(float* rho, const bf16* f, int M, int D) {
     if (threadIdx.x == 0) { *rho = total / rows; }
 }
 
-// Wg[n][D-1] = -t rho |Wg[n]_data| / sqrt(D - 1): a warp per unit
-__global__ void gate_offset_kernel(bf16* wg, const float* rho, int H, int D, float t) {
+// Wg[n][D-1] = -t[n] rho |Wg[n]_data| / sqrt(D - 1): a warp per unit
+__global__ void gate_offset_kernel(bf16* wg, const float* rho, int H, int D, const float* t) {
     const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= H) { return; }
     float sq = 0.0f;
     for (int d = lane; d < D - 1; d += 32) { float v = __bfloat162float(wg[(size_t)n * D + d]); sq += v * v; }
     sq = warp_reduce<Sum>(sq);
-    if (lane == 0) { wg[(size_t)n * D + D - 1] = __float2bfloat16_rn(-t * *rho * sqrtf(sq / (D - 1))); }
+    if (lane == 0) { wg[(size_t)n * D + D - 1] = __float2bfloat16_rn(-t[n] * *rho * sqrtf(sq / (D - 1))); }
 }
 
 // the calibration prefill's state (gpt_ffn_cached calls calibrate_layer before each layer's FFN)
@@ -160,7 +162,7 @@ struct Calibration {
     GPT<bf16, float>* model;
     InferState<bf16>* s;
     float* rho; // [L] on the device
-    float t;    // Phi^-1(1 - k / H)
+    float* t;   // [L, H] on the device: Phi^-1(1 - p_n) of each layer's units
 };
 
 // layer l's gate offsets from its FFN input f = s->normed [M, D]
@@ -170,7 +172,8 @@ static void calibrate_layer(void* ctx, int l, int M) {
     bf16* wg = cal->model->param[P_WG] + (size_t)l * c->hidden * c->channels;
     carrier_ratio_kernel<<<1, 1024, 0, main_stream>>>(cal->rho + l, cal->s->normed, M, c->channels);
     cudaCheck(cudaGetLastError());
-    gate_offset_kernel<<<ceil_div(c->hidden, 8), 256, 0, main_stream>>>(wg, cal->rho + l, c->hidden, c->channels, cal->t);
+    gate_offset_kernel<<<ceil_div(c->hidden, 8), 256, 0, main_stream>>>(wg, cal->rho + l, c->hidden, c->channels,
+                                                                        cal->t + (size_t)l * c->hidden);
     cudaCheck(cudaGetLastError());
 }
 
@@ -212,12 +215,26 @@ static inline void init_params_synthetic_gpu(GPT<bf16, float>* model, uint32_t s
 }
 
 // The gate offsets of init_params_synthetic_gpu's model for about k of H units
-// per token: one prefill of the given prompts with the dense FFN, each layer's
-// offsets set from its FFN input just before its gate runs.
+// per token (skewed: the realistic pattern's rates): one prefill of the given
+// prompts with the dense FFN, each layer's offsets set from its FFN input just
+// before its gate runs.
 static inline void synthetic_calibrate(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens,
-                                       const int* lens, int nseq, double k) {
-    synthetic_detail::Calibration cal = {model, s, (float*)cuda_malloc(model->config.num_layers * sizeof(float)),
-                                         (float)normal_quantile(1.0 - k / model->config.hidden)};
+                                       const int* lens, int nseq, double k, int skewed, uint64_t seed) {
+    int L = model->config.num_layers, H = model->config.hidden;
+    float* t = (float*)mallocCheck((size_t)L * H * sizeof(float));
+    double* p = (double*)mallocCheck(H * sizeof(double));
+    for (int l = 0; l < L; l++) {
+        sparse_synthetic_rates(p, H, k, skewed, &seed);
+        for (int n = 0; n < H; n++) {
+            int same = n > 0 && p[n] == p[n - 1]; // (uniform: one quantile)
+            t[(size_t)l * H + n] = same ? t[(size_t)l * H + n - 1] : p[n] > 0 ? (float)normal_quantile(1.0 - p[n]) : 40.0f;
+        }
+    }
+    synthetic_detail::Calibration cal = {model, s, (float*)cuda_malloc(L * sizeof(float)),
+                                         (float*)cuda_malloc((size_t)L * H * sizeof(float))};
+    cudaCheck(cudaMemcpy(cal.t, t, (size_t)L * H * sizeof(float), cudaMemcpyHostToDevice));
+    free(t);
+    free(p);
     int ffn_mode = model->ffn_mode;
     model->ffn_mode = FFN_DENSE;
     s->before_ffn = synthetic_detail::calibrate_layer;
@@ -226,7 +243,9 @@ static inline void synthetic_calibrate(GPT<bf16, float>* model, InferState<bf16>
     s->before_ffn = NULL;
     s->before_ffn_ctx = NULL;
     model->ffn_mode = ffn_mode;
+    s->screen_stale = 1; // the gates changed
     cuda_free(cal.rho);
+    cuda_free(cal.t);
 }
 #endif
 

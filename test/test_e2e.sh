@@ -4,13 +4,8 @@
 # bit, bad input gets a one-line error, and infer generates from the checkpoint.
 set -u
 cd "$(dirname "$0")/.."
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL e2e: $what"; fi
-}
-work=$(mktemp -d /tmp/test_e2e_XXXXXX)
-trap 'rm -rf "$work"' EXIT
+TEST_NAME=e2e
+. test/check.sh
 
 # a tiny model: 2 layers, D 64, GQA with 2 kv heads; 64-token sequences
 tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
@@ -131,5 +126,4 @@ expect_error "bad_doc.txt" ./tokenize -o "$work/tok2" "$work/bad_doc.txt"
 ./train_gpt_sparse -x 1 -m 1 -o "$work/default" > "$work/default.txt" 2>&1
 check "the default model trains a step" grep -q "step     1/1" "$work/default.txt"
 
-echo "e2e: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -81,17 +81,17 @@ static void test_split(int M, int D, int H, int hot) {
         entries = sparse_entries(M, cold_units, cold_units, 0);
         sparse_transposed_alloc(&t, cold_units, D, entries, DEVICE_CPU);
     }
-    std::vector<real> hot_act(3 * (size_t)M * hot + 1), hot_scratch(2 * (size_t)M * hot + 1);
-    FfnHot<real> hh = {hot, hot_act.data(), hot_act.data() + (size_t)M * hot, hot_act.data() + 2 * (size_t)M * hot};
+    std::vector<real> hot_act(2 * (size_t)M * hot + 1), hot_scratch(3 * (size_t)M * hot + 1);
+    FfnHot<real> hh = {hot, hot_act.data(), hot_act.data() + (size_t)M * hot};
     std::vector<real> s_g(MH), s_l1(M, NAN), s_y(MD, NAN), s_du(entries + 1), s_dg(entries + 1), s_df(MD, NAN);
     std::vector<real> s_dwg(HD, 0.5), s_dwu(HD, -0.5), s_dwdT(HD, 0.25);
     std::vector<int> s_active(M, -1);
     std::vector<uint8_t> s_fired(H, 0);
     std::vector<uint32_t> s_count(H, 3);
-    ffn_split_forward(s_y.data(), s_l1.data(), s_active.data(), s_fired.data(), &p, &hh, s_g.data(), f.data(), wg.data(),
-                      wu.data(), wdT.data(), M, D, H, (SparseScratch*)NULL);
+    ffn_split_forward(s_y.data(), s_l1.data(), s_active.data(), s_fired.data(), &p, &hh, hot_scratch.data(), s_g.data(),
+                      f.data(), wg.data(), wu.data(), wdT.data(), M, D, H, (SparseScratch*)NULL);
     ffn_split_backward(s_df.data(), s_dwg.data(), s_dwu.data(), s_dwdT.data(), s_count.data(), &p, &hh, &t, s_du.data(),
-                       s_dg.data(), hot_scratch.data(), hot_scratch.data() + (size_t)M * hot, dy.data(), f.data(),
+                       s_dg.data(), hot_scratch.data(), dy.data(), f.data(),
                        wg.data(), wu.data(), wdT.data(), l1_scale, M, D, H, (SparseScratch*)NULL);
     char what[64];
     snprintf(what, sizeof(what), "M %d D %d H %d hot %d", M, D, H, hot);
@@ -248,8 +248,8 @@ static void test_state(void) {
     gpt_build(&a, &c, DEVICE_CPU);
     gpt_build(&b, &c, DEVICE_CPU);
     a.ffn_mode = b.ffn_mode = FFN_AUTO;
-    a.ffn[0] = {NULL, 1, {}, 32, 100, {64, NULL, NULL, NULL}, 0};
-    a.ffn[1] = {NULL, 0, {}, 16, 50, {0, NULL, NULL, NULL}, 0};
+    a.ffn[0] = {NULL, 1, {}, 32, 100, {64, NULL, NULL}, 0};
+    a.ffn[1] = {NULL, 0, {}, 16, 50, {0, NULL, NULL}, 0};
     a.hot_costs = (FfnCosts){1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f};
     std::vector<int32_t> state(ffn_state_ints(2));
     gpt_ffn_state_get(&a, state.data());

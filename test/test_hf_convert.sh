@@ -7,19 +7,14 @@
 # ./train_gpt_sparse, ./infer and ./hf_convert (make).
 set -u
 cd "$(dirname "$0")/.." || exit 1
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL hf_convert_e2e: $what"; fi
-}
+TEST_NAME=hf_convert_e2e
+. test/check.sh
 expect_error() { # expect_error "text the one-line error must hold" command...
     local want=$1; shift
     local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
     check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]] || { echo "got ($0): $1"; false; }' "$rc" "$out" "$want"
 }
 params() { tail -c +1025 "$1"; } # a model file without its header (the step differs)
-work=$(mktemp -d /tmp/test_hf_convert_XXXXXX)
-trap 'rm -rf "$work"' EXIT
 
 # a tiny model, three steps on the CPU (GQA: 4 heads, 2 kv heads)
 ./train_gpt_sparse --layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 64 -b 2 -x 3 -v 0 -s 0 -n 3 \
@@ -76,5 +71,4 @@ expect_error "--dump-logits writes the logits of generation: drop --analyze" ./i
 sed 's/"hidden_act": "relu"/"hidden_act": "gelu"/' "$work/hf/config.json" > "$work/cfg" && mv "$work/cfg" "$work/hf/config.json"
 expect_error "hidden_act gelu is not supported: the FFN's gate is relu or silu" ./hf_convert --import "$work/hf" -o "$work/x"
 
-echo "hf_convert_e2e: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -7,13 +7,8 @@
 # weights, their number and the rate are in the state file).
 set -u
 cd "$(dirname "$0")/.."
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL hot: $what"; fi
-}
-work=$(mktemp -d /tmp/test_hot_XXXXXX)
-trap 'rm -rf "$work"' EXIT
+TEST_NAME=hot
+. test/check.sh
 
 # a tiny model whose units fire often (a large lambda would make them quiet): with a rate of 5% many are hot
 tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 256 -t 64 -b 4 -u 5 -l 3e-3 -s 0 -m 4 -v 0 -a 1e-4 -x 24 -n 12)
@@ -38,5 +33,4 @@ check "resumed run exits 0" test $? -eq 0
 check "resumed log is identical" cmp -s <(strip_timing "$work/hot/log.jsonl") <(strip_timing "$work/resumed/log.jsonl")
 check "resumed checkpoint is identical" cmp -s "$work/hot/model_00000024.bin" "$work/resumed/model_00000024.bin"
 
-echo "hot: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+finish

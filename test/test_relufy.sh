@@ -8,18 +8,13 @@
 # re-initialisation still runs. Flags that cannot go together are one-line errors.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL relufy: $what"; fi
-}
+TEST_NAME=relufy
+. test/check.sh
 expect_error() { # expect_error "text the one-line error must hold" command...
     local want=$1; shift
     local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
     check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]] || { echo "got ($0): $1"; false; }' "$rc" "$out" "$want"
 }
-work=$(mktemp -d /tmp/test_relufy_XXXXXX)
-trap 'rm -rf "$work"' EXIT
 json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
 strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
 params() { tail -c +1025 "$1"; } # a model file without its header
@@ -117,5 +112,4 @@ check "the experiment script writes its CSV" test "$(wc -l < "$work/experiment/r
 if [ -z "$plot" ]; then check "the experiment script plots" test -s "$work/experiment/relufy.png"; fi
 expect_error "error: --steps 2: a whole number of at least 4" dev/relufy_experiment.sh --steps 2 --no-plot -o "$work/x"
 
-echo "relufy: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -11,18 +11,13 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 repo=$PWD
 set -m # job control: background runs get SIGTERM's default
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL runs: $what"; fi
-}
+TEST_NAME=runs
+. test/check.sh
 expect_error() { # expect_error "pattern" command...: one line on stderr, non-zero exit
     local want=$1; shift
     local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
     check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]]' "$rc" "$out" "$want"
 }
-work=$(mktemp -d /tmp/test_runs_XXXXXX)
-trap 'rm -rf "$work"' EXIT
 
 tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 32 -b 2 -u 5 -l 3e-3 -s 0 -m 2)
 train() { ./train_gpt_sparse "${tiny[@]}" "$@"; }
@@ -106,5 +101,4 @@ expect_error "no -m given, and out/ holds no checkpoint (model_<step>.bin): trai
     bash -c 'cd "$0" && "$1/infer" -p hi' "$work/cwd" "$repo"
 expect_error "-m $work/empty: the directory holds no checkpoint (model_<step>.bin)" ./infer -m "$work/empty" -p hi
 
-echo "runs: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -8,13 +8,8 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 set -m # job control: background runs get SIGINT (a script's background jobs otherwise ignore it)
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL signals: $what"; fi
-}
-work=$(mktemp -d /tmp/test_signals_XXXXXX)
-trap 'rm -rf "$work"' EXIT
+TEST_NAME=signals
+. test/check.sh
 
 # 2 layers, D 64, 2 x 32 tokens per step; a validation of 40 batches takes longer than a step
 tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 32 -u 5 -l 3e-3 -s 0)
@@ -91,5 +86,4 @@ kill -INT $pid
 wait $pid
 check "an ignored SIGINT stays ignored: the run finishes" test $? -eq 0 -a -f "$work/ignored/model_00000030.bin"
 
-echo "signals: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -8,13 +8,8 @@
 # per position and per token, and its CE matches the trainer's validation.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL sweep: $what"; fi
-}
-work=$(mktemp -d /tmp/test_sweep_XXXXXX)
-trap 'rm -rf "$work"' EXIT
+TEST_NAME=test_sweep
+. test/check.sh
 
 # 2 layers, D 64, H 128; 2 x 32 tokens per step; validation on 2 batches
 tiny=(--layers 2 --dim 64 --heads 4 --hidden 128 -b 2 -t 32 -u 2 -l 3e-3 -m 2 -s 0)
@@ -188,5 +183,4 @@ expect_error "--analyze-seq-len 64: the model $model takes 2 to 32 tokens" \
     ./infer -m "$model" --analyze "data/corpus_val_*.bin" --analyze-seq-len 64
 expect_error "no files match the shard pattern '$work/nothing_*.bin'" ./infer -m "$model" --analyze "$work/nothing_*.bin"
 
-echo "test_sweep: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

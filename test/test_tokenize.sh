@@ -8,17 +8,13 @@
 # node packages are installed: bash dev/data/fineweb.sh --install). Run from anywhere; needs ./tokenize.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-passed=0; failed=0
-check() { # check "what" command...
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL tokenize: $what"; fi
-}
+TEST_NAME=test_tokenize
+. test/check.sh
 expect_error() { # expect_error "text the one-line error must hold" command...
     local want=$1; shift
     local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
     check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]] || { echo "got ($0): $1"; false; }' "$rc" "$out" "$want"
 }
-work=$(mktemp -d /tmp/test_tokenize_XXXXXX)
 hub=""  # the stand-in hub's process, while it runs
 trap '[ -z "$hub" ] || kill $hub 2>/dev/null; rm -rf "$work"' EXIT
 D=test/data/tokenize
@@ -277,5 +273,4 @@ else
     echo "SKIP tokenize: fineweb.sh on parquet files (its reader is not installed: bash dev/data/fineweb.sh --install)"
 fi
 
-echo "test_tokenize: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -7,11 +7,8 @@
 # the same step with a complete checkpoint. The same resumes with an untied head.
 set -u
 cd "$(dirname "$0")/../.."
-passed=0; failed=0
-check() {
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL ddp: $what"; fi
-}
+TEST_NAME=ddp
+. test/check.sh
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$gpus" -lt 2 ]; then
     echo "SKIP ddp: every data-parallel test (needs 2 GPUs, this machine has $gpus)"
@@ -19,8 +16,6 @@ if [ "$gpus" -lt 2 ]; then
     exit 0
 fi
 export NCCL_NVLS_ENABLE=0
-work=$(mktemp -d /tmp/test_ddp_XXXXXX)
-trap 'rm -rf "$work"' EXIT
 ffn=${FFN:-dense}
 source test/gpu/ddp_lib.sh
 echo "ddp: FFN path $ffn"
@@ -169,5 +164,4 @@ stop=$(sed -n 's/^stopped at step \([0-9]*\) of 2000 (another process was asked 
 check "... at a step of which both wrote their part (step ${stop:-none})" test -n "$stop" -a \
     -f "$work/one_signal/$(printf 'state_%08d_00000.bin' "${stop:-0}")" -a -f "$work/one_signal/$(printf 'state_%08d_00001.bin' "${stop:-0}")"
 
-echo "ddp: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+finish

@@ -5,11 +5,8 @@
 # 2 GPUs (re-sharded optimizer state) and follows the N-GPU run.
 set -u
 cd "$(dirname "$0")/../.."
-passed=0; failed=0
-check() {
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL ddp_all: $what"; fi
-}
+TEST_NAME=ddp_all
+. test/check.sh
 n=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$n" -lt 3 ]; then
     echo "SKIP ddp_all: every test (needs 3 or more GPUs, this machine has $n)"
@@ -17,8 +14,6 @@ if [ "$n" -lt 3 ]; then
     exit 0
 fi
 export NCCL_NVLS_ENABLE=0
-work=$(mktemp -d /tmp/test_ddp_all_XXXXXX)
-trap 'rm -rf "$work"' EXIT
 ffn=${FFN:-dense}
 tokens=$((n * 128))
 source test/gpu/ddp_lib.sh
@@ -50,5 +45,4 @@ if [ $((n % 2)) -eq 0 ]; then # the same tokens per step on 2 GPUs
 else
     echo "SKIP ddp_all: the resume on 2 GPUs (needs an even number of GPUs, this machine has $n)"
 fi
-echo "ddp_all: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

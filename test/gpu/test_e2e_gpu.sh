@@ -4,13 +4,8 @@
 # GPU and CPU paths; a dense SiLU model is ReLUfied.
 set -u
 cd "$(dirname "$0")/../.."
-passed=0; failed=0
-check() {
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL e2e_gpu: $what"; fi
-}
-work=$(mktemp -d /tmp/test_e2e_gpu_XXXXXX)
-trap 'rm -rf "$work"' EXIT
+TEST_NAME=e2e_gpu
+. test/check.sh
 small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4)
 strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//; s/,"mfu":[^,]*,"mem_gib":[^,]*//' "$1"; }
 json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
@@ -70,5 +65,4 @@ check "GPU: ReLUfication resumed: the same checkpoint" cmp -s "$work/relu/model_
 ./train_gpt_sparse "${shape[@]}" "${run[@]}" --activation silu -x 8 -n 0 -o "$work/s1" --recompute 1 > /dev/null 2>&1
 check "SiLU: --recompute 1 gives the same steps" cmp -s <(strip_timing "$work/s0/log.jsonl") <(strip_timing "$work/s1/log.jsonl")
 
-echo "e2e_gpu: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

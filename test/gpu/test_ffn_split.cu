@@ -92,11 +92,11 @@ static Outputs split(const Layer& c, int hot, const Outputs& ref) {
         du = (bf16*)cuda_malloc(entries * 2 + 16), dg = (bf16*)cuda_malloc(entries * 2 + 16);
     }
     bf16* hot_act = (bf16*)cuda_malloc(5 * (size_t)M * hot * 2 + 16);
-    FfnHot<bf16> hh = {hot, hot_act, hot_act + (size_t)M * hot, hot_act + 2 * (size_t)M * hot};
-    bf16 *hot_dh = hot_act + 3 * (size_t)M * hot, *hot_du = hot_act + 4 * (size_t)M * hot;
+    FfnHot<bf16> hh = {hot, hot_act, hot_act + (size_t)M * hot};
+    bf16* hot_scratch = hot_act + 2 * (size_t)M * hot;
     reset(c);
-    ffn_split_forward(c.y, c.l1, c.active, c.fired, &p, &hh, g, c.f, c.wg, c.wu, c.wdT, M, D, H, &s);
-    ffn_split_backward(c.df, c.dwg, c.dwu, c.dwdT, c.count, &p, &hh, &t, du, dg, hot_dh, hot_du, c.dy, c.f, c.wg, c.wu,
+    ffn_split_forward(c.y, c.l1, c.active, c.fired, &p, &hh, hot_scratch, g, c.f, c.wg, c.wu, c.wdT, M, D, H, &s);
+    ffn_split_backward(c.df, c.dwg, c.dwu, c.dwdT, c.count, &p, &hh, &t, du, dg, hot_scratch, c.dy, c.f, c.wg, c.wu,
                        c.wdT, l1_scale, M, D, H, &s);
     if (cold > 0) { CHECK(download(tail_used, 1)[0] <= p.tail_capacity, "hot %d: the tail held every row", hot); }
     Outputs o = outputs(c);

@@ -312,7 +312,7 @@ static void test_model(const char* name, bool synthetic) {
         init_params_synthetic_gpu(&model, 7, 8.0);
         std::vector<int> tokens(40), lens = {40};
         for (int& t : tokens) { t = (int)rng_below(&rng, c.vocab_size); }
-        synthetic_calibrate(&model, &m, tokens.data(), lens.data(), 1, 8.0);
+        synthetic_calibrate(&model, &m, tokens.data(), lens.data(), 1, 8.0, 1, 5); // skewed rates
         params = to_float(download(model.params, params.size()));
     } else {
         init_params_random(params.data(), &c, 42);
@@ -359,6 +359,23 @@ static void test_model(const char* name, bool synthetic) {
     m.twell.ffn.choice = TWELL_AUTO; // auto: either path, the same logits within tolerance
     for (int i = 0; i < 2; i++) { e = gpu_script(&model, &m, s, &direct); }
     CHECK(e < 3e-2, "%s: TwELL auto (%s path) rel err %g", name, m.twell.ffn.path == TWELL_DENSE ? "dense" : "sparse", e);
+
+    // hot units (llmc/ffn.h): the first 64 units of every layer dense, TwELL over the rest (any units may be
+    // hot: the split is exact whichever they are), then the hot sets a calibration prefill chooses (which
+    // reorders the units: the same function)
+    m.twell.ffn.choice = TWELL_FORCE_SPARSE;
+    for (int l = 0; l < c.num_layers; l++) { model.ffn[l].hot.units = 64; }
+    e = gpu_script(&model, &m, s, &direct);
+    CHECK(e < 3e-2, "%s: TwELL with 64 hot units a layer: rel err %g", name, e);
+    for (int l = 0; l < c.num_layers; l++) { model.ffn[l].hot.units = 0; }
+    std::vector<int> tokens(48), lens = {48};
+    for (int& t : tokens) { t = (int)rng_below(&rng, c.vocab_size); }
+    gpt_hot_calibrate(&model, &m, tokens.data(), lens.data(), 1, 0);
+    e = gpu_script(&model, &m, s, &direct);
+    int hot = 0;
+    for (int l = 0; l < c.num_layers; l++) { hot += model.ffn[l].hot.units; }
+    CHECK(e < 3e-2, "%s: TwELL after the hot-unit calibration (%d hot units in all): rel err %g", name, hot, e);
+    printf("  %s, TwELL with hot units: 64 a layer and as calibrated (%d in all), rel err %.2e\n", name, hot, e);
     infer_state_free(&m, &model);
     gpt_free(&model);
 }

@@ -8,19 +8,14 @@
 # random model, and a small prefill running the dense FFN by default.
 set -u
 cd "$(dirname "$0")/../.."
-passed=0; failed=0
-check() {
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL infer_e2e: $what"; fi
-}
+TEST_NAME=infer_e2e
+. test/check.sh
 expect_error() { # expect_error "message" command...: exits non-zero with one line holding the message
     local msg=$1; shift
     local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
     check "error '$msg' (exit $rc, $(echo "$out" | wc -l) lines: $out)" \
         test $rc -ne 0 -a "$(echo "$out" | wc -l)" -eq 1 -a -n "$(echo "$out" | grep -F -- "$msg")"
 }
-work=$(mktemp -d /tmp/test_infer_e2e_XXXXXX)
-trap 'rm -rf "$work"' EXIT
 
 ./train_gpt_sparse --layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 512 -b 8 -t 128 -u 20 -l 3e-3 -a 2e-3 \
     -s 0 -m 4 -x 600 -v 0 -n 0 -o "$work/a" > "$work/train.txt" 2>&1
@@ -97,5 +92,4 @@ cat "$work/bench_syn.txt"
 ./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 8 > "$work/bench_small.txt" 2>&1
 check "a prefill below --twell-min-rows runs the dense FFN, and says so" grep -q "ran the dense FFN" "$work/bench_small.txt"
 
-echo "infer_e2e: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

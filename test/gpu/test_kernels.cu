@@ -413,14 +413,14 @@ static void test_dense_ffn(int M, int D, int H, int activation) {
     std::vector<double> fd = to_double(f), wgd = to_double(wg), wud = to_double(wu), wdTd = to_double(wdT);
     std::vector<double> y_ref((size_t)M * D), g_ref((size_t)M * H), u_ref((size_t)M * H);
     ffn_dense_forward(y_ref.data(), g_ref.data(), u_ref.data(), fd.data(), wgd.data(), wud.data(), wdTd.data(), M, D, H,
-                      (unsigned long long*)NULL, false, activation);
+                      (unsigned long long*)NULL, false, 0, activation);
     bf16 *d_f = upload(f), *d_wg = upload(wg), *d_wu = upload(wu), *d_wdT = upload(wdT);
     bf16 *d_y = poisoned<bf16>((size_t)M * D), *d_g = poisoned<bf16>((size_t)M * H), *d_u = poisoned<bf16>((size_t)M * H);
-    ffn_dense_forward(d_y, d_g, d_u, d_f, d_wg, d_wu, d_wdT, M, D, H, (unsigned long long*)NULL, false, activation);
+    ffn_dense_forward(d_y, d_g, d_u, d_f, d_wg, d_wu, d_wdT, M, D, H, (unsigned long long*)NULL, false, 0, activation);
     std::vector<bf16> y = download(d_y, (size_t)M * D);
     check_close("ffn_dense_forward", "y", shape, y, y_ref, 1e-2);
     cudaCheck(cudaMemset(d_y, 0xFF, (size_t)M * D * sizeof(bf16)));
-    ffn_dense_forward(d_y, d_g, d_u, d_f, d_wg, d_wu, d_wdT, M, D, H, (unsigned long long*)NULL, false, activation);
+    ffn_dense_forward(d_y, d_g, d_u, d_f, d_wg, d_wu, d_wdT, M, D, H, (unsigned long long*)NULL, false, 0, activation);
     check_deterministic("ffn_dense_forward", "y", shape, same_bits(y, download(d_y, (size_t)M * D)));
     cuda_free(d_f); cuda_free(d_wg); cuda_free(d_wu); cuda_free(d_wdT); cuda_free(d_y); cuda_free(d_g); cuda_free(d_u);
 }

@@ -11,13 +11,8 @@
 # - --dead-reinit 1 trains (its kernel is checked in test_sparse_ffn).
 set -u
 cd "$(dirname "$0")/../.."
-passed=0; failed=0
-check() {
-    local what=$1; shift
-    if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL sparse_train: $what"; fi
-}
-work=$(mktemp -d /tmp/test_sparse_train_XXXXXX)
-trap 'rm -rf "$work"' EXIT
+TEST_NAME=sparse_train
+. test/check.sh
 small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 1024 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 -v 0 -n 0)
 losses() { grep '"type":"train"' "$1" | sed -E 's/.*"loss":([-0-9.e+]+).*/\1/'; }
 # Two runs that differ only in bf16 rounding drift apart step by step (chaos), so
@@ -53,5 +48,4 @@ check "auto loss curve matches dense" compare "$work/l1_auto/log.jsonl" "$work/l
 check "a run with --dead-reinit 1 exits 0" test $? -eq 0
 check "its loss is finite" awk -v l="$(losses "$work/reinit/log.jsonl" | tail -n 1)" 'BEGIN {exit !(l > 0 && l < 20)}'
 
-echo "sparse_train: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish
