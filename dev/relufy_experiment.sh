@@ -181,13 +181,17 @@ set xlabel "tokens seen (M)"
 set ylabel "val CE (nats)"
 set title "validation CE"
 set arrow 1 from first $(mtok "$sa"), graph 0 to first $(mtok "$sa"), graph 1 nohead dt 2 lc rgb "#999999"
+set label 1 "(a) ends, (b) starts" at first $(mtok "$sa"), graph 0.03 offset 0.5, 0 tc rgb "#777777"
 plot "$tmp/a.val" using 1:2 with linespoints pt 7 lw 2 lc rgb "#444444" title "(a) dense SiLU", \
      "$tmp/b.val" using 1:2 with linespoints pt 7 lw 2 lc rgb "#cc3333" title "(b) (a) ReLUfied + L1", \
      "$tmp/c.val" using 1:2 with linespoints pt 7 lw 2 lc rgb "#3366cc" title "(c) ReLU + L1 from scratch"
 set ylabel "mean L0, % of H (log scale)"
 set title "firing FFN units per token (training batches)"
 set logscale y
+set yrange [0.05:100]
+unset label 1
 set arrow 2 from graph 0, first 3 to graph 1, first 3 nohead dt 2 lc rgb "#3366cc"
+set label 2 "3% of H" at graph 0.01, first 3 offset 0, 0.7 tc rgb "#3366cc"
 plot "$tmp/a.l0" using 1:2 with lines lw 2 lc rgb "#444444" title "(a) g > 0 (SiLU: all H compute)", \
      "$tmp/b.l0" using 1:2 with lines lw 2 lc rgb "#cc3333" title "(b)", \
      "$tmp/c.l0" using 1:2 with lines lw 2 lc rgb "#3366cc" title "(c)"
