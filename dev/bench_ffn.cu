@@ -23,12 +23,9 @@
 */
 #include <algorithm>
 #include <vector>
-#include "llmc/checkpoint.h"
-#include "llmc/dataloader.h"
-#include "llmc/gpt.h"
+#include "dev/trained_layer.cuh"
 #include "llmc/optimizer.h"
 #include "llmc/synthetic.h"
-#include "test/gpu/gpu_util.cuh"
 
 static double used_gib(void) {
     size_t free_b, total_b;
@@ -329,39 +326,6 @@ static void bench_pattern(Bench* b, const char* name) {
            "%.3f\n", "", t_gate, st[0], st[1], st[2], st[3], st[4], t_hot, t_cold, small, large, t_small, t_large);
 }
 
-// b->f and the weights from layer l of a checkpoint on the embedded corpus's first val tokens
-static void load_trained(Bench* b, const char* path, int l) {
-    GPTConfig c;
-    float* params = checkpoint_load_model(path, &c, NULL);
-    if (c.channels != b->D || c.hidden != b->H) {
-        fatal("%s: D %d, H %d; the benchmark runs D %d, H %d (give M D H to match)", path, c.channels, c.hidden, b->D, b->H);
-    }
-    if (l < 0 || l >= c.num_layers) { fatal("layer %d: %s has layers 0..%d", l, path, c.num_layers - 1); }
-    int T = std::min(1024, c.max_seq_len), B = b->M / T;
-    if (B * T != b->M) { fatal("M %d is not a multiple of the sequence length %d", b->M, T); }
-    GPT<bf16, float> model;
-    gpt_build(&model, &c, DEVICE_CUDA);
-    model.ffn_mode = FFN_DENSE;
-    Optimizer opt;
-    optimizer_init(&opt, &model, NULL);
-    set_params_from_fp32(&model, &opt, params);
-    free(params);
-    DataLoader val;
-    dataloader_init(&val, "data/corpus_val_*.bin", B, T, 0, 1, 0, 0, c.vocab_size);
-    dataloader_next_batch(&val);
-    int* tokens = upload(std::vector<int>(val.inputs, val.inputs + b->M));
-    gpt_forward(&model, tokens, (const int*)NULL, B, T, 0.0f);
-    size_t MD = (size_t)b->M * b->D, HD = (size_t)b->H * b->D;
-    cudaCheck(cudaMemcpy(b->f, model.acts.ffn_in + l * MD, MD * 2, cudaMemcpyDeviceToDevice));
-    cudaCheck(cudaMemcpy(b->wg, model.param[P_WG] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
-    cudaCheck(cudaMemcpy(b->wu, model.param[P_WU] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
-    cudaCheck(cudaMemcpy(b->wdT, model.param[P_WDT] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
-    cuda_free(tokens);
-    dataloader_free(&val);
-    optimizer_free(&opt);
-    gpt_free(&model);
-}
-
 int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "model") == 0) { return bench_model(argc, argv); }
     int sized = argc > 3 && strcmp(argv[1], "trained") != 0, arg = sized ? 4 : 1;
@@ -409,7 +373,7 @@ int main(int argc, char** argv) {
         bench_pattern(&b, name);
     }
     if (trained && (!only || strcmp(only, "trained") == 0)) {
-        load_trained(&b, trained, trained_layer);
+        load_trained_layer(trained, trained_layer, M, D, H, b.f, b.wg, b.wu, b.wdT);
         char name[32];
         snprintf(name, sizeof(name), "trained l=%d", trained_layer);
         bench_pattern(&b, name);

@@ -31,7 +31,9 @@
  warm-up runs; dense, sparse and auto are timed in turn, round by round, so
  that the GPU's clock (it drops as the card heats) is the same for all three. Buffers start with a capacity from k and grow (and the pattern
  runs again) if the status asks for more.
- usage: build/dev/bench_twell [iters (default 20)]; BENCH_ONLY="uniform k=30" runs that pattern only
+ With `trained MODEL [LAYER]` the FFN of that layer of a checkpoint on its real inputs comes last
+ (dev/trained_layer.cuh; "trained" in BENCH_ONLY runs it alone).
+ usage: build/dev/bench_twell [iters (default 20)] [trained MODEL [LAYER]]; BENCH_ONLY="uniform k=30" runs that pattern only
 */
 #include <algorithm>
 #include <functional>
@@ -40,10 +42,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
+#include "dev/trained_layer.cuh"
 #include "llmc/cuda_twell.cuh"
 #include "llmc/rng.h"
 #include "llmc/synthetic.h"
-#include "test/gpu/gpu_util.cuh"
 
 static const int M = 16384, D = 2048, H = 5632;
 static unsigned char* l2_flush = NULL;
@@ -122,6 +124,8 @@ struct Row {
 
 int main(int argc, char** argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 20;
+    const char* trained = argc > 3 && strcmp(argv[2], "trained") == 0 ? argv[3] : NULL;
+    int trained_layer = argc > 4 ? atoi(argv[4]) : 0;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     bool has_wgmma = prop.major == 9;
@@ -148,18 +152,23 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMemcpy(wu_d, wu.data(), wu.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(wdT_d, wdT.data(), wdT.size() * sizeof(bf16), cudaMemcpyHostToDevice));
 
-    struct Pattern { char name[24]; double k; bool realistic; int hot; };
-    std::vector<Pattern> patterns = {{"uniform k=8", 8, false, 0},    {"uniform k=30", 30, false, 0},
-                                     {"uniform k=100", 100, false, 0}, {"uniform k=200", 200, false, 0},
-                                     {"uniform k=300", 300, false, 0}, {"realistic k=30", 30, true, 0},
-                                     {"realistic k=100", 100, true, 0}};
+    struct Pattern { char name[24]; double k; bool realistic; int hot; bool trained; };
+    std::vector<Pattern> patterns = {{"uniform k=8", 8, false, 0, false},    {"uniform k=30", 30, false, 0, false},
+                                     {"uniform k=100", 100, false, 0, false}, {"uniform k=200", 200, false, 0, false},
+                                     {"uniform k=300", 300, false, 0, false}, {"realistic k=30", 30, true, 0, false},
+                                     {"realistic k=100", 100, true, 0, false}};
+    if (trained) { // last: it replaces the weights the synthetic patterns share
+        Pattern pat = {"", 0, false, 0, true};
+        snprintf(pat.name, sizeof(pat.name), "trained l=%d", trained_layer);
+        patterns.push_back(pat);
+    }
     for (const char* h = getenv("BENCH_HOT"); h && *h;) {
         char* end;
         long hot = strtol(h, &end, 10);
         if (end == h || hot < 8 || hot > H / 2 || hot % 8 != 0) { // (u_hot and h_hot share g's buffer)
             fatal("BENCH_HOT: \"%s\" is not a list of unit counts, multiples of 8 from 8 to %d", h, H / 2);
         }
-        Pattern pat = {"", 30, true, (int)hot};
+        Pattern pat = {"", 30, true, (int)hot, false};
         snprintf(pat.name, sizeof(pat.name), "realistic-%ld k=30", hot);
         patterns.push_back(pat);
         h = end + strspn(end, " ,");
@@ -168,8 +177,8 @@ int main(int argc, char** argv) {
     const double gate_flops = 2.0 * M * (double)D * H;
     const char* only = getenv("BENCH_ONLY"); // run only the patterns of this name, e.g. "uniform k=30"
     for (const Pattern& pat : patterns) {
-        if (only && strcmp(pat.name, only) != 0) { continue; }
-        std::vector<double> p = firing_probabilities(pat.k, pat.realistic, 5);
+        if (only && strcmp(pat.name, only) != 0 && !(pat.trained && strcmp(only, "trained") == 0)) { continue; }
+        std::vector<double> p = firing_probabilities(pat.trained ? 30 : pat.k, pat.realistic, 5);
         double hot_share = 0, total = 0; // the hot units' share of the expected pairs
         if (pat.hot) {
             std::vector<int> order(H);
@@ -183,8 +192,12 @@ int main(int argc, char** argv) {
         for (int m = 0; m < M; m++) {
             f[(size_t)m * D + D - 1] = __float2bfloat16_rn(pat.realistic && m < M / 100 ? 0.5f : 1.0f);
         }
-        cudaCheck(cudaMemcpy(f_d, f.data(), f.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(wg_d, wg.data(), wg.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+        if (pat.trained) {
+            load_trained_layer(trained, trained_layer, M, D, H, f_d, wg_d, wu_d, wdT_d);
+        } else {
+            cudaCheck(cudaMemcpy(f_d, f.data(), f.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+            cudaCheck(cudaMemcpy(wg_d, wg.data(), wg.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+        }
         Row r = {};
         snprintf(r.name, sizeof(r.name), "%s", pat.name);
         printf("\n%s\n", pat.name);
