@@ -945,7 +945,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
         {0, "dump-logits", ARG_STRING, &o->dump_logits, 0, 0, "write each sampled token's id (int32) and its V logits (fp32) here", 0},
         {'q', "quiet", ARG_INT, &o->quiet, 0, 1, "1 = print only the generated text, no prompt or statistics", 0},
         {0, "device", ARG_STRING, &o->device_name, 0, 0, "auto, cpu or cuda", 0},
-        {0, "ffn", ARG_STRING, &o->ffn_name, 0, 0, "GPU FFN: twell (sparse) or dense (cuBLAS)", 0},
+        {0, "ffn", ARG_STRING, &o->ffn_name, 0, 0, "GPU FFN: twell (sparse) or dense (cuBLAS); a SiLU model runs dense", 0},
         {0, "graph", ARG_INT, &o->graph, 0, 1, "1 = each GPU decode step is one CUDA graph", 0},
         {0, "twell-min-rows", ARG_INT, &o->twell_min_rows, 0, 1 << 30, "TwELL: prefills of fewer tokens run the dense FFN (0 = never)", 0},
         {0, "max-batch", ARG_INT, &o->max_batch, 1, 4096, "most prompts of one run", 0},
