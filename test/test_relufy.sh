@@ -110,6 +110,12 @@ check "the experiment script exits 0" test $? -eq 0
 check "the experiment script prints its table" grep -q "^| (b) (a) ReLUfied + L1 (lambda 0.05, ramp 1) | 1 |" "$work/experiment.txt"
 check "the experiment script writes its CSV" test "$(wc -l < "$work/experiment/results.csv")" -eq 4
 if [ -z "$plot" ]; then check "the experiment script plots" test -s "$work/experiment/relufy.png"; fi
+cp "$work/experiment/results.csv" "$work/results_trained.csv"
+dev/relufy_experiment.sh --device cpu --shape "${shape[*]}" --batch 2 --seq-len 32 --steps 4 --lambda 0.05 $plot \
+    --report-only -o "$work/experiment" > "$work/report.txt" 2>&1
+check "--report-only exits 0" test $? -eq 0
+check "--report-only trains nothing and gives the same table" cmp -s "$work/results_trained.csv" "$work/experiment/results.csv"
+check "--report-only prints no training run" bash -c "! grep -q '^(a) ' '$work/report.txt'"
 expect_error "error: --steps 2: a whole number of at least 4" dev/relufy_experiment.sh --steps 2 --no-plot -o "$work/x"
 
 finish

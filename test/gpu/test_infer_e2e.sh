@@ -83,12 +83,19 @@ expect_error "--ffn sparse: expected twell or dense" ./infer -m "$model" -p hi -
 check "--bench on the checkpoint exits 0" test $? -eq 0
 check "--bench prints both paths and the ratio" grep -q "twell / dense: prefill" "$work/bench.txt"
 cat "$work/bench.txt"
-./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 > "$work/bench_syn.txt" 2>&1
+# (--hot 0: with hot units TwELL's count is the cold tail's)
+./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 --hot 0 \
+    > "$work/bench_syn.txt" 2>&1
 check "--bench on a synthetic-sparse preset exits 0" test $? -eq 0
 check "the synthetic init is said" grep -q "SYNTHETIC-SPARSE" "$work/bench_syn.txt"
 active=$(sed -nE 's/^TwELL: ([0-9.]+) active.*/\1/p' "$work/bench_syn.txt")
 check "synthetic init: about k = 8 units fire ($active)" awk -v a="${active:-0}" 'BEGIN {exit !(a > 3 && a < 20)}'
 cat "$work/bench_syn.txt"
+./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 > "$work/bench_hot.txt" 2>&1
+check "--bench with hot units exits 0" test $? -eq 0
+check "--bench says the hot units or the active ones" \
+    grep -qE "^TwELL: [0-9.]+ active FFN units per token (in the cold tail, [0-9]+ hot units a layer run dense|\(mean)" \
+    "$work/bench_hot.txt"
 ./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 8 > "$work/bench_small.txt" 2>&1
 check "a prefill below --twell-min-rows runs the dense FFN, and says so" grep -q "ran the dense FFN" "$work/bench_small.txt"
 
