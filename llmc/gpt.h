@@ -240,9 +240,12 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
     // a dense layer that keeps g, u, h has them in its own buffer (gpt_ffn_dense_acts), which it gives back
     // when it turns sparse; here the shared ones: the sparse gate's scratch, a recomputed layer's g, u, h,
-    // and the dense backward's d_h, d_u
+    // and the dense backward's d_h, d_u. FFN_AUTO without --recompute: the sparse gate's scratch is d_h
+    // (the one is used in the forward only, the other in the backward only), so that a run whose layers
+    // are all dense holds what --ffn dense holds
     size_t dense = model->ffn_mode != FFN_SPARSE, recomputed = dense && model->recompute;
-    size_t scratch_g = model->ffn_mode != FFN_DENSE || recomputed;
+    size_t gate_in_d_h = model->ffn_mode == FFN_AUTO && !recomputed;
+    size_t scratch_g = (model->ffn_mode != FFN_DENSE || recomputed) && !gate_in_d_h;
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
@@ -268,15 +271,10 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
         *parts[i].ptr = p;
         p += (parts[i].bytes + align - 1) / align * align;
     }
+    if (gate_in_d_h) { a->g = a->d_h; }
     model->B = B;
     model->T_ = T_;
     if (model->ffn_mode != FFN_DENSE) {
-        if (model->device == DEVICE_CUDA) {
-#ifdef __CUDACC__
-            // the fused gate's words in d_qkv, which only the backward uses
-            sparse_scratch_alloc_cuda(&model->sparse_scratch, (int)M, (int)H, a->d_qkv, M * QKV * sizeof(T));
-#endif
-        }
         // sparse from the start, or dense until the first statistics say otherwise
         // (unless gpt_ffn_state_set restored a checkpoint's choices)
         for (size_t l = 0; l < L; l++) {
@@ -295,6 +293,13 @@ template <typename T, typename G>
 static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
     SparseFfnLayer<T>* f = &model->ffn[l];
     int M = model->B * model->T_, D = model->config.channels, hot = f->hot.units;
+#ifdef __CUDACC__
+    if (model->device == DEVICE_CUDA && model->sparse_scratch.scan_temp == NULL) {
+        // the GPU kernels' scratch, the fused gate's words in d_qkv, which only the backward uses
+        sparse_scratch_alloc_cuda(&model->sparse_scratch, M, model->config.hidden, model->acts.d_qkv,
+                                  (size_t)M * qkv_dim(&model->config) * sizeof(T));
+    }
+#endif
     int H = model->config.hidden - hot; // cold units
     if (hot > f->hot_capacity) {
         device_free(f->hot.g, model->device);
@@ -358,6 +363,22 @@ static int gpt_sparse_overflowed(GPT<T, G>* model) {
     return overflow;
 }
 
+// the sparse paths' scratch shared by the layers, the hot units' and the GPU kernels' (gpt_sparse_ensure
+// makes them again at the sizes a layer asks for)
+template <typename T, typename G>
+static void gpt_sparse_scratch_free(GPT<T, G>* model) {
+    sparse_transposed_free(&model->transposed, model->device);
+    device_free(model->sparse_du, model->device);
+    device_free(model->sparse_dg, model->device);
+    device_free(model->hot_scratch, model->device);
+    model->sparse_du = model->sparse_dg = model->hot_scratch = NULL;
+    model->sparse_scratch_entries = 0;
+    model->hot_scratch_units = 0;
+#ifdef __CUDACC__
+    if (model->device == DEVICE_CUDA && model->sparse_scratch.scan_temp) { sparse_scratch_free_cuda(&model->sparse_scratch); }
+#endif
+}
+
 template <typename T, typename G>
 void gpt_free(GPT<T, G>* model) {
     device_free(model->params, model->device);
@@ -373,17 +394,9 @@ void gpt_free(GPT<T, G>* model) {
         device_free(model->ffn[l].hot.g, model->device);
         device_free(model->ffn[l].dense, model->device);
     }
-    device_free(model->hot_scratch, model->device);
+    gpt_sparse_scratch_free(model);
     free(model->ffn);
     device_free(model->tail_used, model->device);
-    sparse_transposed_free(&model->transposed, model->device);
-    device_free(model->sparse_du, model->device);
-    device_free(model->sparse_dg, model->device);
-    if (model->device == DEVICE_CUDA && model->sparse_scratch.scan_temp) {
-#ifdef __CUDACC__
-        sparse_scratch_free_cuda(&model->sparse_scratch);
-#endif
-    }
     memset(model, 0, sizeof(*model));
 }
 
@@ -422,6 +435,12 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1
         if (on && f->dense) { // its g, u, h are not needed again until it turns dense
             device_free(f->dense, model->device);
             f->dense = NULL;
+        }
+        if (!on && f->on) { // nor its pattern and hot units' g, u until it turns sparse (its sizes stay chosen)
+            sparse_pattern_free(&f->p, model->device);
+            device_free(f->hot.g, model->device);
+            f->hot.g = f->hot.u = NULL;
+            f->hot_capacity = 0;
         }
         f->on = on;
     }
@@ -507,6 +526,9 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
         gpt_ffn_choose(model, l, s->l0_mean, all > 0 ? s->l0_mean * cold / all : -1.0);
     }
     free(fired);
+    int any_on = 0;
+    for (int l = 0; l < L; l++) { any_on |= model->ffn[l].on; }
+    if (!any_on) { gpt_sparse_scratch_free(model); } // all dense again: as little memory as --ffn dense
 }
 
 // The dead-neuron re-initialisation of docs/MODEL.md, after an optimizer step and

@@ -236,12 +236,28 @@ static void test_model(void) {
     CHECK(!autom.ffn[0].on, "auto starts dense");
     gpt_stats_read(&autom, M);
     CHECK(!autom.ffn[0].on, "auto keeps a busy layer dense");
+    CHECK(autom.acts.g == autom.acts.d_h, "auto: the sparse gate's scratch is the dense backward's d_h");
     gpt_ffn_choose(&autom, 0, 0.004 * c.hidden);
     CHECK(autom.ffn[0].on, "auto turns a quiet layer sparse");
+    // layer 0 sparse, the others dense (the one's gate scratch is the others' d_h): the dense model's numbers
+    gpt_zero_grad(&autom);
+    gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
+    gpt_backward(&autom, inputs.data(), 0.01f);
+    double worst = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { worst = fmax(worst, rel_err(autom.grad[i], dense.grad[i], sizes[i])); }
+    CHECK(worst < 1e-10, "auto, one layer sparse: the dense gradients (rel err %g)", worst);
+    CHECK(autom.ffn[0].p.M > 0 && autom.sparse_scratch_entries > 0, "a sparse layer holds its pattern and the scratch");
     gpt_ffn_choose(&autom, 0, 0.011 * c.hidden);
     CHECK(autom.ffn[0].on, "hysteresis");
     gpt_ffn_choose(&autom, 0, 0.5 * c.hidden);
     CHECK(!autom.ffn[0].on, "auto turns a busy layer dense again");
+    CHECK(autom.ffn[0].p.M == 0 && autom.ffn[0].p.g == NULL && autom.ffn[0].hot.g == NULL,
+          "a layer turned dense gives its pattern back");
+    gpt_stats_reset(&autom);
+    gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
+    gpt_stats_read(&autom, M);
+    CHECK(autom.sparse_scratch_entries == 0 && autom.transposed.token == NULL && autom.sparse_du == NULL,
+          "every layer dense: the shared sparse scratch is given back");
     gpt_free(&autom);
     gpt_free(&dense);
     gpt_free(&sparse);
