@@ -285,7 +285,7 @@ void reduce_stats(GPT<T, float>* model, Zero* zero) {
     if (zero) {
         // stats_acc: the loss, then per layer the L1 sum, firing pairs and most firing units (a maximum)
         zero_reduce_stats(zero, model->stats_acc, 1 + 3 * model->config.num_layers, 3, 3, model->fired,
-                          (size_t)model->config.num_layers * model->config.hidden);
+                          model->unit_count, (size_t)model->config.num_layers * model->config.hidden);
     }
 }
 

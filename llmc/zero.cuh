@@ -215,10 +215,11 @@ __global__ void merge_stats_kernel(double* acc, const double* sums, int n, int m
 }
 
 // the step's statistics over all processes: acc (n doubles; the entries
-// max_first, max_first + max_stride, ... are maxima, the rest sums) and the
-// units that fired anywhere
+// max_first, max_first + max_stride, ... are maxima, the rest sums), the
+// units that fired anywhere and each unit's firing count (units of them),
+// summed: every process chooses the layers' ELL widths and hot units from them
 static inline void zero_reduce_stats(Zero* z, double* acc, int n, int max_first, int max_stride, uint8_t* fired,
-                                     size_t fired_count) {
+                                     uint32_t* unit_count, size_t units) {
     if (n > z->stats_capacity) {
         cuda_free(z->stats_sum);
         z->stats_sum = (double*)cuda_malloc(n * sizeof(double));
@@ -226,7 +227,8 @@ static inline void zero_reduce_stats(Zero* z, double* acc, int n, int max_first,
     }
     ncclCheck(ncclGroupStart());
     ncclCheck(ncclAllReduce(acc, z->stats_sum, n, ncclDouble, ncclSum, z->comm, main_stream));
-    ncclCheck(ncclAllReduce(fired, fired, fired_count, ncclUint8, ncclMax, z->comm, main_stream));
+    ncclCheck(ncclAllReduce(fired, fired, units, ncclUint8, ncclMax, z->comm, main_stream));
+    ncclCheck(ncclAllReduce(unit_count, unit_count, units, ncclUint32, ncclSum, z->comm, main_stream));
     ncclCheck(ncclGroupEnd());
     ncclCheck(ncclAllReduce(acc, acc, n, ncclDouble, ncclMax, z->comm, main_stream));
     merge_stats_kernel<<<ceil_div(n, 256), 256, 0, main_stream>>>(acc, z->stats_sum, n, max_first, max_stride);

@@ -4,7 +4,8 @@
 # GPUs is bit-identical and one on another number works (re-sharded optimizer
 # state); a killed rank makes the other stop with a clear error within the
 # timeout, and the last checkpoint still resumes; SIGTERM stops both ranks at
-# the same step with a complete checkpoint. The same resumes with an untied head.
+# the same step with a complete checkpoint. The same resumes with an untied head; with FFN=sparse, hot
+# units chosen alike on both GPUs.
 set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=ddp
@@ -64,6 +65,18 @@ copy_ckpt "$work/untied" "$work/untied_one"
 ./train_gpt_sparse "${small[@]}" --untied-head 1 -b 4 -d 1024 -o "$work/untied_one" -y 1 > "$work/untied_one.txt" 2>&1
 d=$(max_diff "$work/untied_one" "$work/untied")
 check "untied head: the 2 -> 1 GPU resume follows the 2-GPU run ($d)" below "$d" 0.01
+
+# 2c. hot units at a fixed rate (FFN=sparse): every process chooses them from the firing counts of all, so
+# the 2-GPU run permutes the same units as the 1-GPU run of the same global batch and follows it
+if [ "$ffn" = sparse ]; then
+    two "${small[@]}" --hot-rate 0.05 -b 4 -o "$work/hot_two" > "$work/hot_two.txt" 2>&1
+    check "2-GPU run with hot units exits 0" test $? -eq 0
+    check "the 2-GPU run chooses hot units" grep -q "hot units (" "$work/hot_two.txt"
+    ./train_gpt_sparse "${small[@]}" --hot-rate 0.05 -b 4 -d 1024 -o "$work/hot_one" > "$work/hot_one.txt" 2>&1
+    check "the 1-GPU run with hot units exits 0" test $? -eq 0
+    d=$(max_diff "$work/hot_two" "$work/hot_one")
+    check "hot units: the 2-GPU run follows the 1-GPU run ($d)" below "$d" 0.01
+fi
 
 # 3. across GPU counts: 2 -> 1 and 1 -> 2
 copy_ckpt "$work/two" "$work/to_one"
