@@ -245,7 +245,7 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     // are all dense holds what --ffn dense holds
     size_t dense = model->ffn_mode != FFN_SPARSE, recomputed = dense && model->recompute;
     size_t gate_in_d_h = model->ffn_mode == FFN_AUTO && !recomputed;
-    size_t scratch_g = (model->ffn_mode != FFN_DENSE || recomputed) && !gate_in_d_h;
+    size_t scratch_g = model->ffn_mode == FFN_SPARSE || recomputed;
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
@@ -363,6 +363,16 @@ static int gpt_sparse_overflowed(GPT<T, G>* model) {
     return overflow;
 }
 
+// a layer's sparse buffers: its pattern and its hot units' g, u (gpt_sparse_ensure makes them again; the
+// sizes chosen for them stay)
+template <typename T>
+static void gpt_sparse_layer_free(SparseFfnLayer<T>* f, Device device) {
+    sparse_pattern_free(&f->p, device);
+    device_free(f->hot.g, device);
+    f->hot.g = f->hot.u = NULL;
+    f->hot_capacity = 0;
+}
+
 // the sparse paths' scratch shared by the layers, the hot units' and the GPU kernels' (gpt_sparse_ensure
 // makes them again at the sizes a layer asks for)
 template <typename T, typename G>
@@ -390,8 +400,7 @@ void gpt_free(GPT<T, G>* model) {
     free(model->stats);
     free(model->unit_count_host);
     for (int l = 0; l < model->config.num_layers; l++) {
-        sparse_pattern_free(&model->ffn[l].p, model->device);
-        device_free(model->ffn[l].hot.g, model->device);
+        gpt_sparse_layer_free(&model->ffn[l], model->device);
         device_free(model->ffn[l].dense, model->device);
     }
     gpt_sparse_scratch_free(model);
@@ -436,12 +445,7 @@ static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1
             device_free(f->dense, model->device);
             f->dense = NULL;
         }
-        if (!on && f->on) { // nor its pattern and hot units' g, u until it turns sparse (its sizes stay chosen)
-            sparse_pattern_free(&f->p, model->device);
-            device_free(f->hot.g, model->device);
-            f->hot.g = f->hot.u = NULL;
-            f->hot_capacity = 0;
-        }
+        if (!on && f->on) { gpt_sparse_layer_free(f, model->device); } // until it turns sparse again
         f->on = on;
     }
     int W = sparse_choose_width(k_cold, H);
