@@ -10,8 +10,6 @@ TEST_NAME=e2e
 # a tiny model: 2 layers, D 64, GQA with 2 kv heads; 64-token sequences
 tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
 train() { ./train_gpt_sparse "${tiny[@]}" --hidden 128 "$@"; }       # micro-batch 4 unless -b is given
-strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
-json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
 
 # 1. training: the loss falls and validation improves
 train -o "$work/a" -x 40 -v 20 -n 20 -b 4 > "$work/a.txt" 2>&1
@@ -57,11 +55,6 @@ check "accumulated steps match the big micro-batch" awk 'NR == FNR {a[FNR] = $1;
     <(json_field "$work/acc1/log.jsonl" train loss) <(json_field "$work/acc2/log.jsonl" train loss)
 
 # 3. bad input: one clear line naming the problem
-expect_error() { # expect_error "pattern" command...
-    local want=$1; shift
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]]' "$rc" "$out" "$want"
-}
 expect_error "is for another model: hidden 128 (checkpoint) vs 96 (this run)" \
     ./train_gpt_sparse "${tiny[@]}" --hidden 96 -o "$work/b" -x 50 -y 1
 expect_error "holds no complete checkpoint" train -o "$work/empty" -y 1

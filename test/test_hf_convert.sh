@@ -9,11 +9,6 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 TEST_NAME=hf_convert_e2e
 . test/check.sh
-expect_error() { # expect_error "text the one-line error must hold" command...
-    local want=$1; shift
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]] || { echo "got ($0): $1"; false; }' "$rc" "$out" "$want"
-}
 params() { tail -c +1025 "$1"; } # a model file without its header (the step differs)
 
 # a tiny model, three steps on the CPU (GQA: 4 heads, 2 kv heads)

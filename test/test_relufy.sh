@@ -10,13 +10,6 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 TEST_NAME=relufy
 . test/check.sh
-expect_error() { # expect_error "text the one-line error must hold" command...
-    local want=$1; shift
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]] || { echo "got ($0): $1"; false; }' "$rc" "$out" "$want"
-}
-json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
-strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
 params() { tail -c +1025 "$1"; } # a model file without its header
 
 shape=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 256)

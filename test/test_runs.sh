@@ -13,11 +13,6 @@ repo=$PWD
 set -m # job control: background runs get SIGTERM's default
 TEST_NAME=runs
 . test/check.sh
-expect_error() { # expect_error "pattern" command...: one line on stderr, non-zero exit
-    local want=$1; shift
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]]' "$rc" "$out" "$want"
-}
 
 tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 32 -b 2 -u 5 -l 3e-3 -s 0 -m 2)
 train() { ./train_gpt_sparse "${tiny[@]}" "$@"; }

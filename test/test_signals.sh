@@ -15,7 +15,6 @@ TEST_NAME=signals
 tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 32 -u 5 -l 3e-3 -s 0)
 run=(-b 2 -v 30 -m 40 -n 30) # and -x 60
 train() { ./train_gpt_sparse "${tiny[@]}" "$@"; } # (in the background: the trainer itself, so that $! is its pid)
-strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
 source test/train_lib.sh
 same_as_reference() { # same_as_reference DIR: the log and the last checkpoint of the uninterrupted run
     cmp -s <(strip_timing "$work/ref/log.jsonl") <(strip_timing "$1/log.jsonl") &&

@@ -14,18 +14,12 @@ TEST_NAME=test_sweep
 # 2 layers, D 64, H 128; 2 x 32 tokens per step; validation on 2 batches
 tiny=(--layers 2 --dim 64 --heads 4 --hidden 128 -b 2 -t 32 -u 2 -l 3e-3 -m 2 -s 0)
 sweep() { scripts/sweep_l1.sh "$@"; }
-strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//' "$1"; }
 csv_col() { # csv_col FILE COLUMN_NAME: the column's values, one per row
     awk -F, -v name="$2" 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == name) c = i; next} {print $c}' "$1"
 }
 is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
 
 # 1. bad flags: one clear line, non-zero exit
-expect_error() { # expect_error "pattern" command...
-    local want=$1; shift
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]]' "$rc" "$out" "$want"
-}
 expect_error "unknown flag '--bogus'" sweep --bogus
 expect_error "lambda 'abc' is not a non-negative number" sweep -l 0,abc -o "$work/e"
 expect_error "lambda '-1e-5' is not a non-negative number" sweep -l -1e-5 -o "$work/e"

@@ -10,11 +10,6 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 TEST_NAME=test_tokenize
 . test/check.sh
-expect_error() { # expect_error "text the one-line error must hold" command...
-    local want=$1; shift
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    check "error '$want'" bash -c '[ "$0" -ne 0 ] && [ "$(printf "%s\n" "$1" | wc -l)" -eq 1 ] && [[ "$1" == *"$2"* ]] || { echo "got ($0): $1"; false; }' "$rc" "$out" "$want"
-}
 hub=""  # the stand-in hub's process, while it runs
 trap '[ -z "$hub" ] || kill $hub 2>/dev/null; rm -rf "$work"' EXIT
 D=test/data/tokenize

@@ -20,7 +20,6 @@ export NCCL_NVLS_ENABLE=0
 ffn=${FFN:-dense}
 source test/gpu/ddp_lib.sh
 echo "ddp: FFN path $ffn"
-strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//; s/,"mfu":[^,]*,"mem_gib":[^,]*//' "$1"; }
 two() { scripts/launch_local.sh 2 "$@"; }
 copy_ckpt() { mkdir -p "$2"; cp "$1"/model_00000010.bin "$1"/state_00000010_* "$1"/log.jsonl "$2/"; }
 

@@ -7,8 +7,6 @@ cd "$(dirname "$0")/../.."
 TEST_NAME=e2e_gpu
 . test/check.sh
 small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4)
-strip_timing() { sed -E 's/,"tok_per_s":[^,]*,"ms":[^,]*//; s/,"mfu":[^,]*,"mem_gib":[^,]*//' "$1"; }
-json_field() { grep "\"type\":\"$2\"" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
 
 ./train_gpt_sparse "${small[@]}" -o "$work/a" -x 60 -v 30 -n 30 > "$work/a.txt" 2>&1
 check "GPU training run exits 0" test $? -eq 0

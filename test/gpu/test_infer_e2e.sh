@@ -10,12 +10,6 @@ set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=infer_e2e
 . test/check.sh
-expect_error() { # expect_error "message" command...: exits non-zero with one line holding the message
-    local msg=$1; shift
-    local out; out=$("$@" 2>&1 >/dev/null); local rc=$?
-    check "error '$msg' (exit $rc, $(echo "$out" | wc -l) lines: $out)" \
-        test $rc -ne 0 -a "$(echo "$out" | wc -l)" -eq 1 -a -n "$(echo "$out" | grep -F -- "$msg")"
-}
 
 ./train_gpt_sparse --layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 512 -b 8 -t 128 -u 20 -l 3e-3 -a 2e-3 \
     -s 0 -m 4 -x 600 -v 0 -n 0 -o "$work/a" > "$work/train.txt" 2>&1
