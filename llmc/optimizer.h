@@ -216,7 +216,7 @@ void optimizer_permute_units(Optimizer* opt, GPT<T, G>* model, int l, const int*
             size_t at = (size_t)(model->param[i] - model->params) + l * HD;
             device_permute_rows(full + at, (float*)tmp, dev_perm, H, D, model->device);
         }
-        optimizer_take_owned(opt, state, full);
+        zero_take_layer(opt->zero, state, full, l); // (full holds layer l only)
 #endif
     }
     device_free(tmp, model->device);

@@ -183,6 +183,20 @@ static void zero_all_gather_layer(Zero* z, T* full, const T* packed, int layer, 
     ncclCheck(ncclGroupEnd());
 }
 
+// packed <- this process's share of full[flat], for the buckets of `layer`
+// only (the inverse of zero_all_gather_layer; the rest of full may be scratch)
+static void zero_take_layer(Zero* z, float* packed, const float* full, int layer) {
+    for (int b = 0; b < z->layout.num_buckets; b++) {
+        const ZeroBucket* k = &z->layout.buckets[b];
+        if (k->layer != layer) { continue; }
+        size_t start, len;
+        zero_share(k->count, z->proc.size, z->proc.rank, &start, &len);
+        if (len == 0) { continue; }
+        cudaCheck(cudaMemcpyAsync(packed + z->layout.bucket_packed[b], full + k->offset + start, len * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, main_stream));
+    }
+}
+
 // all of full[flat], on the main stream (checkpoints)
 template <typename T>
 void zero_all_gather(Zero* z, T* full, const T* packed) {
