@@ -9,8 +9,9 @@
 
  Prefill: RoPE at each row's own position (the rope_kernel's angle and
  rounding), then the row's k and v into the cache of its sequence. One thread
- per (row, pair i), as rope_kernel: the angle once, then pair i of every q and
- k head (a thread per head computed each angle 64 times over). A prompt starts
+ per (row, 8 consecutive pairs), as rope_kernel: the angles once, then those
+ pairs of every q and k head, in 16-byte accesses (a thread per head computed
+ each angle 64 times over; a thread per pair made 2-byte accesses). A prompt starts
  at position 0, so each prompt then attends causally over its own rows with
  the training kernels; consecutive prompts of one length go as one batch (one
  launch instead of one per prompt).
@@ -45,26 +46,29 @@ namespace attention_detail {
 
 // ----------------------------------------------------------------------------
 // prefill: RoPE and the cache writes (see the top of the file)
+template <int VEC>
 __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const int* row_slot, const int* row_pos,
                                   int M, int NH, int NKV, int hd, int cache_len, float theta) {
-    const int half = hd / 2, KVD = NKV * hd;
+    const int half = hd / 2, groups = half / VEC, KVD = NKV * hd;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)M * half) { return; }
-    const int i = (int)(idx % half), m = (int)(idx / half), pos = row_pos[m];
-    float sin_a, cos_a;
-    rope_angle(pos, i, hd, theta, &sin_a, &cos_a);
-    bf16* x = qkv + (size_t)m * (NH + 2 * NKV) * hd + i;
-    bf16 *kc = k_cache + ((size_t)row_slot[m] * cache_len + pos) * KVD + i, *vc = v_cache + (kc - k_cache);
+    if (idx >= (size_t)M * groups) { return; }
+    const int m = (int)(idx / groups), i0 = (int)(idx % groups) * VEC, pos = row_pos[m];
+    float sin_a[VEC], cos_a[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; v++) { rope_angle(pos, i0 + v, hd, theta, &sin_a[v], &cos_a[v]); }
+    bf16* x = qkv + (size_t)m * (NH + 2 * NKV) * hd + i0;
+    bf16 *kc = k_cache + ((size_t)row_slot[m] * cache_len + pos) * KVD + i0, *vc = v_cache + (kc - k_cache);
     #pragma unroll 4
     for (int h = 0; h < NH + NKV; h++) {
         bf16* xh = x + h * hd;
-        rope_turn(&xh[0], &xh[half], __bfloat162float(xh[0]), __bfloat162float(xh[half]), sin_a, cos_a);
+        rope_turn_head<VEC>(xh, half, sin_a, cos_a);
         if (h >= NH) {
             const int c = (h - NH) * hd;
-            kc[c] = xh[0];
-            kc[c + half] = xh[half];
-            vc[c] = xh[KVD];
-            vc[c + half] = xh[KVD + half];
+            typedef Bf16Vec<VEC> V;
+            *(V*)(kc + c) = *(V*)xh;
+            *(V*)(kc + c + half) = *(V*)(xh + half);
+            *(V*)(vc + c) = *(V*)(xh + KVD);
+            *(V*)(vc + c + half) = *(V*)(xh + KVD + half);
         }
     }
 }
@@ -238,8 +242,10 @@ static inline void attention_decode_alloc(float** part_o, float** part_ml, int**
 void attention_prefill(bf16* out, float* lse, bf16* qkv, bf16* k_cache, bf16* v_cache, const int* slot, const int* pos,
                        int M, const int* seq_rows, const int* seq_lens, int nseq, int NH, int NKV, int hd, int cache_len,
                        float theta) {
-    attention_detail::rope_cache_kernel<<<ceil_div(M * (hd / 2), 256), 256, 0, main_stream>>>(
-        qkv, k_cache, v_cache, slot, pos, M, NH, NKV, hd, cache_len, theta);
+    const int vec = rope_pairs_per_thread(hd);
+    auto rope_cache = vec == 8 ? attention_detail::rope_cache_kernel<8> : attention_detail::rope_cache_kernel<1>;
+    rope_cache<<<ceil_div(M * (hd / 2 / vec), 256), 256, 0, main_stream>>>(qkv, k_cache, v_cache, slot, pos, M, NH, NKV,
+                                                                            hd, cache_len, theta);
     cudaCheck(cudaGetLastError());
     const int D = NH * hd, QKV = (NH + 2 * NKV) * hd;
     for (int s = 0, e; s < nseq; s = e) {

@@ -23,30 +23,50 @@ __device__ __forceinline__ void rope_turn(bf16* r1, bf16* r2, float x1, float x2
     *r2 = __float2bfloat16_rn(x2 * cos_a + x1 * sin_a);
 }
 
-// One thread per (row, i): the angle is computed once and turns pair i of every q and k head of the
-// row. Consecutive threads take consecutive i, so each head's halves are read as contiguous runs.
+// VEC consecutive bf16 (VEC 8: one 16-byte access)
+template <int VEC> struct alignas(2 * VEC) Bf16Vec { bf16 v[VEC]; };
+
+// the pairs per thread of a head size: 8 (16-byte accesses) where hd/2 allows, else 1
+static inline int rope_pairs_per_thread(int hd) { return (hd / 2) % 8 == 0 ? 8 : 1; }
+
+// turns pairs i0 .. i0 + VEC - 1 of the head at x by their angles
+template <int VEC>
+__device__ __forceinline__ void rope_turn_head(bf16* x, int half, const float* sin_a, const float* cos_a) {
+    Bf16Vec<VEC> a = *(Bf16Vec<VEC>*)x, b = *(Bf16Vec<VEC>*)(x + half);
+    #pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        rope_turn(&a.v[v], &b.v[v], __bfloat162float(a.v[v]), __bfloat162float(b.v[v]), sin_a[v], cos_a[v]);
+    }
+    *(Bf16Vec<VEC>*)x = a;
+    *(Bf16Vec<VEC>*)(x + half) = b;
+}
+
+// One thread per (row, VEC consecutive pairs): the angles are computed once and turn those pairs of every
+// q and k head of the row. Consecutive threads take consecutive pairs, so each head's halves are read as
+// contiguous runs.
+template <int VEC>
 __global__ void rope_kernel(bf16* qkv, int M, int T, int pos0, int heads, int row_stride, int hd, float theta,
                             float direction) {
-    const int half = hd / 2;
+    const int half = hd / 2, groups = half / VEC;
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)M * half) { return; }
-    const int m = (int)(idx / half), i = (int)(idx % half);
-    float sin_a, cos_a;
-    rope_angle(pos0 + m % T, i, hd, theta, &sin_a, &cos_a);
-    sin_a *= direction;
-    bf16* x = qkv + (size_t)m * row_stride + i;
-    #pragma unroll 4
-    for (int h = 0; h < heads; h++) {
-        rope_turn(&x[h * hd], &x[h * hd + half], __bfloat162float(x[h * hd]), __bfloat162float(x[h * hd + half]), sin_a,
-                  cos_a);
+    if (idx >= (size_t)M * groups) { return; }
+    const int m = (int)(idx / groups), i0 = (int)(idx % groups) * VEC;
+    float sin_a[VEC], cos_a[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        rope_angle(pos0 + m % T, i0 + v, hd, theta, &sin_a[v], &cos_a[v]);
+        sin_a[v] *= direction;
     }
+    bf16* x = qkv + (size_t)m * row_stride + i0;
+    #pragma unroll 4
+    for (int h = 0; h < heads; h++) { rope_turn_head<VEC>(x + h * hd, half, sin_a, cos_a); }
 }
 
 static void rope_launch(bf16* qkv, int B, int T, int pos0, int NH, int NKV, int hd, float theta, float direction) {
-    const int threads = 256, M = B * T;
-    int blocks = (int)(((size_t)M * (hd / 2) + threads - 1) / threads);
-    rope_kernel<<<blocks, threads, 0, main_stream>>>(qkv, M, T, pos0, NH + NKV, (NH + 2 * NKV) * hd, hd, theta,
-                                                     direction);
+    const int threads = 256, M = B * T, vec = rope_pairs_per_thread(hd);
+    int blocks = (int)(((size_t)M * (hd / 2 / vec) + threads - 1) / threads);
+    auto kernel = vec == 8 ? rope_kernel<8> : rope_kernel<1>;
+    kernel<<<blocks, threads, 0, main_stream>>>(qkv, M, T, pos0, NH + NKV, (NH + 2 * NKV) * hd, hd, theta, direction);
     cudaCheck(cudaGetLastError());
 }
 

@@ -464,6 +464,7 @@ typedef struct {
     uint32_t* words;               // [M][T][1 + S]
     uint16_t* records;             // [record capacity][256] bf16 bits
     unsigned long long* counters;  // [TWELL_NUM_COUNTERS]
+    unsigned long long* counters_host; // [TWELL_NUM_COUNTERS] pinned: where twell_ffn_status_queue copies them
     // the path of twell_ffn_forward: dense when the activity measured last is
     // above dense_above, which twell_ffn_status sets from the measured times:
     // (dense - gate) / (sparse up + down per active unit per row)
@@ -474,6 +475,8 @@ typedef struct {
     float ms_gate, ms_dense, ms_per_active; // fastest packing gate, fastest dense, last sparse up + down per unit (0: none yet)
     cudaEvent_t events[3];         // a forward's start, end of its packing gate (start again when dense), end
     int timed;                     // the events hold a forward twell_ffn_status has not read yet
+    cudaEvent_t counted;           // the counters' copy to counters_host is done
+    int queued;                    // that copy is queued and twell_ffn_status has not read it yet
 } TwellFFN;
 
 typedef struct {
@@ -496,11 +499,13 @@ static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int reco
     ffn.records = (uint16_t*)cuda_malloc((twell_record_values(&ffn.tw) + 8) * sizeof(uint16_t));
     ffn.counters = (unsigned long long*)cuda_malloc(twell_counter_bytes());
     cudaCheck(cudaMemset(ffn.counters, 0, twell_counter_bytes()));
+    cudaCheck(cudaMallocHost((void**)&ffn.counters_host, twell_counter_bytes()));
     ffn.choice = TWELL_AUTO;
     ffn.path = TWELL_SPARSE;
     ffn.active_per_row = -1.0;
     ffn.dense_above = H / 44.0;
     for (int e = 0; e < 3; e++) { cudaCheck(cudaEventCreate(&ffn.events[e])); }
+    cudaCheck(cudaEventCreateWithFlags(&ffn.counted, cudaEventDisableTiming));
     return ffn;
 }
 
@@ -516,18 +521,31 @@ static inline void twell_ffn_free(TwellFFN* ffn) {
     cuda_free(ffn->words);
     cuda_free(ffn->records);
     cuda_free(ffn->counters);
+    cudaCheck(cudaFreeHost(ffn->counters_host));
     for (int e = 0; e < 3; e++) { cudaCheck(cudaEventDestroy(ffn->events[e])); }
+    cudaCheck(cudaEventDestroy(ffn->counted));
     memset(ffn, 0, sizeof(*ffn));
 }
 
-// The counters of the last run (waits for it). When !ok the caller grows the
-// record buffer (to records_needed records) and runs again. Also
+// queues the copy of the last run's counters to the host, for twell_ffn_status:
+// work queued after it runs on while the host waits for the copy
+static inline void twell_ffn_status_queue(TwellFFN* ffn) {
+    cudaCheck(cudaMemcpyAsync(ffn->counters_host, ffn->counters, twell_counter_bytes(), cudaMemcpyDeviceToHost,
+                              main_stream));
+    cudaCheck(cudaEventRecord(ffn->counted, main_stream));
+    ffn->queued = 1;
+}
+
+// The counters of the last run (waits for them: for the copy
+// twell_ffn_status_queue queued, else for the run). When !ok the caller grows
+// the record buffer (to records_needed records) and runs again. Also
 // records the activity and, after a twell_ffn_forward, its times: what the
 // next twell_ffn_forward chooses its path from.
 static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
-    unsigned long long c[TWELL_NUM_COUNTERS];
-    cudaCheck(cudaMemcpyAsync(c, ffn->counters, sizeof(c), cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
+    if (!ffn->queued) { twell_ffn_status_queue(ffn); }
+    cudaCheck(cudaEventSynchronize(ffn->counted));
+    ffn->queued = 0;
+    const unsigned long long* c = ffn->counters_host;
     TwellStatus st;
     st.records_needed = (long long)c[TWELL_RECORDS_NEEDED];
     st.active_per_row = (double)c[TWELL_ACTIVE] / ffn->tw.rows;
@@ -648,6 +666,7 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
     bool dense = ffn->choice == TWELL_FORCE_DENSE ||
                  (ffn->choice == TWELL_AUTO && scratch != NULL && ffn->active_per_row > ffn->dense_above);
     if (dense && scratch == NULL) { fatal("twell: the dense path needs a scratch buffer of 2 M H"); }
+    ffn->queued = 0; // a status copy queued before this run is of the run before
     cudaCheck(cudaEventRecord(ffn->events[0], main_stream));
     if (dense) {
         twell_reset_counters(ffn);
@@ -668,7 +687,9 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
 // The TwELL FFN of a model's prefills (the FFN dispatch of llmc/gpt.h's cached
 // forward): one set of buffers for the current row count, grown when a layer
 // needs more, and what each layer's last prefill measured. Each layer waits for
-// its status (twell_ffn_status), the one host wait a prefill layer makes.
+// its status (twell_ffn_status), the one host wait a prefill layer makes; work
+// the caller queues between twell_prefill_start and twell_prefill_done (the
+// layer's hot units) keeps the GPU busy during that wait.
 
 // A prefill of fewer rows than this runs the dense FFN in TwELL mode too: there
 // every weight row is read anyway (the units a few hundred tokens fire cover
@@ -710,10 +731,10 @@ static inline bool twell_prefill_takes(const TwellPrefill* tp, int M, int D) {
     return twell_prefill_supports(D) && M >= tp->min_rows;
 }
 
-// the FFN of layer l for M rows, y [M, D] from f, by TwELL over H units (the
-// layer's cold ones where it has hot units: llmc/ffn.h): grown and run again
-// until its status says the output is exact; scratch: 2 M H
-static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
+// queues the FFN of layer l for M rows, y [M, D] from f, by TwELL over H units
+// (the layer's cold ones where it has hot units: llmc/ffn.h), and the copy of
+// its status; scratch: 2 M H. y is exact once twell_prefill_done says so.
+static inline void twell_prefill_start(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
                                        const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
     if (H > tp->cols) { fatal("twell: a layer of %d units, the prefill's buffers are for %d", H, tp->cols); }
     if (tp->rows != M) {
@@ -726,24 +747,37 @@ static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const b
     }
     TwellFFN* tw = &tp->ffn;
     if (tw->tw.cols != H) { tw->tw = twell_layout(M, H, TWELL_TILE, tw->tw.slots, tw->tw.record_capacity); }
-    for (;;) {
-        tw->active_per_row = tp->layer_active[l];
-        // auto: the first layer at a new M runs dense once, so that the choice compares measured times
-        // (twell_ffn_status keeps them), not the sparse time with an estimate of the dense one
-        bool time_dense = tw->choice == TWELL_AUTO && !tp->dense_timed;
-        if (time_dense) { tw->choice = TWELL_FORCE_DENSE; }
-        twell_ffn_forward(tw, y, f, wg, wu, wdT, scratch);
-        if (time_dense) { tw->choice = TWELL_AUTO; tp->dense_timed = 1; }
-        TwellStatus st = twell_ffn_status(tw);
-        tp->layer_active[l] = st.active_per_row;
-        if (st.ok) { return; }
-        // grow to what the status asked for (with room)
-        long long records = st.records_needed + st.records_needed / 4 + 1;
-        if (records < tw->tw.record_capacity) { records = tw->tw.record_capacity; }
-        if (records > INT_MAX) { fatal("twell: %lld records are too many", records); }
-        twell_ffn_grow(tw, (int)records);
-        tp->regrows++;
-    }
+    tw->active_per_row = tp->layer_active[l];
+    // auto: the first layer at a new M runs dense once, so that the choice compares measured times
+    // (twell_ffn_status keeps them), not the sparse time with an estimate of the dense one
+    bool time_dense = tw->choice == TWELL_AUTO && !tp->dense_timed;
+    if (time_dense) { tw->choice = TWELL_FORCE_DENSE; }
+    twell_ffn_forward(tw, y, f, wg, wu, wdT, scratch);
+    if (time_dense) { tw->choice = TWELL_AUTO; tp->dense_timed = 1; }
+    twell_ffn_status_queue(tw);
+}
+
+// waits for the status of layer l's twell_prefill_start: whether its y is
+// exact; when not, the record buffer is grown to what the layer asked for and
+// the caller runs the layer again (from twell_prefill_start)
+static inline bool twell_prefill_done(TwellPrefill* tp, int l) {
+    TwellFFN* tw = &tp->ffn;
+    TwellStatus st = twell_ffn_status(tw);
+    tp->layer_active[l] = st.active_per_row;
+    if (st.ok) { return true; }
+    // grow to what the status asked for (with room)
+    long long records = st.records_needed + st.records_needed / 4 + 1;
+    if (records < tw->tw.record_capacity) { records = tw->tw.record_capacity; }
+    if (records > INT_MAX) { fatal("twell: %lld records are too many", records); }
+    twell_ffn_grow(tw, (int)records);
+    tp->regrows++;
+    return false;
+}
+
+// layer l's FFN by TwELL (twell_prefill_start), run until exact
+static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
+                                       const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
+    do { twell_prefill_start(tp, l, y, f, wg, wu, wdT, M, D, H, scratch); } while (!twell_prefill_done(tp, l));
 }
 
 #endif // LLMC_CUDA_TWELL_CUH

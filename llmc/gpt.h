@@ -984,14 +984,16 @@ static void gpt_ffn_cached(GPT<T, G>* model, InferState<T>* s, int l, int M, int
         }
         if (model->ffn_mode == FFN_SPARSE && twell_prefill_takes(&s->twell, M, D)) {
             // the layer's hot units (its first ones, llmc/ffn.h) as the dense FFN over them, added to TwELL's
-            // over the cold rest
+            // over the cold rest; queued before the wait for TwELL's status, so the GPU runs them meanwhile
             int hot = model->ffn[l].hot.units;
             size_t off = (size_t)hot * D;
-            if (hot < H) { twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg + off, wu + off, wdT + off, M, D, H - hot, s->gu); }
-            if (hot > 0) {
-                ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * hot, s->normed, wg, wu, wdT, M, D, hot,
-                                  (unsigned long long*)NULL, false, hot < H);
-            }
+            do {
+                if (hot < H) { twell_prefill_start(&s->twell, l, s->proj, s->normed, wg + off, wu + off, wdT + off, M, D, H - hot, s->gu); }
+                if (hot > 0) {
+                    ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * hot, s->normed, wg, wu, wdT, M, D, hot,
+                                      (unsigned long long*)NULL, false, hot < H);
+                }
+            } while (hot < H && !twell_prefill_done(&s->twell, l));
             return;
         }
     }

@@ -7,6 +7,8 @@
    an fp64 softmax over each sequence's cache (positions 0, 17, 128, 299: one
    key, one split, just past a split, the whole cache of 300), head sizes 16,
    32, 64, 128, and the new k, v it stores in the cache (poisoned before);
+ - the prefill's RoPE and cache writes against rope_forward, bit for bit
+   (head sizes 24, 64, 128: both widths of the kernel), nothing else written;
  - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
@@ -125,6 +127,55 @@ static void test_decode_attention(void) {
         cuda_free(qkv_d); cuda_free(kc_d); cuda_free(vc_d); cuda_free(pos_d); cuda_free(out_d);
         cuda_free(part_o); cuda_free(part_ml); cuda_free(splits_done);
     }
+}
+
+// the prefill's RoPE and cache writes (attention_prefill) against rope_forward,
+// bit for bit: q and k turned in place, k and v in the cache of the prompt's
+// slot at its positions and nothing else written (both the 16-byte path and,
+// at hd 24, the one-pair path)
+static void test_prefill_rope_cache(void) {
+    uint64_t rng = 202;
+    const float theta = 10000.0f;
+    for (int hd : {24, 64, 128}) {
+        const int NH = 4, NKV = 2, T = 37, slots = 2, cache_len = 64, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
+        std::vector<bf16> qkv = random_bf16((size_t)T * QKV, 1.0, &rng);
+        std::vector<int> slot(T, 1), pos(T), seq_rows = {0}, seq_lens = {T};
+        for (int t = 0; t < T; t++) { pos[t] = t; }
+        bf16 *qkv_d = upload(qkv), *turned_d = upload(qkv);
+        int *slot_d = upload(slot), *pos_d = upload(pos);
+        rope_forward(turned_d, 1, T, 0, NH, NKV, hd, theta);
+        size_t cache_n = (size_t)slots * cache_len * KVD;
+        bf16* kc_d = (bf16*)cuda_malloc(cache_n * sizeof(bf16));
+        bf16* vc_d = (bf16*)cuda_malloc(cache_n * sizeof(bf16));
+        cudaCheck(cudaMemset(kc_d, 0xFF, cache_n * sizeof(bf16)));
+        cudaCheck(cudaMemset(vc_d, 0xFF, cache_n * sizeof(bf16)));
+        bf16* out_d = (bf16*)cuda_malloc((size_t)T * NH * hd * sizeof(bf16));
+        float* lse_d = (float*)cuda_malloc((size_t)T * NH * sizeof(float));
+        attention_prefill(out_d, lse_d, qkv_d, kc_d, vc_d, slot_d, pos_d, T, seq_rows.data(), seq_lens.data(), 1, NH,
+                          NKV, hd, cache_len, theta);
+        std::vector<bf16> got = download(qkv_d, qkv.size()), want = download(turned_d, qkv.size());
+        std::vector<bf16> kc = download(kc_d, cache_n), vc = download(vc_d, cache_n);
+        auto bits = [](bf16 x) { return __bfloat16_as_ushort(x); };
+        size_t qkv_wrong = 0, cache_wrong = 0;
+        for (size_t i = 0; i < qkv.size(); i++) { qkv_wrong += bits(got[i]) != bits(want[i]); }
+        for (int s = 0; s < slots; s++) {
+            for (int p = 0; p < cache_len; p++) {
+                for (int c = 0; c < KVD; c++) {
+                    size_t at = ((size_t)s * cache_len + p) * KVD + c;
+                    bool written = s == 1 && p < T;
+                    uint16_t k_want = written ? bits(want[(size_t)p * QKV + NH * hd + c]) : 0xFFFF;
+                    uint16_t v_want = written ? bits(qkv[(size_t)p * QKV + (NH + NKV) * hd + c]) : 0xFFFF;
+                    cache_wrong += (bits(kc[at]) != k_want) + (bits(vc[at]) != v_want);
+                }
+            }
+        }
+        CHECK(qkv_wrong == 0, "prefill RoPE hd %d: %zu of %zu q, k, v values differ from rope_forward's", hd, qkv_wrong,
+              qkv.size());
+        CHECK(cache_wrong == 0, "prefill cache hd %d: %zu of %zu cache values wrong", hd, cache_wrong, 2 * cache_n);
+        cuda_free(qkv_d); cuda_free(turned_d); cuda_free(slot_d); cuda_free(pos_d); cuda_free(kc_d); cuda_free(vc_d);
+        cuda_free(out_d); cuda_free(lse_d);
+    }
+    printf("prefill RoPE + cache writes: bit-identical to rope_forward, hd 24, 64, 128\n");
 }
 
 // the decode linear layer: the GEMV for 1..8 rows, cuBLASLt above
@@ -367,6 +418,14 @@ static void test_model(const char* name, bool synthetic) {
     for (int l = 0; l < c.num_layers; l++) { model.ffn[l].hot.units = 64; }
     e = gpu_script(&model, &m, s, &direct);
     CHECK(e < 3e-2, "%s: TwELL with 64 hot units a layer: rel err %g", name, e);
+    // and from tiny buffers: a layer rerun after its hot units were queued (before its status was read)
+    twell_ffn_free(&m.twell.ffn);
+    m.twell.ffn = twell_ffn_create(m.twell.rows, c.channels, c.hidden, 1, 1);
+    m.twell.ffn.choice = TWELL_FORCE_SPARSE;
+    before = m.twell.regrows;
+    e = gpu_script(&model, &m, s, &direct);
+    CHECK(m.twell.regrows > before && e < 3e-2, "%s: TwELL with 64 hot units from tiny buffers: %lld growths, rel err %g",
+          name, m.twell.regrows - before, e);
     for (int l = 0; l < c.num_layers; l++) { model.ffn[l].hot.units = 0; }
     std::vector<int> tokens(48), lens = {48};
     for (int& t : tokens) { t = (int)rng_below(&rng, c.vocab_size); }
@@ -410,6 +469,7 @@ int main(void) {
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("test_infer on %s\n", prop.name);
     test_decode_attention();
+    test_prefill_rope_cache();
     test_decode_linear();
     test_sparse_decode_ffn();
     test_model("random weights", false);
