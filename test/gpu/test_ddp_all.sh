@@ -2,7 +2,8 @@
 # Data parallelism on every GPU of this machine (N >= 3; test_ddp.sh covers 2):
 # an N-GPU run follows 1-GPU runs of the same global batch (one micro-batch,
 # and N accumulated ones) within bf16 noise, and an N-GPU checkpoint resumes on
-# 2 GPUs (re-sharded optimizer state) and follows the N-GPU run.
+# 2 GPUs (re-sharded optimizer state) and follows the N-GPU run; with
+# FFN=sparse, hot units chosen alike on every GPU.
 set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=ddp_all
@@ -31,6 +32,19 @@ d_one=$(max_diff "$work/all" "$work/one"); d_acc=$(max_diff "$work/all" "$work/a
 echo "ddp_all: max |loss difference| over 20 steps: $n GPUs vs 1 GPU 1x$n: $d_one, vs 1 GPU ${n}x1: $d_acc"
 check "$n GPUs follow 1 GPU with one micro-batch ($d_one)" below "$d_one" 0.02
 check "$n GPUs follow 1 GPU with accumulation ($d_acc)" below "$d_acc" 0.01
+
+# hot units at a fixed rate (FFN=sparse): every process chooses them from the firing counts of all and
+# takes back its own shares of the permuted optimizer state (uneven where N does not divide a bucket)
+if [ "$ffn" = sparse ]; then
+    scripts/launch_local.sh "$n" "${small[@]}" --hot-rate 0.05 -b 1 -o "$work/hot_all" > "$work/hot_all.txt" 2>&1
+    check "$n-GPU run with hot units exits 0" test $? -eq 0
+    check "the $n-GPU run chooses hot units" grep -q "hot units (" "$work/hot_all.txt"
+    ./train_gpt_sparse "${small[@]}" --hot-rate 0.05 -b 1 -d "$tokens" -o "$work/hot_one" > "$work/hot_one.txt" 2>&1
+    check "the 1-GPU run with hot units exits 0" test $? -eq 0
+    d=$(max_diff "$work/hot_all" "$work/hot_one")
+    echo "ddp_all: hot units: max |loss difference| over 20 steps, $n GPUs vs 1 GPU ${n}x1: $d"
+    check "hot units: the $n-GPU run follows the 1-GPU run ($d)" below "$d" 0.01
+fi
 
 if [ $((n % 2)) -eq 0 ]; then # the same tokens per step on 2 GPUs
     mkdir -p "$work/to_two"
