@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test (binary or script) given on the command line, adds up their
-# "N passed, M failed" lines and prints the total. A test that leaves part of
+# "N passed, M failed" lines and prints the total (after a test with failures,
+# its last 30 lines of output). A test that leaves part of
 # itself out (a tool or a GPU missing) says so in a line "SKIP <test>: <what>
 # (<why>)"; each such line counts as one skipped, and the list ends the output.
 set -u
@@ -19,6 +20,8 @@ run() {
     if [ -z "$line" ] || { [ $rc -ne 0 ] && [ "$nfail" = "0" ]; }; then
         echo "$* exited $rc"; echo "$out" | tail -n 20; broken=$((broken + 1))
     fi
+    # a failure's context: the test's last lines (what it printed before and around the check)
+    if [ -n "$nfail" ] && [ "$nfail" != "0" ]; then echo "$out" | tail -n 30 | sed 's/^/  | /'; fi
     if [ -n "$line" ]; then
         passed=$((passed + $(echo "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')))
         failed=$((failed + $(echo "$line" | sed -E 's/.* ([0-9]+) failed/\1/')))
