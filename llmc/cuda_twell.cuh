@@ -299,24 +299,26 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
 //      NaN entry), ROWS_STAGE at a time;
 //   3. up: a warp per listed unit n: u = f_m . Wu[n], a = bf16(g bf16(u)), the
 //      dense path's rounding of u and h;
-//   4. down: thread t adds a WdT[n][8t + 2048 i .. +7] over the listed units, in
-//      list order, to fp32 sums; y_m = bf16(sums) after the last stage.
+//   4. down: thread t adds a WdT[n][8t + 8 THREADS i .. +7] over the listed units,
+//      in list order, to fp32 sums; y_m = bf16(sums) after the last stage.
 // h lives in shared memory only; the weight rows are gathered through L2, whose
 // bandwidth bounds the kernel (46 MB for both matrices at the standard point:
 // about half the gathers hit). The weight loads are marked evict_last and f,
 // the words and y evict_first, which keeps a little more of the weights there.
-// Each row adds its true count to the active-unit counter. COLS: columns of D
-// per thread (D <= 256 COLS).
-constexpr int ROWS_THREADS = 256;
+// Each row adds its true count to the active-unit counter. THREADS per CTA,
+// COLS columns of D per thread (D <= THREADS COLS), 64 registers a thread: up
+// to D 2048 a row takes 128 threads, so twice the rows are in flight at once
+// (a row's fixed costs, its loads and barriers, bound the kernel at low
+// activity: dev/NOTES.md); wider rows take 256.
 constexpr int ROWS_STAGE = 512;       // listed units per stage
 constexpr int ROWS_MAX_TILES = 64;    // H <= 16384
-constexpr int ROWS_MIN_BLOCKS = 4;    // CTAs per SM the registers must allow (64 registers)
+constexpr int ROWS_MAX_D = 8192;      // 256 threads of 32 columns
 
-template <int COLS>
-__global__ void __launch_bounds__(ROWS_THREADS, ROWS_MIN_BLOCKS)
+template <int COLS, int THREADS>
+__global__ void __launch_bounds__(THREADS, 1024 / THREADS)
 up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words, const uint16_t* records,
                     const bf16* f, const bf16* wu, const bf16* wdT, int D, int T, int S) {
-    constexpr int WARPS = ROWS_THREADS / 32, GROUPS = COLS / 8;
+    constexpr int WARPS = THREADS / 32, GROUPS = COLS / 8;
     __shared__ int s_tile_start[ROWS_MAX_TILES + 1]; // list position of each block's first unit
     __shared__ int s_unit[ROWS_STAGE];
     __shared__ float s_value[ROWS_STAGE];            // g, then a
@@ -325,13 +327,13 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
     uint32_t* s_words = reinterpret_cast<uint32_t*>(s_f + D / 8);
     const uint32_t* row_words = words + (size_t)m * T * block_words;
     const uint64_t keep = l2_policy_evict_last(), stream = l2_policy_evict_first();
-    for (int i = threadIdx.x; i < D / 8; i += ROWS_THREADS) { s_f[i] = load_16_policy(f + (size_t)m * D + 8 * i, stream); }
+    for (int i = threadIdx.x; i < D / 8; i += THREADS) { s_f[i] = load_16_policy(f + (size_t)m * D + 8 * i, stream); }
     if (block_words % 4 == 0) { // the standard S = 31: 16-byte pieces
-        for (int i = threadIdx.x; i < T * block_words / 4; i += ROWS_THREADS) {
+        for (int i = threadIdx.x; i < T * block_words / 4; i += THREADS) {
             reinterpret_cast<uint4*>(s_words)[i] = load_16_policy(row_words + 4 * i, stream);
         }
     } else {
-        for (int i = threadIdx.x; i < T * block_words; i += ROWS_THREADS) { s_words[i] = row_words[i]; }
+        for (int i = threadIdx.x; i < T * block_words; i += THREADS) { s_words[i] = row_words[i]; }
     }
     __syncthreads();
     if (warp == 0) { // the blocks' list lengths (a lost record lists one NaN entry), then their prefix
@@ -421,7 +423,7 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
         // down
         #pragma unroll
         for (int i = 0; i < GROUPS; i++) {
-            const int col = threadIdx.x * 8 + i * 8 * ROWS_THREADS;
+            const int col = threadIdx.x * 8 + i * 8 * THREADS;
             if (col >= D) { continue; }
             #pragma unroll 8
             for (int j = 0; j < count; j++) {
@@ -435,7 +437,7 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
     }
     #pragma unroll
     for (int i = 0; i < GROUPS; i++) {
-        const int col = threadIdx.x * 8 + i * 8 * ROWS_THREADS;
+        const int col = threadIdx.x * 8 + i * 8 * THREADS;
         if (col >= D) { continue; }
         Bf16x8 out;
         #pragma unroll
@@ -644,15 +646,16 @@ static inline void twell_up_down(TwellFFN* ffn, bf16* y, const bf16* f, const bf
     using namespace twell_detail;
     const Twell* tw = &ffn->tw;
     const int D = ffn->D;
-    if (D > 32 * ROWS_THREADS || tw->tiles > ROWS_MAX_TILES) {
-        fatal("twell: the fused up + down takes D <= %d and H <= %d (D %d, H %d)", 32 * ROWS_THREADS,
+    if (D > ROWS_MAX_D || tw->tiles > ROWS_MAX_TILES) {
+        fatal("twell: the fused up + down takes D <= %d and H <= %d (D %d, H %d)", ROWS_MAX_D,
               ROWS_MAX_TILES * TWELL_TILE, D, tw->cols);
     }
     size_t smem = D * sizeof(bf16) + tw->tiles * twell_words_per_block(tw) * sizeof(uint32_t); // <= 24 KB
-    auto kernel = D <= 8 * ROWS_THREADS ? up_down_rows_kernel<8> : D <= 16 * ROWS_THREADS ? up_down_rows_kernel<16>
-                                                                                          : up_down_rows_kernel<32>;
-    kernel<<<tw->rows, ROWS_THREADS, smem, main_stream>>>(y, ffn->counters, ffn->words, ffn->records, f, wu, wdT, D,
-                                                          tw->tiles, tw->slots);
+    const int threads = D <= 2048 ? 128 : 256;
+    auto kernel = D <= 1024 ? up_down_rows_kernel<8, 128> : D <= 2048 ? up_down_rows_kernel<16, 128>
+                : D <= 4096 ? up_down_rows_kernel<16, 256> : up_down_rows_kernel<32, 256>;
+    kernel<<<tw->rows, threads, smem, main_stream>>>(y, ffn->counters, ffn->words, ffn->records, f, wu, wdT, D,
+                                                     tw->tiles, tw->slots);
     cudaCheck(cudaGetLastError());
 }
 

@@ -24,6 +24,7 @@
    and a = g u are rounded to bf16 on the way (2^-9 each, on terms of random
    sign that mostly cancel), products sum in fp32: the error is a few 1e-3 of
    max|ref|, and an indexing or format error is O(1);
+ - rows of D 2048, 3072 and 8192: each width of the up + down kernel;
  - every output and counter poisoned (0xFF bytes) before each run; any NaN fails;
  - two runs give the same bits (y, and the unpacked gate);
  - overflow: with few slots per block most tiles overflow and must still be
@@ -163,7 +164,10 @@ static int word_differences(const Packed& a, const Packed& b, const Twell* tw) {
 
 // two unpacked gates: pattern differences where |g| >= 1e-4 (errors), those
 // below (allowed: rounding of fp32 sums), and the largest value difference
-// relative to max(|g|, 1e-3) where both are active
+// relative to max(|g|, 1e-2) where both are active (g is N(0, 1) before its
+// threshold; two fp32 orders of D products, each rounded to bf16, can differ by
+// a bf16 step, which near zero is most of the value: 1.1% at D 8192 with a
+// floor of 1e-3)
 struct GateDiff { int errors, near_zero; double value_rel; };
 static GateDiff gate_diff(const std::vector<float>& a, const std::vector<float>& b, const std::vector<double>& g_exact) {
     GateDiff d = {0, 0, 0.0};
@@ -172,7 +176,7 @@ static GateDiff gate_diff(const std::vector<float>& a, const std::vector<float>&
         if ((a[k] != 0.0f) != (b[k] != 0.0f)) {
             if (fabs(g_exact[k]) < 1e-4) { d.near_zero++; } else { d.errors++; }
         } else if (a[k] != 0.0f) {
-            d.value_rel = fmax(d.value_rel, fabs(a[k] - b[k]) / fmax(fabs(g_exact[k]), 1e-3));
+            d.value_rel = fmax(d.value_rel, fabs(a[k] - b[k]) / fmax(fabs(g_exact[k]), 1e-2));
         }
     }
     return d;
@@ -404,6 +408,9 @@ int main(void) {
         {"overflow: S=3", 700, 128, 1000, 3, 20, false},
         {"overflow: S=1, k=60", 333, 64, 520, 1, 60, false},
         {"tiny: M=5, D=64, H=8", 5, 64, 8, 2, 2, false},
+        {"wide rows: D=2048", 300, 2048, 512, 31, 8, false}, // each width of the up + down kernel
+        {"wide rows: D=3072", 200, 3072, 512, 31, 8, false},
+        {"wide rows: D=8192", 100, 8192, 256, 31, 8, false},
         {"empty: k=0", 300, 128, 512, 31, 0, false},
     };
     for (const Case& c : cases) { test_case(c, has_wgmma); }
