@@ -20,7 +20,7 @@
  not depend on scheduling. Overflow records are numbered by an atomic counter:
  their order may vary, their content does not.
 
- Up + down, one kernel (the paper's order, a CTA of 8 warps per row): the
+ Up + down, one kernel (the paper's order, a CTA of 4 or 8 warps per row): the
  row's f and blocks into shared memory, its active units listed there with g,
  a warp per unit for u = f_m . Wu[n] and a = bf16(g bf16(u)) (the dense path's
  rounding of u and h), then a thread per 8 columns adds a WdT[n] over the
@@ -291,7 +291,7 @@ gate_pack_wgmma_kernel(const __grid_constant__ CUtensorMap map_f, const __grid_c
 }
 
 // ----------------------------------------------------------------------------
-// up + down fused by rows, a CTA of 8 warps per row m:
+// up + down fused by rows, a CTA of THREADS / 32 warps per row m:
 //   1. f_m and the row's words into shared memory (one round trip);
 //   2. the blocks' list positions from their counts; list: the active units and
 //      their g, in block order and slot order within a block (increasing unit
