@@ -109,6 +109,17 @@ static inline int ffn_hot_choose(int* perm, const uint32_t* count, int H, int ho
     return best;
 }
 
+// the share of a layer's firing (count per unit) that its first `units` units
+// in the order perm hold (0 when none fired)
+static inline double ffn_hot_share(const uint32_t* count, const int* perm, int H, int units) {
+    double pairs = 0, hot_pairs = 0;
+    for (int n = 0; n < H; n++) {
+        pairs += count[perm[n]];
+        hot_pairs += n < units ? count[perm[n]] : 0;
+    }
+    return pairs > 0 ? hot_pairs / pairs : 0.0;
+}
+
 // the hot units of a layer: how many, and their g and u [M, units], kept for the backward
 template <typename T>
 struct FfnHot {

@@ -373,6 +373,30 @@ static void gpt_sparse_layer_free(SparseFfnLayer<T>* f, Device device) {
     f->hot_capacity = 0;
 }
 
+// x [rows, D] on the device <- its rows in the order perm (on that device); tmp: as large as x
+template <typename T>
+static void device_permute_rows(T* x, T* tmp, const int* perm, int rows, int D, Device device) {
+    if (device == DEVICE_CPU) {
+        permute_rows(tmp, x, perm, rows, D);
+    } else {
+#ifdef __CUDACC__
+        permute_rows_cuda(tmp, x, perm, rows, D);
+#endif
+    }
+    device_copy(x, tmp, (size_t)rows * D * sizeof(T), device);
+}
+
+// layer l's FFN units in the order perm (perm[i] = the unit that goes to i, on
+// the model's device) in the weights: the rows of Wg, Wu and WdT, so the model
+// stays the same function; tmp: H D elements of T
+template <typename T, typename G>
+static void gpt_permute_units(GPT<T, G>* model, int l, const int* perm, T* tmp) {
+    const int H = model->config.hidden, D = model->config.channels;
+    for (int i : {P_WG, P_WU, P_WDT}) {
+        device_permute_rows(model->param[i] + (size_t)l * H * D, tmp, perm, H, D, model->device);
+    }
+}
+
 // the sparse paths' scratch shared by the layers, the hot units' and the GPU kernels' (gpt_sparse_ensure
 // makes them again at the sizes a layer asks for)
 template <typename T, typename G>
@@ -988,7 +1012,10 @@ static void gpt_ffn_cached(GPT<T, G>* model, InferState<T>* s, int l, int M, int
             int hot = model->ffn[l].hot.units;
             size_t off = (size_t)hot * D;
             do {
-                if (hot < H) { twell_prefill_start(&s->twell, l, s->proj, s->normed, wg + off, wu + off, wdT + off, M, D, H - hot, s->gu); }
+                if (hot < H) {
+                    twell_prefill_start(&s->twell, l, s->proj, s->normed, wg + off, wu + off, wdT + off, M, D, H - hot,
+                                        s->gu);
+                }
                 if (hot > 0) {
                     ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * hot, s->normed, wg, wu, wdT, M, D, hot,
                                       (unsigned long long*)NULL, false, hot < H);
@@ -1174,20 +1201,11 @@ static void gpt_hot_calibrate(GPT<bf16, float>* model, InferState<bf16>* s, cons
     for (int l = 0; l < L && cal.costs.dense1 > 0; l++) {
         int units = ffn_hot_choose(perm.data(), count.data() + (size_t)l * H, H, model->ffn[l].hot.units, M, &cal.costs);
         if (units < 0) { continue; }
-        cudaCheck(cudaMemcpy(dev_perm, perm.data(), H * sizeof(int), cudaMemcpyHostToDevice));
-        for (int i : {P_WG, P_WU, P_WDT}) {
-            bf16* w = model->param[i] + (size_t)l * H * D;
-            permute_rows_cuda(tmp, w, dev_perm, H, D);
-            cudaCheck(cudaMemcpyAsync(w, tmp, (size_t)H * D * sizeof(bf16), cudaMemcpyDeviceToDevice, main_stream));
-        }
+        device_copy(dev_perm, perm.data(), H * sizeof(int), DEVICE_CUDA);
+        gpt_permute_units(model, l, dev_perm, tmp);
         if (verbose) {
-            double pairs = 0, hot_pairs = 0;
-            for (int n = 0; n < H; n++) {
-                pairs += count[(size_t)l * H + perm[n]];
-                hot_pairs += n < units ? count[(size_t)l * H + perm[n]] : 0;
-            }
             printf("hot units: layer %d: %d hot units, %.0f%% of the firing\n", l, units,
-                   pairs > 0 ? 100 * hot_pairs / pairs : 0.0);
+                   100 * ffn_hot_share(count.data() + (size_t)l * H, perm.data(), H, units));
         }
         model->ffn[l].hot.units = units;
     }

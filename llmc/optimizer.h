@@ -170,19 +170,6 @@ static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const
 }
 #endif
 
-// x [rows, D] on the model's device <- its rows in the order perm (on that device); tmp: as large as x
-template <typename T>
-static void device_permute_rows(T* x, T* tmp, const int* perm, int rows, int D, Device device) {
-    if (device == DEVICE_CPU) {
-        permute_rows(tmp, x, perm, rows, D);
-    } else {
-#ifdef __CUDACC__
-        permute_rows_cuda(tmp, x, perm, rows, D);
-#endif
-    }
-    device_copy(x, tmp, (size_t)rows * D * sizeof(T), device);
-}
-
 // Layer l's FFN units in a new order, perm[i] = the unit that goes to i (host):
 // the rows of Wg, Wu and WdT in the weights and in every fp32 state of them
 // (master weights, moments), so that the model stays the same function and the
@@ -197,7 +184,7 @@ void optimizer_permute_units(Optimizer* opt, GPT<T, G>* model, int l, const int*
     int* dev_perm = (int*)device_malloc(H * sizeof(int), model->device);
     device_copy(dev_perm, perm, H * sizeof(int), model->device);
     T* tmp = (T*)device_malloc(HD * sizeof(float), model->device);
-    for (int i : ffn) { device_permute_rows(model->param[i] + l * HD, tmp, dev_perm, H, D, model->device); }
+    gpt_permute_units(model, l, dev_perm, tmp);
     float* states[3] = {opt->master, opt->m, opt->v};
     for (float* state : states) {
         if (state == NULL) { continue; } // (the CPU path's master weights are the model's parameters)
@@ -263,16 +250,11 @@ void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, int step, double tok
         if (units < 0) { continue; }
         optimizer_permute_units(opt, model, l, perm);
         if (verbose) {
-            double pairs = 0, hot_pairs = 0;
             int joined = 0;
-            for (int n = 0; n < H; n++) {
-                double c = model->unit_count_host[(size_t)l * H + perm[n]];
-                pairs += c;
-                hot_pairs += n < units ? c : 0;
-                joined += n < units && perm[n] >= f->hot.units;
-            }
+            for (int n = 0; n < units; n++) { joined += perm[n] >= f->hot.units; }
             printf("ffn: layer %d: %d -> %d hot units (%d joined, %d left), %.0f%% of the firing\n", l, f->hot.units,
-                   units, joined, f->hot.units - (units - joined), pairs > 0 ? 100 * hot_pairs / pairs : 0.0);
+                   units, joined, f->hot.units - (units - joined),
+                   100 * ffn_hot_share(model->unit_count_host + (size_t)l * H, perm, H, units));
         }
         f->hot.units = units;
     }
