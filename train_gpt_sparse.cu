@@ -9,7 +9,9 @@
  sparsifies a pretrained dense one (ReLUfication): --init-from takes a model
  file's weights (hf_convert --import writes one from a Hugging Face Llama) with
  a fresh optimizer from step 0, --activation relu replaces its SiLU, and
- --l1-ramp grows lambda from 0 so that the model first adapts to ReLU. This file is the training loop: flags, data, the optimizer step, the
+ --l1-ramp grows lambda from lambda / R so that the model first adapts to
+ ReLU. The default model ramps lambda over its whole run (llmc/model.h). This
+ file is the training loop: flags, data, the optimizer step, the
  logs, validation, samples and checkpoints. The model's forward and backward
  live in llmc/gpt.h over the kernels of the backend.
 
@@ -182,7 +184,7 @@ typedef struct {
                                // inject_nan_moment
     int inject_nan_moment;
     float lambda;
-    int l1_ramp;               // lambda grows linearly from 0 over this many steps (0: none)
+    int l1_ramp;               // lambda grows linearly to its value over this many steps (0: none)
     const char* init_from;     // a model file whose weights start the run (NULL: a random init)
     int ffn_mode;              // FfnMode (llmc/gpt.h)
     int dead_reinit;           // 1: docs/MODEL.md's dead-neuron re-initialisation after each step
@@ -375,6 +377,33 @@ static void refuse_nonfinite(const Options* o, int step, const float* x, size_t 
     }
 }
 
+// the run's last lines: how sparse the model is, from the last statistics (the final validation's), and the
+// FFN path each layer ran
+template <typename T, typename G>
+static void print_sparsity(const GPT<T, G>* model) {
+    int L = model->config.num_layers, H = model->config.hidden;
+    double l0 = 0, dead = 0;
+    char per_layer[2048] = "", paths[4096] = "";
+    size_t n = 0, m = 0;
+    for (int l = 0; l < L; l++) {
+        const LayerStats* s = &model->stats[l];
+        l0 += s->l0_mean / L;
+        dead += s->dead / L;
+        if (n < sizeof(per_layer)) {
+            n += snprintf(per_layer + n, sizeof(per_layer) - n, "%s%.1f", l ? " / " : "", s->l0_mean);
+        }
+        const SparseFfnLayer<T>* f = &model->ffn[l];
+        char hot[32] = "";
+        if (f->on && f->hot.units > 0) { snprintf(hot, sizeof(hot), " (%d hot units)", f->hot.units); }
+        if (m < sizeof(paths)) {
+            m += snprintf(paths + m, sizeof(paths) - m, "%s%d %s%s", l ? ", " : "", l, f->on ? "sparse" : "dense", hot);
+        }
+    }
+    printf("sparsity: %.1f of %d FFN units fire per token (%.2f%% of H; per layer %s), %.1f%% never fired\n", l0, H,
+           100 * l0 / H, per_layer, 100 * dead);
+    printf("ffn path per layer: %s\n", paths);
+}
+
 // lambda for optimizer step `step` (0-based; logged as step + 1): with --l1-ramp R it is lambda (step + 1) / R
 // until step R, a function of the step alone, so that a resumed run goes on as the uninterrupted one
 static float lambda_at_step(const Options* o, int step) {
@@ -525,9 +554,12 @@ int train(const Options* o, Device device) {
         printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d, %s FFN, %s head: %.2fM parameters\n", L,
                config->channels, config->num_heads, config->num_kv_heads, config->hidden, config->vocab_size, T_,
                config->activation == ACT_SILU ? "SiLU" : "ReLU", config->untied_head ? "untied" : "tied", n_params / 1e6);
-        char processes[32] = "", ramp[64] = "";
+        char processes[32] = "", ramp[96] = "";
         if (P > 1) { snprintf(processes, sizeof(processes), " x %d processes", P); }
-        if (o->l1_ramp > 0) { snprintf(ramp, sizeof(ramp), " (ramped from 0 over %d steps)", o->l1_ramp); }
+        if (o->l1_ramp > 0) {
+            snprintf(ramp, sizeof(ramp), " (ramped: %g at step 1, growing to it at step %d)", lambda_at_step(o, 0),
+                     o->l1_ramp);
+        }
         printf("batch: %d x %d tokens x %d accumulation%s = %d tokens per step | lambda %g%s | lr %g\n", B, T_,
                o->grad_accum, processes, o->total_batch, o->lambda, ramp, o->optim.lr);
         const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
@@ -642,7 +674,10 @@ int train(const Options* o, Device device) {
             }
             break;
         }
-        if (last) { break; }
+        if (last) {
+            if (master) { print_sparsity(&model); }
+            break;
+        }
 
         // one optimizer step over grad_accum micro-batches
         watchdog_arm(&watchdog, o->timeout, "rank %d: step %d", rank, step + 1);
@@ -764,7 +799,7 @@ int main(int argc, char** argv) {
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
     const char* device_name = "auto";
     const char* ffn_name = "auto";
-    int dead_reinit = 0, untied_head = 0, l1_ramp = 0;
+    int dead_reinit = 0, untied_head = 0, l1_ramp = L1_RAMP_WHOLE_RUN;
     const char* activation_name = NULL;
     const char* init_from = NULL;
     float synthetic_k = 0, hot_rate = -1;
@@ -777,7 +812,7 @@ int main(int argc, char** argv) {
     int num_processes = 0, process_rank = -1, timeout = 300;
     int overwrite = 0, max_nonfinite = 5;
     int resume = 0, seed = 1337, recompute = 0, vocab = 50257, layers = 0, dim = 0, heads = 0, kv_heads = 0, hidden = 0;
-    float lr = 1e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, lambda = 2e-5f;
+    float lr = 1e-3f, final_lr_frac = 0.1f, weight_decay = 0.1f, grad_clip = 1.0f, lambda = 2e-2f;
     float beta1 = 0.9f, beta2 = 0.95f, adam_eps = 1e-8f, rope_theta = 10000.0f, norm_eps = 1e-5f;
     ArgSpec specs[] = {
         {'i', "train-data", ARG_STRING, &train_pattern, 0, 0, "glob of training shards", 0},
@@ -807,8 +842,8 @@ int main(int argc, char** argv) {
         {0, "beta2", ARG_FLOAT, &beta2, 0, 0.999999, "AdamW beta2", 0},
         {0, "adam-eps", ARG_FLOAT, &adam_eps, 0, 1, "AdamW epsilon", 0},
         {0, "grad-clip", ARG_FLOAT, &grad_clip, 0, 1e9, "max global gradient norm (0 = off)", 0},
-        {'a', "l1", ARG_FLOAT, &lambda, 0, 1e3, "L1 coefficient lambda on the FFN activations (0 with --activation silu)", 0},
-        {0, "l1-ramp", ARG_INT, &l1_ramp, 0, 1 << 30, "lambda grows linearly from 0 to -a over this many steps (0 = none)", 0},
+        {'a', "l1", ARG_FLOAT, &lambda, 0, 1e3, "L1 coefficient lambda on the FFN activations (default: the model's: 2e-2 for default, 2e-5 for the other shapes and --init-from, 0 with --activation silu)", 0},
+        {0, "l1-ramp", ARG_INT, &l1_ramp, -1, 1 << 30, "lambda grows linearly from lambda / R at step 1 to lambda at step R (0 = none, -1 = over the whole run; default: -1 for the default model, else 0)", 0},
         {'v', "val-every", ARG_INT, &val_every, 0, 1 << 30, "steps between validations (0 = only at the end)", 0},
         {'m', "val-batches", ARG_INT, &val_batches, 1, 1 << 30, "micro-batches per validation", 0},
         {'s', "sample-every", ARG_INT, &sample_every, 0, 1 << 30, "steps between text samples (0 = never)", 0},
@@ -870,6 +905,9 @@ int main(int argc, char** argv) {
         c->untied_head = untied_head;
     }
     c->max_seq_len = T;
+    // lambda and its ramp: the model shape's unless given (--init-from: the paper's lambda, no ramp)
+    if (!cli_given(specs, num_specs, "l1")) { lambda = init_from ? LAMBDA_PAPER : preset->lambda; }
+    if (!cli_given(specs, num_specs, "l1-ramp")) { l1_ramp = init_from || lambda == 0 ? 0 : preset->l1_ramp; }
     if (activation_name) {
         c->activation = find_activation(activation_name);
         if (c->activation < 0) { fatal("--activation must be relu or silu, not '%s'", activation_name); }
@@ -877,15 +915,15 @@ int main(int argc, char** argv) {
     config_validate(c);
     // SiLU never zeroes a unit: its FFN is dense and the L1 term has nothing to make sparse
     if (c->activation == ACT_SILU) {
-        if (!cli_given(specs, num_specs, "l1")) { lambda = 0; }
-        if (lambda > 0 || l1_ramp > 0) {
+        if (!cli_given(specs, num_specs, "l1")) { lambda = 0, l1_ramp = 0; }
+        if (lambda > 0 || l1_ramp != 0) {
             fatal("the L1 term needs ReLU: a SiLU model (--activation silu%s) trains with -a 0 and no --l1-ramp",
                   activation_name ? "" : ", from --init-from");
         }
         if (strcmp(ffn_name, "sparse") == 0) { fatal("--ffn sparse needs ReLU: a SiLU model trains dense"); }
         if (dead_reinit) { fatal("--dead-reinit 1 needs ReLU: a SiLU unit is never dead"); }
     }
-    if (l1_ramp > 0 && lambda == 0) { fatal("--l1-ramp %d ramps lambda up to -a, which is 0", l1_ramp); }
+    if (l1_ramp != 0 && lambda == 0) { fatal("--l1-ramp %d ramps lambda up to -a, which is 0", l1_ramp); }
     o.optim = (OptimConfig){lr, beta1, beta2, adam_eps, weight_decay, grad_clip, warmup, max_steps, final_lr_frac};
     o.B = B;
     o.T = T;
@@ -952,8 +990,19 @@ int main(int argc, char** argv) {
     if (P > 1 && (gpus == 0 || strcmp(device_name, "cpu") == 0)) {
         fatal("%d processes (from %s): data parallelism needs a CUDA GPU per process", P, o.proc.launcher);
     }
+    int on_gpu = gpus > 0 && strcmp(device_name, "cpu") != 0;
+    // the default run takes hours on a CPU: unless -x is given, a short first run of the same model
+    int cpu_short = !on_gpu && !cli_given(specs, num_specs, "max-steps");
+    if (cpu_short) {
+        o.optim.total_steps = CPU_SHORT_STEPS;
+        if (!cli_given(specs, num_specs, "warmup")) { o.optim.warmup_steps = CPU_SHORT_STEPS / 10; }
+        if (!cli_given(specs, num_specs, "val-every")) { o.val_every = CPU_SHORT_STEPS / 3; }
+        if (!cli_given(specs, num_specs, "val-batches")) { o.val_batches = 4; }
+        if (!cli_given(specs, num_specs, "ckpt-every")) { o.ckpt_every = CPU_SHORT_STEPS / 3; }
+    }
+    if (o.l1_ramp == L1_RAMP_WHOLE_RUN) { o.l1_ramp = o.optim.total_steps; }
     int stopped;
-    if (gpus > 0 && strcmp(device_name, "cpu") != 0) {
+    if (on_gpu) {
         int gpu = o.proc.local_rank >= 0 ? o.proc.local_rank : o.proc.rank % gpus;
         if (gpu >= gpus) { fatal("rank %d wants GPU %d of this machine, which has %d", o.proc.rank, gpu, gpus); }
         cudaCheck(cudaSetDevice(gpu));
@@ -968,13 +1017,7 @@ int main(int argc, char** argv) {
     } else {
         printf("device: CPU reference path, fp32, %d OpenMP threads%s\n", omp_get_max_threads(),
                gpus ? "" : " (no CUDA GPU present)");
-        // the default run takes hours on a CPU: unless -x is given, a short first run of the same model
-        if (!cli_given(specs, num_specs, "max-steps")) {
-            o.optim.total_steps = CPU_SHORT_STEPS;
-            if (!cli_given(specs, num_specs, "warmup")) { o.optim.warmup_steps = CPU_SHORT_STEPS / 10; }
-            if (!cli_given(specs, num_specs, "val-every")) { o.val_every = CPU_SHORT_STEPS / 3; }
-            if (!cli_given(specs, num_specs, "val-batches")) { o.val_batches = 4; }
-            if (!cli_given(specs, num_specs, "ckpt-every")) { o.ckpt_every = CPU_SHORT_STEPS / 3; }
+        if (cpu_short) {
             printf("a short first run on the CPU: %d steps (about 10 minutes on 2 cores), validating every %d on %d "
                    "batches; the full run is -x %d (hours on a CPU, a minute on a GPU)\n", o.optim.total_steps,
                    o.val_every, o.val_batches, max_steps);

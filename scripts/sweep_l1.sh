@@ -6,7 +6,7 @@
 #
 # usage: scripts/sweep_l1.sh [flags] [-- TRAIN_ARGS...]
 #   -l, --lambdas LIST     lambdas, separated by commas or spaces
-#                          (default: 0,1e-5,2e-5,3e-5,5e-5,1e-4)
+#                          (default: 0,5e-3,1e-2,2e-2,3e-2,5e-2)
 #   -o, --out DIR          the sweep's directory (default: sweeps/l1); lambda v trains in DIR/lambda_v
 #   -g, --gpus LIST        GPU ids, comma-separated, or "cpu" (default: $CUDA_VISIBLE_DEVICES if set,
 #                          else every GPU that nvidia-smi lists, else the CPU)
@@ -33,7 +33,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 die() { echo "error: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
 
-lambdas_arg="0,1e-5,2e-5,3e-5,5e-5,1e-4"
+lambdas_arg="0,5e-3,1e-2,2e-2,3e-2,5e-2"
 out="sweeps/l1"
 gpus_arg=""
 train_data=""
