@@ -46,7 +46,7 @@
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
 #include "llmc/dataloader.h"
-#include "llmc/gpt.h"
+#include "llmc/inference.h"
 #include "llmc/nvml.h"
 #include "llmc/sampler.h"
 #include "llmc/synthetic.h"

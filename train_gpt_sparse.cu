@@ -30,7 +30,7 @@
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
 #include "llmc/dataloader.h"
-#include "llmc/gpt.h"
+#include "llmc/inference.h"
 #include "llmc/logger.h"
 #include "llmc/optimizer.h"
 #include "llmc/sampler.h"

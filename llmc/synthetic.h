@@ -19,7 +19,7 @@
 
 #include <math.h>
 #include <stdint.h>
-#include "llmc/gpt.h"
+#include "llmc/inference.h"
 #include "llmc/rng.h"
 #include "llmc/utils.h"
 

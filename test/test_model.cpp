@@ -8,7 +8,7 @@
    prompt, and a batch of prompts of different lengths) against the training
    forward's logits, for both activations and heads.
 */
-#include "llmc/gpt.h"
+#include "llmc/inference.h"
 #include "llmc/optimizer.h"
 #include "test/test.h"
 

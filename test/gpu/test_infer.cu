@@ -30,7 +30,7 @@
 */
 #include <algorithm>
 #include <vector>
-#include "llmc/gpt.h"
+#include "llmc/inference.h"
 #include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"
