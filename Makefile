@@ -22,12 +22,12 @@ endif
 TEST_FLAGS = -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
-HEADERS = $(wildcard llmc/*.h)
+HEADERS = $(wildcard llmc/*.h llmc/ffn/*.h)
 BINARIES = train_gpt_sparse infer tokenize hf_convert
 CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
 SCRIPT_TESTS = $(wildcard test/test_*.sh)
-CUDA_HEADERS = $(wildcard llmc/*.cuh)
+CUDA_HEADERS = $(wildcard llmc/*.cuh llmc/ffn/*.cuh)
 GPU_TESTS = $(patsubst test/gpu/%.cu,build/gpu/%,$(wildcard test/gpu/test_*.cu))
 DEV_TOOLS = $(patsubst dev/%.cu,build/dev/%,$(wildcard dev/*.cu))
 

@@ -356,16 +356,16 @@ static void generate_main(const InferOptions* opt) {
         GPT<bf16, float> model;
         InferState<bf16> s;
         gpt_build(&model, &config, DEVICE_CUDA);
-        model.ffn_mode = ffn_mode;
+        model.ffn.mode = ffn_mode;
         infer_state_alloc(&s, &model, nseq, total_tokens, cache_len);
-        s.use_graph = opt->graph;
-        s.twell.min_rows = opt->twell_min_rows;
+        s.dev.use_graph = opt->graph;
+        s.ffn.twell.min_rows = opt->twell_min_rows;
         gpt_load_params(&model, params);
         free(params);
         t0 = now_seconds();
         generate(&model, &s, seqs, nseq, &o, &prefill_s);
-        if (!opt->quiet && s.twell.regrows) {
-            fprintf(stderr, "TwELL grew its buffers %lld times (each reran a layer)\n", s.twell.regrows);
+        if (!opt->quiet && s.ffn.twell.regrows) {
+            fprintf(stderr, "TwELL grew its buffers %lld times (each reran a layer)\n", s.ffn.twell.regrows);
         }
         infer_state_free(&s, &model);
         gpt_free(&model);
@@ -567,7 +567,7 @@ static void analyze(GPT<float, float>* model, const Tokenizer* tok, const Analyz
     for (int i = 0; i < batches; i++) {
         dataloader_next_batch(&loader);
         gpt_forward(model, loader.inputs, loader.targets, B, T, 0.0f);
-        for (int l = 0; l < L; l++) { unit_spread_add(&spread[l], model->ffn[l].dense, B, T, H, &rng); }
+        for (int l = 0; l < L; l++) { unit_spread_add(&spread[l], model->ffn.layer[l].dense, B, T, H, &rng); }
         const int* active = model->acts.row_active; // [L, M], host memory on the CPU path
         for (int m = 0; m < M; m++) {
             double sum = 0;
@@ -725,7 +725,7 @@ typedef struct {
 static BenchResult bench_path(GPT<bf16, float>* model, InferState<bf16>* s, int ffn_mode, const int* tokens,
                               const int* lens, int B, int T, int steps, const Nvml* nvml, int have_nvml) {
     BenchResult r = {0, 0, -1, -1, -1};
-    model->ffn_mode = ffn_mode;
+    model->ffn.mode = ffn_mode;
     for (int i = 0; i < 2; i++) { gpt_prefill(model, s, tokens, lens, B, NULL); } // TwELL sizes its buffers and picks paths
     double t0 = now_seconds();
     gpt_prefill(model, s, tokens, lens, B, NULL);
@@ -739,7 +739,7 @@ static BenchResult bench_path(GPT<bf16, float>* model, InferState<bf16>* s, int 
     if (have_nvml) { r.prefill_j = (nvml_energy_joules(nvml) - e0) / reps; }
     if (ffn_mode == FFN_SPARSE) {
         double sum = 0;
-        for (int l = 0; l < model->config.num_layers; l++) { sum += s->twell.layer_active[l]; }
+        for (int l = 0; l < model->config.num_layers; l++) { sum += s->ffn.twell.layer_active[l]; }
         r.active = sum / model->config.num_layers;
     }
     int* next = (int*)mallocCheck(B * sizeof(int));
@@ -803,7 +803,7 @@ static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int
     bf16* const* param = model->param;
     double qkv = time_us([&] { decode_linear(m->qkv, m->normed, param[P_WQKV], B, QKV, D); });
     double att = time_us([&] {
-        attention_decode(m->att, m->part_o, m->part_ml, m->splits_done, m->qkv, m->k_cache, m->v_cache, m->row_pos, B,
+        attention_decode(m->att, m->dev.part_o, m->dev.part_ml, m->dev.splits_done, m->qkv, m->k_cache, m->v_cache, m->row_pos, B,
                          c->num_heads, c->num_kv_heads, head_size(c), m->cache_len, c->rope_theta);
     });
     double gate = time_us([&] { decode_linear(m->gu, m->normed, param[P_WG], B, H, D); });
@@ -825,7 +825,8 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     for (int b = 0; b < B; b++) { lens[b] = T; }
     if (synthetic_k > 0) { synthetic_calibrate(model, s, tokens, lens, B, synthetic_k, skewed, seed ^ 0x5eedull); }
     // the TwELL prefill's hot units, from a calibration prefill of the same prompts (when TwELL runs at this size)
-    if (hot && twell_prefill_takes(&s->twell, B * T, c->channels)) { gpt_hot_calibrate(model, s, tokens, lens, B, 1); }
+    model->ffn.mode = FFN_SPARSE;
+    if (hot) { infer_hot_calibrate(model, s, tokens, lens, B, 1); }
     char bus[32];
     int device = 0;
     cudaCheck(cudaGetDevice(&device));
@@ -843,16 +844,16 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     printf("bench: %s, batch %d x %d prompt tokens, %d decode steps%s\n", what, B, T, steps,
            twell_prefill_supports(c->channels) ? "" : " (TwELL prefill unsupported for this shape: dense)");
     double hot_units = 0;
-    for (int l = 0; l < c->num_layers; l++) { hot_units += model->ffn[l].hot.units; }
+    for (int l = 0; l < c->num_layers; l++) { hot_units += model->ffn.layer[l].hot.units; }
     hot_units /= c->num_layers;
     if (twell.active >= 0 && hot_units > 0) { // TwELL counts the cold tail only: the hot units run dense
         printf("TwELL: %.1f active FFN units per token in the cold tail, %.0f hot units a layer run dense (means over "
-               "layers, of H = %d), %lld buffer growths\n", twell.active, hot_units, c->hidden, s->twell.regrows);
+               "layers, of H = %d), %lld buffer growths\n", twell.active, hot_units, c->hidden, s->ffn.twell.regrows);
     } else if (twell.active >= 0) {
         printf("TwELL: %.1f active FFN units per token (mean over layers, of H = %d), %lld buffer growths\n", twell.active,
-               c->hidden, s->twell.regrows);
+               c->hidden, s->ffn.twell.regrows);
     } else {
-        printf("TwELL: the prefill of %d tokens ran the dense FFN (--twell-min-rows %d)\n", B * T, s->twell.min_rows);
+        printf("TwELL: the prefill of %d tokens ran the dense FFN (--twell-min-rows %d)\n", B * T, s->ffn.twell.min_rows);
     }
     printf("%-6s %14s %14s %16s %16s\n", "ffn", "prefill tok/ms", "decode tok/s", "prefill mJ/tok", "decode mJ/tok");
     const BenchResult* rs[2] = {&dense, &twell};
@@ -899,8 +900,8 @@ static void bench_main(const InferOptions* opt) {
     InferState<bf16> s;
     gpt_build(&model, &config, DEVICE_CUDA);
     infer_state_alloc(&s, &model, B, B * T, T + steps);
-    s.use_graph = opt->graph;
-    s.twell.min_rows = opt->twell_min_rows;
+    s.dev.use_graph = opt->graph;
+    s.ffn.twell.min_rows = opt->twell_min_rows;
     if (opt->preset_name) {
         init_params_synthetic_gpu(&model, (uint32_t)opt->seed, opt->sparse_k);
         if (opt->sparse_k > 0) {

@@ -186,10 +186,10 @@ typedef struct {
     float lambda;
     int l1_ramp;               // lambda grows linearly to its value over this many steps (0: none)
     const char* init_from;     // a model file whose weights start the run (NULL: a random init)
-    int ffn_mode;              // FfnMode (llmc/gpt.h)
+    int ffn_mode;              // FfnMode (llmc/ffn/ffn.h)
     int dead_reinit;           // 1: docs/MODEL.md's dead-neuron re-initialisation after each step
     float synthetic_k;         // > 0: benchmark-only synthetic-sparse init (llmc/gpt.h), no checkpoints
-    float hot_rate;            // a fixed firing rate above which an FFN unit is hot (llmc/ffn.h); 0: none, < 0: measured costs
+    float hot_rate;            // a fixed firing rate above which an FFN unit is hot (llmc/ffn/split.h); 0: none, < 0: measured costs
     ProcessInfo proc;          // this process of the data-parallel run
     const char* init_method;   // how the processes meet (llmc/zero.cuh)
     const char* init_address;
@@ -392,7 +392,7 @@ static void print_sparsity(const GPT<T, G>* model) {
         if (n < sizeof(per_layer)) {
             n += snprintf(per_layer + n, sizeof(per_layer) - n, "%s%.1f", l ? " / " : "", s->l0_mean);
         }
-        const SparseFfnLayer<T>* f = &model->ffn[l];
+        const FfnLayer<T>* f = &model->ffn.layer[l];
         char hot[32] = "";
         if (f->on && f->hot.units > 0) { snprintf(hot, sizeof(hot), " (%d hot units)", f->hot.units); }
         if (m < sizeof(paths)) {
@@ -444,14 +444,12 @@ int train(const Options* o, Device device) {
 
     GPT<T, float> model;
     gpt_build(&model, config, device);
-    model.recompute = o->recompute;
-    model.ffn_mode = o->ffn_mode;
-    // hot units (llmc/ffn.h): the costs measured on the GPU, or a fixed firing rate above which a unit is hot
-    // (the same choice with a pair costing 1 and a hot unit the rate); the CPU path is the reference, hot
-    // units only where the run asks for them
-    model.hot_costs = o->hot_rate > 0 ? (FfnCosts){0.0f, o->hot_rate, 0.0f, 1.0f}
-                      : o->hot_rate < 0 && device == DEVICE_CUDA ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f}
-                                                                 : (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f};
+    model.ffn.recompute = o->recompute;
+    model.ffn.mode = o->ffn_mode;
+    // hot units (llmc/ffn/hot.h): a fixed firing rate above which a unit is hot, or the costs measured on the
+    // GPU; the CPU path is the reference, hot units only where the run asks for them
+    model.ffn.hot = o->hot_rate > 0 ? ffn_hot_policy(FFN_HOT_RATE, o->hot_rate)
+                    : ffn_hot_policy(o->hot_rate < 0 && device == DEVICE_CUDA ? FFN_HOT_MEASURED : FFN_HOT_OFF, 0);
     Optimizer opt;
     optimizer_init(&opt, &model, zero);
     size_t n_params = model.num_parameters, owned = opt.owned;
@@ -484,7 +482,7 @@ int train(const Options* o, Device device) {
         int ffn_ints = checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state,
                                              sizeof(loader_state), host_m, host_v, ffn_state);
         // the same sparse/dense and hot/cold choices as the run that wrote it
-        if (ffn_ints) { gpt_ffn_state_set(&model, ffn_state, ffn_ints); }
+        if (ffn_ints) { ffn_state_set(&model.ffn, ffn_state, ffn_ints); }
         if (state.step != start_step) {
             state_path(path, sizeof(path), o->out_dir, start_step, 0);
             fatal("%s holds step %d, but its model file is step %d: they are not one checkpoint", path, state.step,
@@ -564,15 +562,10 @@ int train(const Options* o, Device device) {
                o->grad_accum, processes, o->total_batch, o->lambda, ramp, o->optim.lr);
         const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
-        const FfnCosts* hc = &model.hot_costs;
-        if (o->ffn_mode != FFN_DENSE && hc->dense1 < 0) {
-            printf("ffn: hot units: their costs are measured after the first sparse step\n");
-        } else if (o->ffn_mode != FFN_DENSE && hc->dense0 == 0 && hc->gate1 == 0 && hc->pair1 == 1) {
-            printf("ffn: hot units: a sparse layer's units firing for more than %.3f%% of the tokens run dense\n",
-                   100 * hc->dense1);
-        } else if (o->ffn_mode != FFN_DENSE && hc->dense1 > 0) {
-            printf("ffn: hot units: costs per token: dense part %.3g s + %.3g s per unit, gate %.3g s per unit, "
-                   "%.3g s per pair\n", hc->dense0, hc->dense1, hc->gate1, hc->pair1);
+        if (o->ffn_mode != FFN_DENSE && model.ffn.hot.mode != FFN_HOT_OFF) {
+            char hot[256];
+            ffn_hot_policy_describe(hot, sizeof(hot), &model.ffn.hot);
+            printf("ffn: hot units: %s\n", hot);
         }
     }
 
@@ -655,7 +648,7 @@ int train(const Options* o, Device device) {
             refuse_nonfinite(o, step, host_params, n_params, "weights");
             refuse_nonfinite(o, step, host_m, owned, "first moments");
             refuse_nonfinite(o, step, host_v, owned, "second moments");
-            gpt_ffn_state_get(&model, ffn_state);
+            ffn_state_get(&model.ffn, ffn_state);
             save_checkpoint(o, step, host_params, &state, &loader_state, host_m, host_v, owned, ffn_state);
         }
         watchdog_disarm(&watchdog);
@@ -711,7 +704,7 @@ int train(const Options* o, Device device) {
         if (o->dead_reinit && !skipped) {
             gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step);
         }
-        if (!skipped) { optimizer_hot_update(&opt, &model, step + 1, (double)o->total_batch, master); }
+        if (!skipped) { gpt_hot_update(&model, step + 1, (double)o->total_batch, master); }
         double ms = (now_seconds() - t0) * 1000;
         watchdog_disarm(&watchdog);
         if (step > first_step) {

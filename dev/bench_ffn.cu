@@ -1,8 +1,8 @@
 /*
  FFN benchmark of training at the standard point of docs/SPARSE.md (M 16384,
  D 2048, H 5632): the dense cuBLASLt FFN (llmc/gpt.h's path), the sparse one
- with no hot units (llmc/cuda_sparse_ffn.cuh) and the hot/cold split that the
- model runs (llmc/ffn.h), on the same inputs, forward and forward + backward,
+ with no hot units (llmc/ffn/cuda_ell.cuh) and the hot/cold split that the
+ model runs (llmc/ffn/split.h), on the same inputs, forward and forward + backward,
  per pattern: synthetic uniform k = 8, 30, 100, 300 and realistic k = 30, and
  "trained", the FFN of one layer of a checkpoint on its real inputs (f of the
  embedded corpus's val tokens; dy random). Per pattern: the times and ratios
@@ -60,8 +60,8 @@ static int bench_model(int argc, char** argv) {
         double base = used_gib();
         GPT<bf16, float> model;
         gpt_build(&model, &c, DEVICE_CUDA);
-        model.ffn_mode = mode == 0 ? FFN_DENSE : FFN_SPARSE;
-        model.hot_costs = (FfnCosts){0.0f, mode == 0 ? 0.0f : -1.0f, 0.0f, 0.0f}; // sparse: measured
+        model.ffn.mode = mode == 0 ? FFN_DENSE : FFN_SPARSE;
+        model.ffn.hot = ffn_hot_policy(mode == 0 ? FFN_HOT_OFF : FFN_HOT_MEASURED, 0);
         Optimizer opt;
         optimizer_init(&opt, &model, NULL);
         set_params_from_fp32(&model, &opt, host);
@@ -74,7 +74,7 @@ static int bench_model(int argc, char** argv) {
             gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
             optimizer_step(&opt, &model, &oc, 0.0f, i + 1);
             gpt_stats_read(&model, M);
-            optimizer_hot_update(&opt, &model, i, M, i == 0); // (the costs measured, the first hot sets)
+            gpt_hot_update(&model, i, M, i == 0); // (the costs measured, the first hot sets)
             if (i >= 3) { t += now_seconds() - t0; }
         }
         tps[mode] = (double)M * steps / t;
@@ -83,11 +83,11 @@ static int bench_model(int argc, char** argv) {
         int hot = 0;
         for (int l = 0; l < c.num_layers; l++) {
             l0 += model.stats[l].l0_mean / c.num_layers;
-            hot += model.ffn[l].hot.units;
+            hot += model.ffn.layer[l].hot.units;
         }
         printf("--ffn %-6s train %8.0f tok/s | device memory %.2f GiB | loss %.4f | mean active units %.1f | forwards "
                "redone %d | hot units %.0f per layer\n", mode == 0 ? "dense" : "sparse", tps[mode], mem[mode], model.ce,
-               l0, model.ffn_redone, (double)hot / c.num_layers);
+               l0, model.ffn.redone, (double)hot / c.num_layers);
         optimizer_free(&opt);
         gpt_free(&model);
     }
@@ -191,7 +191,7 @@ static void bench_pattern(Bench* b, const char* name) {
     for (int r : row_counts) { pairs += r; }
     double mean = pairs / M;
 
-    // the sparse FFN with no hot units, as llmc/ffn.h runs it
+    // the sparse FFN with no hot units, as llmc/ffn/split.h runs it
     Cold all = cold_alloc(b, H, row_counts);
     FfnHot<bf16> none = {0, NULL, NULL};
     auto sparse_fwd = [&] {
@@ -222,7 +222,7 @@ static void bench_pattern(Bench* b, const char* name) {
         median_ms([&] { sparse_df(b->df[1], &all.p, all.du, all.dg, b->wu, b->wg, D); }),
     };
 
-    // the hot/cold split: the costs as training measures them (gpt_hot_costs: the dense part alone over
+    // the hot/cold split: the costs as training measures them (ffn_hot_costs: the dense part alone over
     // FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate, the sparse layer), the hot units they give
     const int large = std::min(H, 4 * FFN_HOT_PROBE), small = large / 4;
     bf16* probe_buf = (bf16*)cuda_malloc(5 * (size_t)M * large * 2);
@@ -379,7 +379,7 @@ int main(int argc, char** argv) {
         bench_pattern(&b, name);
     }
     printf("ratio = dense time / that path's time (> 1: faster than dense); split = hot units dense, the rest sparse"
-           " (llmc/ffn.h), with the hot units the costs measured on this pattern give, as in training; hot ="
+           " (llmc/ffn/split.h), with the hot units the costs measured on this pattern give, as in training; hot ="
            " hot units, pairs = their share of the (token, unit) pairs; auto = what --ffn auto runs at this k (fwd+bwd);"
            " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u);"
            " err = max over y, df, dW of ||path - dense|| / ||dense||\n");

@@ -1,5 +1,5 @@
 /*
- Times the screened decode gate (llmc/cuda_screened_gate.cuh) in the sparse
+ Times the screened decode gate (llmc/ffn/cuda_screened_gate.cuh) in the sparse
  decode FFN against today's sparse decode FFN and the dense decode FFN, at
  the standard width (D 2048, H 5632), for B = 1, 2, 4, 8 rows, on the
  synthetic-sparse gates of docs/SPARSE.md (sparse_synthetic_ffn: uniform k = 30,
@@ -22,8 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <vector>
-#include "llmc/cuda_screened_gate.cuh"
-#include "llmc/cuda_sparse_decode.cuh"
+#include "llmc/ffn/cuda_screened_gate.cuh"
+#include "llmc/ffn/cuda_decode.cuh"
 #include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 

@@ -1,5 +1,5 @@
 /*
- Times the TwELL sparse FFN forward (llmc/cuda_twell.cuh) against the dense
+ Times the TwELL sparse FFN forward (llmc/ffn/cuda_twell.cuh) against the dense
  cuBLAS gated FFN at the standard point of docs/SPARSE.md: M 16384 tokens, D 2048,
  H 5632, bf16, inputs as its "Measuring" section says (f rows N(0, 1) with the
  last feature a carrier 1.0, 0.5 on the first 1% of rows of the realistic
@@ -43,7 +43,7 @@
 #include <string.h>
 #include <vector>
 #include "dev/trained_layer.cuh"
-#include "llmc/cuda_twell.cuh"
+#include "llmc/ffn/cuda_twell.cuh"
 #include "llmc/rng.h"
 #include "llmc/synthetic.h"
 
@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
         ffn_dense_forward(y_dense, g_d, u_d, f_d, wg_d, wu_d, wdT_d, M, D, H, NULL); // the reference y
 
         // a record buffer grown until the status is ok (the sparse path forced)
-        TwellFFN ffn = twell_ffn_create(M, D, H, TWELL_TILE / 8 - 1, 16384);
+        TwellFFN ffn = twell_ffn_create(M, D, H, TWELL_SLOTS, 16384);
         ffn.choice = TWELL_FORCE_SPARSE;
         for (;;) {
             twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d);

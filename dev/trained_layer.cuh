@@ -27,7 +27,7 @@ static void load_trained_layer(const char* path, int l, int M, int D, int H, bf1
     if (B * T != M) { fatal("M %d is not a multiple of the sequence length %d", M, T); }
     GPT<bf16, float> model;
     gpt_build(&model, &c, DEVICE_CUDA);
-    model.ffn_mode = FFN_DENSE;
+    model.ffn.mode = FFN_DENSE;
     gpt_load_params(&model, params);
     free(params);
     DataLoader val;

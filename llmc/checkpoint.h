@@ -260,7 +260,7 @@ static inline size_t checkpoint_find_nonfinite_moment(const float* m, const floa
 }
 
 // m and v: the `owned` moments of rank s->rank of s->num_processes (llmc/zero.h);
-// ffn: ffn_state_ints(L) ints (gpt_ffn_state_get), or NULL
+// ffn: ffn_state_ints(L) ints (ffn_state_get, llmc/ffn/ffn.h), or NULL
 static inline void checkpoint_save_state(const char* path, const GPTConfig* c, const TrainState* s,
                                          const void* loader_state, size_t loader_bytes, const float* m, const float* v,
                                          size_t owned, const int32_t* ffn) {

@@ -196,7 +196,7 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, c
 // as a GEMV: x in shared memory, a warp per row n of W reading it once (the row
 // loaded into registers before the wait of the early launch), fp32 sums, then
 // an epilogue per row: a bf16 store (decode_linear), or the sparse decode FFN's gate
-// and up (llmc/cuda_sparse_decode.cuh)
+// and up (llmc/ffn/cuda_decode.cuh)
 constexpr int GEMV_MAX_ROWS = 8, GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32;
 
 // the epilogue of a plain product: y[b, n] = bf16(acc_b)

@@ -18,14 +18,9 @@
  GPU. The kernels are overloads with the same signatures for each backend
  (llmc/cpu_ops.h, llmc/cuda_*.cuh), so this file never asks which one runs.
 
- The FFN of a layer runs dense or sparse (llmc/sparse_ffn.h: after the dense
- gate product, only the units that fire; the backward keeps their pattern and
- values, no [M, H] tensor). model->ffn_mode says which: FFN_DENSE everywhere,
- FFN_SPARSE everywhere, or FFN_AUTO, where each layer is re-chosen at every
- gpt_stats_read from its measured activity (dense until the first statistics).
- In the auto mode a dense layer keeps its g, u, h for the backward as in
- FFN_DENSE (a dense phase trains at the dense path's speed); FFN_SPARSE keeps
- no [M, H] tensor at all.
+ The FFN of a layer is llmc/ffn/ffn.h's: it runs dense or sparse as
+ model->ffn.mode says, and gpt_stats_read gives it each step's statistics to
+ choose from; this file never names a sparse format.
 
  The device is waited for at two places: gpt_stats_read, once per optimizer
  step (the loss and sparsity statistics are sums on the device until then),
@@ -39,20 +34,15 @@
 
 #include <stdint.h>
 #include "llmc/cpu_ops.h"
-#include "llmc/ffn.h"
-#include "llmc/sparse_ffn.h"
+#include "llmc/device_ops.h"
+#include "llmc/ffn/ffn.h"
 #ifdef __CUDACC__
-#include <type_traits>
-#include <vector>
-#include "llmc/cuda_adamw.cuh"
 #include "llmc/cuda_attention.cuh"
 #include "llmc/cuda_classifier.cuh"
 #include "llmc/cuda_encoder.cuh"
-#include "llmc/cuda_gate.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_rmsnorm.cuh"
 #include "llmc/cuda_rope.cuh"
-#include "llmc/cuda_sparse_ffn.cuh"
 #endif
 #include "llmc/memory.h"
 #include "llmc/model.h"
@@ -70,9 +60,6 @@ struct Activations {
     G* lse;        // [L, B, NH, T] attention log-sum-exp per query
     T* ffn_in;     // [L, M, D] RMSNorm output f
     G* ffn_rstd;   // [L, M]
-    T* g;          // [M, H] the sparse gate's scratch, or g of the layer that --recompute recomputes
-    T* u;          // [M, H] with --recompute only (a layer that keeps g, u, h has its own: FfnLayer.dense)
-    T* h;          // [M, H] (same)
     G* row_l1;     // [L, M] sum_n |h|
     int* row_active; // [L, M] firing units
     T* final_out;  // [M, D]
@@ -84,27 +71,7 @@ struct Activations {
     T* d_res;      // [M, D] gradient of the loss wrt the residual stream
     T* d_tmp;      // [M, D]
     T* d_qkv;      // [M, QKV]
-    T* d_h;        // [M, H], also dg (none with --ffn sparse)
-    T* d_u;        // [M, H] (same)
     G* scratch;    // attention and norm backward scratch
-};
-
-typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
-
-// FFN_AUTO: a layer runs sparse while its mean number of firing units per token
-// is at most this fraction of H (dev/bench_ffn: sparse fwd + bwd is faster than
-// dense up to about k = 1% of H at the standard point), with 25% hysteresis
-#define FFN_AUTO_MAX_ACTIVE 0.01
-
-// the FFN state of a layer
-template <typename T>
-struct SparseFfnLayer {
-    T* dense;                // [3, M, H] g, u, h while the layer runs dense and keeps them (else NULL)
-    int on;                  // this step's choice: 1 sparse, 0 dense
-    SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
-    int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
-    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u [M, hot.units]
-    int hot_capacity;        // units the hot buffers hold
 };
 
 template <typename T, typename G>
@@ -117,7 +84,6 @@ struct GPT {
     T* param[NUM_PARAM_TENSORS];
     G* grad[NUM_PARAM_TENSORS];
     int B, T_;     // micro-batch the activations are sized for (0 until the first forward)
-    int recompute; // 1: keep g, u, h of one layer only and recompute them in the backward
     Activations<T, G> acts;
     void* acts_memory;
     size_t acts_bytes;
@@ -130,18 +96,7 @@ struct GPT {
     double l1_term;    // (1/L) sum_l mean_m sum_n |h|, before lambda
     LayerStats* stats; // [L]
     uint32_t* unit_count_host; // [L, H] unit_count, read with the statistics
-    // the sparse FFN (see the top of this file)
-    int ffn_mode;                 // FfnMode
-    SparseFfnLayer<T>* ffn;       // [L]
-    int* tail_used;               // [L] on the device: rows that asked for a tail slot in the last forward
-    SparseTransposed transposed;  // the backward's scratch, shared by the layers
-    T *sparse_du, *sparse_dg;     // [entries] the backward's scratch
-    size_t sparse_scratch_entries;
-    SparseScratch sparse_scratch; // the GPU kernels' scratch
-    int ffn_redone;               // forwards redone after a tail overflow, since gpt_build
-    FfnCosts hot_costs;           // what moving units between the hot and cold parts costs (llmc/ffn.h)
-    T* hot_scratch;               // [3, M, hot_scratch_units] the hot units' h, dh, du (ffn_split_forward)
-    int hot_scratch_units;
+    Ffn<T> ffn;        // the FFN of every layer (llmc/ffn/ffn.h): set its mode and recompute before the first forward
     // called by gpt_backward once layer l's gradients are final (l = -1: the
     // embedding and final norm), so that data parallelism can reduce them while
     // the backward goes on; NULL when there is nothing to do
@@ -175,28 +130,7 @@ void gpt_build(GPT<T, G>* model, const GPTConfig* config, Device device) {
     model->unit_count = (uint32_t*)device_malloc((size_t)L * config->hidden * sizeof(uint32_t), device);
     model->stats = (LayerStats*)callocCheck(L, sizeof(LayerStats));
     model->unit_count_host = (uint32_t*)callocCheck((size_t)L * config->hidden, sizeof(uint32_t));
-    model->ffn = (SparseFfnLayer<T>*)callocCheck(L, sizeof(SparseFfnLayer<T>));
-    model->tail_used = (int*)device_malloc(L * sizeof(int), device);
-}
-
-// whether every layer keeps its dense g, u, h from the forward for the backward
-template <typename T, typename G>
-static inline int gpt_keeps_ffn(const GPT<T, G>* model) {
-    return !model->recompute && model->ffn_mode != FFN_SPARSE;
-}
-
-// layer l's dense g, u, h [M, H]: its own while it keeps them (allocated at its first dense forward, given
-// back when it turns sparse), else the shared ones a recomputed layer fills again in the backward
-template <typename T, typename G>
-static void gpt_ffn_dense_acts(GPT<T, G>* model, int l, T** g, T** u, T** h) {
-    size_t MH = (size_t)model->B * model->T_ * model->config.hidden;
-    SparseFfnLayer<T>* f = &model->ffn[l];
-    if (!gpt_keeps_ffn(model)) {
-        *g = model->acts.g, *u = model->acts.u, *h = model->acts.h;
-        return;
-    }
-    if (f->dense == NULL) { f->dense = (T*)device_malloc(3 * MH * sizeof(T), model->device); }
-    *g = f->dense, *u = f->dense + MH, *h = f->dense + 2 * MH;
+    ffn_init(&model->ffn, config, model->param[P_WG], model->param[P_WU], model->param[P_WDT], device);
 }
 
 // every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0; made on
@@ -216,46 +150,25 @@ static inline void init_params_random(float* params, const GPTConfig* c, uint64_
     }
 }
 
-// the sparse FFN paths skip the units whose g <= 0, which only ReLU zeroes
-template <typename T, typename G>
-static void gpt_check_ffn_activation(const GPT<T, G>* model) {
-    if (model->ffn_mode != FFN_DENSE && model->config.activation != ACT_RELU) {
-        fatal("the sparse FFN needs ReLU: this model's activation is %s, which runs dense only",
-              activation_names[model->config.activation]);
-    }
-}
-
 template <typename T, typename G>
 void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
-    gpt_check_ffn_activation(model);
     const GPTConfig* c = &model->config;
-    size_t L = c->num_layers, M = (size_t)B * T_, D = c->channels, H = c->hidden;
+    size_t L = c->num_layers, M = (size_t)B * T_, D = c->channels;
     size_t QKV = qkv_dim(c), NH = c->num_heads, Vp = c->padded_vocab_size;
     Activations<T, G>* a = &model->acts;
     // attention backward wants B*NKV*T values (CPU) or B*NH*T (GPU: a delta per query);
     // the norm backward (GPU) wants a block's partial sums of D
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
-    // a dense layer that keeps g, u, h has them in its own buffer (gpt_ffn_dense_acts), which it gives back
-    // when it turns sparse; here the shared ones: the sparse gate's scratch, a recomputed layer's g, u, h,
-    // and the dense backward's d_h, d_u. FFN_AUTO without --recompute: the sparse gate's scratch is d_h
-    // (the one is used in the forward only, the other in the backward only), so that a run whose layers
-    // are all dense holds what --ffn dense holds
-    size_t dense = model->ffn_mode != FFN_SPARSE, recomputed = dense && model->recompute;
-    size_t gate_in_d_h = model->ffn_mode == FFN_AUTO && !recomputed;
-    size_t scratch_g = model->ffn_mode == FFN_SPARSE || recomputed;
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
         {(void**)&a->qkv, L * M * QKV * sizeof(T)}, {(void**)&a->att, L * M * D * sizeof(T)},
         {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, L * M * D * sizeof(T)},
-        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->g, scratch_g * M * H * sizeof(T)},
-        {(void**)&a->u, recomputed * M * H * sizeof(T)}, {(void**)&a->h, recomputed * M * H * sizeof(T)},
-        {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
+        {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
         {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
         {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
         {(void**)&a->proj, M * D * sizeof(T)}, {(void**)&a->d_res, M * D * sizeof(T)},
         {(void**)&a->d_tmp, M * D * sizeof(T)}, {(void**)&a->d_qkv, M * QKV * sizeof(T)},
-        {(void**)&a->d_h, dense * M * H * sizeof(T)}, {(void**)&a->d_u, dense * M * H * sizeof(T)},
         {(void**)&a->scratch, scratch * sizeof(G)},
     };
     const size_t align = 256; // every buffer starts on a 256-byte boundary for vector loads
@@ -268,146 +181,10 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
         *parts[i].ptr = p;
         p += (parts[i].bytes + align - 1) / align * align;
     }
-    if (gate_in_d_h) { a->g = a->d_h; }
     model->B = B;
     model->T_ = T_;
-    if (model->ffn_mode != FFN_DENSE) {
-        // sparse from the start, or dense until the first statistics say otherwise
-        // (unless gpt_ffn_state_set restored a checkpoint's choices)
-        for (size_t l = 0; l < L; l++) {
-            SparseFfnLayer<T>* f = &model->ffn[l];
-            if (f->W > 0) { continue; }
-            f->on = model->ffn_mode == FFN_SPARSE;
-            f->W = (int)(H < 256 ? H : 256);
-            f->tail_capacity = sparse_choose_tail((int)M / 64, (int)M);
-        }
-    }
-}
-
-// layer l's pattern at the sizes it wants, and the shared backward scratch large enough for it
-// (the pattern over the cold units; the hot units' buffers and the shared hot scratch)
-template <typename T, typename G>
-static void gpt_sparse_ensure(GPT<T, G>* model, int l) {
-    SparseFfnLayer<T>* f = &model->ffn[l];
-    int M = model->B * model->T_, D = model->config.channels, hot = f->hot.units;
-#ifdef __CUDACC__
-    if (model->device == DEVICE_CUDA && model->sparse_scratch.scan_temp == NULL) {
-        // the GPU kernels' scratch, the fused gate's words in d_qkv, which only the backward uses
-        sparse_scratch_alloc_cuda(&model->sparse_scratch, M, model->config.hidden, model->acts.d_qkv,
-                                  (size_t)M * qkv_dim(&model->config) * sizeof(T));
-    }
-#endif
-    int H = model->config.hidden - hot; // cold units
-    if (hot > f->hot_capacity) {
-        device_free(f->hot.g, model->device);
-        f->hot.g = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), model->device);
-        f->hot.u = f->hot.g + (size_t)M * hot;
-        f->hot_capacity = hot;
-    }
-    if (hot > model->hot_scratch_units) {
-        device_free(model->hot_scratch, model->device);
-        model->hot_scratch = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), model->device);
-        model->hot_scratch_units = hot;
-    }
-    if (H == 0) { return; }
-    int W = f->W < H ? f->W : H;
-    if (f->p.M == 0 || f->p.H != H || f->p.W != W || f->p.tail_capacity != f->tail_capacity) {
-        sparse_pattern_free(&f->p, model->device);
-        sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, model->tail_used + l, model->device);
-    }
-    size_t entries = sparse_entries(M, H, W, f->tail_capacity);
-    if (entries > model->sparse_scratch_entries) { // (for any layer's cold units: all H of them)
-        sparse_transposed_free(&model->transposed, model->device);
-        device_free(model->sparse_du, model->device);
-        device_free(model->sparse_dg, model->device);
-        sparse_transposed_alloc(&model->transposed, model->config.hidden, D, entries, model->device);
-        model->sparse_du = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
-        model->sparse_dg = (T*)device_malloc(entries * sizeof(T) + 16, model->device);
-        model->sparse_scratch_entries = entries;
-    }
-}
-
-// After a forward: did a sparse layer's tail overflow? Such a layer gets a tail
-// for what it needed, and the event is logged; the caller redoes the forward.
-// The rows a layer lost are NaN in every later layer, which therefore counted
-// too few: the later layers get a tail at least as large, so that one redo
-// usually suffices (another one follows if not).
-template <typename T, typename G>
-static int gpt_sparse_overflowed(GPT<T, G>* model) {
-    int L = model->config.num_layers, M = model->B * model->T_, any_on = 0, overflow = 0, most = 0;
-    for (int l = 0; l < L; l++) { any_on |= model->ffn[l].on && model->ffn[l].hot.units < model->config.hidden; }
-    if (!any_on) { return 0; }
-    int* used = (int*)mallocCheck(L * sizeof(int));
-    device_copy(used, model->tail_used, L * sizeof(int), model->device);
-    for (int l = 0; l < L; l++) {
-        SparseFfnLayer<T>* f = &model->ffn[l];
-        if (!f->on || f->p.M == 0) { continue; } // (a layer whose units are all hot has no pattern)
-        if (used[l] > f->p.tail_capacity) {
-            f->tail_capacity = sparse_choose_tail(used[l] > most ? used[l] : most, M);
-            printf("ffn: layer %d: %d rows had more than %d active units, the tail held %d: tail grown to %d rows, "
-                   "forward redone\n", l, used[l], f->p.W, f->p.tail_capacity, f->tail_capacity);
-            overflow = 1;
-            most = used[l] > most ? used[l] : most;
-        } else if (overflow && f->tail_capacity < sparse_choose_tail(most, M)) {
-            f->tail_capacity = sparse_choose_tail(most, M);
-            printf("ffn: layer %d: tail grown to %d rows after the overflow of an earlier layer\n", l, f->tail_capacity);
-        } else if (f->tail_capacity > 4 * sparse_choose_tail(used[l], M)) {
-            f->tail_capacity = 2 * sparse_choose_tail(used[l], M); // far too large: give memory back next forward
-        }
-    }
-    free(used);
-    model->ffn_redone += overflow;
-    return overflow;
-}
-
-// a layer's sparse buffers: its pattern and its hot units' g, u (gpt_sparse_ensure makes them again; the
-// sizes chosen for them stay)
-template <typename T>
-static void gpt_sparse_layer_free(SparseFfnLayer<T>* f, Device device) {
-    sparse_pattern_free(&f->p, device);
-    device_free(f->hot.g, device);
-    f->hot.g = f->hot.u = NULL;
-    f->hot_capacity = 0;
-}
-
-// x [rows, D] on the device <- its rows in the order perm (on that device); tmp: as large as x
-template <typename T>
-static void device_permute_rows(T* x, T* tmp, const int* perm, int rows, int D, Device device) {
-    if (device == DEVICE_CPU) {
-        permute_rows(tmp, x, perm, rows, D);
-    } else {
-#ifdef __CUDACC__
-        permute_rows_cuda(tmp, x, perm, rows, D);
-#endif
-    }
-    device_copy(x, tmp, (size_t)rows * D * sizeof(T), device);
-}
-
-// layer l's FFN units in the order perm (perm[i] = the unit that goes to i, on
-// the model's device) in the weights: the rows of Wg, Wu and WdT, so the model
-// stays the same function; tmp: H D elements of T
-template <typename T, typename G>
-static void gpt_permute_units(GPT<T, G>* model, int l, const int* perm, T* tmp) {
-    const int H = model->config.hidden, D = model->config.channels;
-    for (int i : {P_WG, P_WU, P_WDT}) {
-        device_permute_rows(model->param[i] + (size_t)l * H * D, tmp, perm, H, D, model->device);
-    }
-}
-
-// the sparse paths' scratch shared by the layers, the hot units' and the GPU kernels' (gpt_sparse_ensure
-// makes them again at the sizes a layer asks for)
-template <typename T, typename G>
-static void gpt_sparse_scratch_free(GPT<T, G>* model) {
-    sparse_transposed_free(&model->transposed, model->device);
-    device_free(model->sparse_du, model->device);
-    device_free(model->sparse_dg, model->device);
-    device_free(model->hot_scratch, model->device);
-    model->sparse_du = model->sparse_dg = model->hot_scratch = NULL;
-    model->sparse_scratch_entries = 0;
-    model->hot_scratch_units = 0;
-#ifdef __CUDACC__
-    if (model->device == DEVICE_CUDA && model->sparse_scratch.scan_temp) { sparse_scratch_free_cuda(&model->sparse_scratch); }
-#endif
+    // the GPU's fused sparse gate keeps its words in d_qkv, which only the backward uses
+    ffn_alloc_batch(&model->ffn, (int)M, a->d_qkv, M * QKV * sizeof(T));
 }
 
 template <typename T, typename G>
@@ -420,13 +197,7 @@ void gpt_free(GPT<T, G>* model) {
     device_free(model->unit_count, model->device);
     free(model->stats);
     free(model->unit_count_host);
-    for (int l = 0; l < model->config.num_layers; l++) {
-        gpt_sparse_layer_free(&model->ffn[l], model->device);
-        device_free(model->ffn[l].dense, model->device);
-    }
-    gpt_sparse_scratch_free(model);
-    free(model->ffn);
-    device_free(model->tail_used, model->device);
+    ffn_free(&model->ffn);
     memset(model, 0, sizeof(*model));
 }
 
@@ -446,78 +217,6 @@ void gpt_stats_reset(GPT<T, G>* model) {
     device_zero(model->stats_acc, (1 + 3 * L) * sizeof(double), model->device);
     device_zero(model->fired, (size_t)L * model->config.hidden, model->device);
     device_zero(model->unit_count, (size_t)L * model->config.hidden * sizeof(uint32_t), model->device);
-}
-
-// re-chooses layer l's FFN from its measured mean activity k (FFN_AUTO), and
-// resizes its ELL width when the cold units' mean k_cold moved far from what
-// the width was chosen for (k_cold < 0: not counted, as in a validation)
-template <typename T, typename G>
-static void gpt_ffn_choose(GPT<T, G>* model, int l, double k, double k_cold = -1) {
-    SparseFfnLayer<T>* f = &model->ffn[l];
-    int H = model->config.hidden;
-    if (model->ffn_mode == FFN_AUTO) {
-        double limit = FFN_AUTO_MAX_ACTIVE * H;
-        int on = f->on ? k <= 1.25 * limit : k < limit / 1.25;
-        if (on != f->on) {
-            printf("ffn: layer %d -> %s (%.1f of %d units active per token, sparse up to %.0f)\n", l,
-                   on ? "sparse" : "dense", k, H, limit);
-        }
-        if (on && f->dense) { // its g, u, h are not needed again until it turns dense
-            device_free(f->dense, model->device);
-            f->dense = NULL;
-        }
-        if (!on && f->on) { gpt_sparse_layer_free(f, model->device); } // until it turns sparse again
-        f->on = on;
-    }
-    int W = sparse_choose_width(k_cold, H);
-    if (f->on && k_cold >= 0 && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
-}
-
-// the layers' FFN choices as ffn_state_ints(L) ints (llmc/model.h): per layer
-// sparse or dense, ELL width, tail rows (0 before the first forward) and hot
-// units, then the hot/cold costs (4 floats' bits), so that a resumed run makes
-// the same choices (the hot units themselves are the first rows of the
-// layer's weights, which the checkpoint holds in that order)
-template <typename T, typename G>
-void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
-    int L = model->config.num_layers;
-    for (int l = 0; l < L; l++) {
-        const SparseFfnLayer<T>* f = &model->ffn[l];
-        state[4 * l] = f->on;
-        state[4 * l + 1] = f->W;
-        state[4 * l + 2] = f->tail_capacity;
-        state[4 * l + 3] = f->hot.units;
-    }
-    memcpy(state + 4 * L, &model->hot_costs, sizeof(FfnCosts));
-}
-
-// before the first forward; n: the ints the checkpoint held (3 per layer from
-// before the hot/cold split: no hot units, the costs as the run asks)
-template <typename T, typename G>
-void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
-    int H = model->config.hidden, L = model->config.num_layers, per = n == 3 * L ? 3 : 4;
-    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("checkpoint: %d ints of FFN state, expected %d", n, ffn_state_ints(L)); }
-    for (int l = 0; l < L; l++) {
-        SparseFfnLayer<T>* f = &model->ffn[l];
-        const int32_t* s = state + per * l;
-        int hot = per == 4 ? s[3] : 0;
-        if (s[0] < 0 || s[0] > 1 || s[1] < 0 || s[1] > H || s[2] < 0 || hot < 0 || hot > H) {
-            fatal("checkpoint: FFN state of layer %d (%d, %d, %d, %d) is corrupt", l, s[0], s[1], s[2], hot);
-        }
-        f->on = model->ffn_mode == FFN_DENSE ? 0 : model->ffn_mode == FFN_SPARSE ? 1 : s[0];
-        f->W = s[1];
-        f->tail_capacity = s[2];
-        f->hot.units = hot;
-    }
-    if (per == 4) {
-        FfnCosts costs;
-        memcpy(&costs, state + 4 * L, sizeof(costs));
-        float v[4] = {costs.dense0, costs.dense1, costs.gate1, costs.pair1};
-        for (float x : v) {
-            if (!isfinite(x) || x < -1 || x > 1) { fatal("checkpoint: hot/cold cost %g is corrupt", x); }
-        }
-        model->hot_costs = costs;
-    }
 }
 
 // brings the sums of the forwards since gpt_stats_reset to the host (the one
@@ -541,19 +240,9 @@ void gpt_stats_read(GPT<T, G>* model, double tokens) {
         for (int n = 0; n < H; n++) { dead += !fired[(size_t)l * H + n]; }
         s->dead = (double)dead / H;
         model->l1_term += s->l1 / L;
-        // the ELL width is for the cold units: the mean count without the hot ones where counts were taken
-        double cold = 0, all = 0;
-        for (int n = 0; n < H; n++) {
-            uint32_t c = model->unit_count_host[(size_t)l * H + n];
-            all += c;
-            cold += n >= model->ffn[l].hot.units ? c : 0;
-        }
-        gpt_ffn_choose(model, l, s->l0_mean, all > 0 ? s->l0_mean * cold / all : -1.0);
     }
     free(fired);
-    int any_on = 0;
-    for (int l = 0; l < L; l++) { any_on |= model->ffn[l].on; }
-    if (!any_on) { gpt_sparse_scratch_free(model); } // all dense again: as little memory as --ffn dense
+    ffn_stats_update(&model->ffn, model->stats, model->unit_count_host);
 }
 
 // The dead-neuron re-initialisation of docs/MODEL.md, after an optimizer step and
@@ -573,106 +262,27 @@ int gpt_dead_reinit(GPT<T, G>* model, float* master, uint64_t seed) {
     return dead;
 }
 
-// the median of 5 timed runs of fn (after one untimed), in seconds
-template <typename F>
-static double gpt_time(Device device, F fn) {
-    double t[5];
-    fn();
-    for (int i = 0; i < 5; i++) {
-        device_synchronize(device);
-        double t0 = now_seconds();
-        fn();
-        device_synchronize(device);
-        t[i] = now_seconds() - t0;
-    }
-    for (int i = 1; i < 5; i++) { // insertion sort of 5
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
-    }
-    return t[2];
-}
-
-// The costs of moving units between the hot and cold parts on the running
-// device (FfnCosts), measured on sparse layer l (which has no hot units yet)
-// with the inputs and weights of the last step: the dense part alone over
-// FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate alone, the whole layer
-// cold. What it writes is scratch until the next forward (the projection and
-// gradient buffers, the weight gradients, which the next step zeroes, the
-// pattern, recomputed by the next forward).
-template <typename T, typename G>
-FfnCosts gpt_hot_costs(GPT<T, G>* model, int l, int verbose) {
-    const GPTConfig* c = &model->config;
-    int M = model->B * model->T_, D = c->channels, H = c->hidden;
-    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
-    SparseFfnLayer<T>* f = &model->ffn[l];
-    if (!f->on || f->hot.units != 0 || f->p.M == 0 || H < 2) { fatal("gpt_hot_costs: layer %d is not sparse and cold", l); }
-    if (model->params_needed) { model->params_needed(model->params_needed_ctx, l); }
-    Activations<T, G>* a = &model->acts;
-    size_t LD = (size_t)l * H * D;
-    const T *wg = model->param[P_WG] + LD, *wu = model->param[P_WU] + LD, *wdT = model->param[P_WDT] + LD;
-    G *dwg = model->grad[P_WG] + LD, *dwu = model->grad[P_WU] + LD, *dwdT = model->grad[P_WDT] + LD;
-    const T* ffn_in = a->ffn_in + (size_t)l * M * D;
-    G* row_l1 = a->row_l1 + (size_t)l * M;
-    int* row_active = a->row_active + (size_t)l * M;
-    uint8_t* fired = (uint8_t*)device_malloc(H, model->device);
-    uint32_t* count = (uint32_t*)device_malloc(H * sizeof(uint32_t), model->device);
-    device_zero(fired, H, model->device);
-    device_zero(count, H * sizeof(uint32_t), model->device);
-    // the dense part alone: `units` hot units and no cold ones
-    T* probe = (T*)device_malloc(5 * (size_t)M * large * sizeof(T), model->device);
-    auto dense = [&](int units) {
-        FfnHot<T> hot = {units, probe, probe + (size_t)M * units};
-        return gpt_time(model->device, [&] {
-            ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &hot, probe + 2 * (size_t)M * units, a->g,
-                              ffn_in, wg, wu, wdT, M, D, units, &model->sparse_scratch);
-            ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &hot, &model->transposed, model->sparse_du,
-                               model->sparse_dg, probe + 2 * (size_t)M * units, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M,
-                               D, units, &model->sparse_scratch);
-        });
-    };
-    double dense_small = dense(small), dense_large = dense(large);
-    device_free(probe, model->device);
-    FfnHot<T> none = {0, NULL, NULL};
-    double gate = gpt_time(model->device, [&] {
-        ffn_cold_gate(&f->p, row_active, fired, a->g, ffn_in, wg, D, &model->sparse_scratch);
-    });
-    double sparse = gpt_time(model->device, [&] {
-        ffn_split_forward(a->proj, row_l1, row_active, fired, &f->p, &none, (T*)NULL, a->g, ffn_in, wg, wu, wdT, M, D, H,
-                          &model->sparse_scratch);
-        ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, count, &f->p, &none, &model->transposed, model->sparse_du,
-                           model->sparse_dg, model->hot_scratch, a->d_res, ffn_in, wg, wu, wdT, 0.0f, M, D,
-                           H, &model->sparse_scratch);
-    });
-    int* active = (int*)mallocCheck(M * sizeof(int));
-    device_copy(active, row_active, M * sizeof(int), model->device);
-    double pairs = 0;
-    for (int m = 0; m < M; m++) { pairs += active[m]; }
-    free(active);
-    device_free(fired, model->device);
-    device_free(count, model->device);
-    if (verbose) {
-        printf("ffn: hot units: costs measured on layer %d: the dense part over %d / %d units %.3f / %.3f ms, the "
-               "layer all cold %.3f ms (its gate %.3f) at %.1f pairs per token\n", l, small, large, 1e3 * dense_small,
-               1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
-    }
-    return ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
-}
-
-// the hot set of sparse layer l after a training step of `tokens` tokens, from
-// its units' counts (gpt_stats_read): ffn_hot_choose with the model's costs
-template <typename T, typename G>
-int gpt_hot_choose(const GPT<T, G>* model, int l, double tokens, int* perm) {
-    int H = model->config.hidden;
-    return ffn_hot_choose(perm, model->unit_count_host + (size_t)l * H, H, model->ffn[l].hot.units, tokens,
-                          &model->hot_costs);
-}
-
 // the parameters from fp32 (a checkpoint's), rounded to the model's type on its device
 template <typename T, typename G>
 void gpt_load_params(GPT<T, G>* model, const float* params) {
-#ifdef __CUDACC__
-    if constexpr (std::is_same<T, bf16>::value) { upload_bf16(model->params, params, model->num_parameters); } else
-#endif
-    for (size_t i = 0; i < model->num_parameters; i++) { model->params[i] = (T)params[i]; }
+    device_upload_params(model->params, params, model->num_parameters, model->device);
+}
+
+// The hot sets after optimizer step `step` of `tokens` tokens (llmc/ffn/ffn.h,
+// ffn_hot_update), from the step's firing counts (gpt_stats_read); costs are
+// measured on a layer's input of the last step, with the projection and
+// gradient buffers as scratch (all rewritten before they are read again).
+template <typename T, typename G>
+void gpt_hot_update(GPT<T, G>* model, int step, double tokens, int verbose) {
+    int M = model->B * model->T_, D = model->config.channels, H = model->config.hidden;
+    Activations<T, G>* a = &model->acts;
+    auto probe = [&](int l) {
+        size_t LD = (size_t)l * H * D;
+        return FfnProbe<T, G>{a->ffn_in + (size_t)l * M * D, a->proj, a->d_tmp, a->d_res, model->grad[P_WG] + LD,
+                              model->grad[P_WU] + LD, model->grad[P_WDT] + LD, a->row_l1 + (size_t)l * M,
+                              a->row_active + (size_t)l * M};
+    };
+    ffn_hot_update(&model->ffn, step, tokens, model->unit_count_host, probe, verbose);
 }
 
 // out[M,N] = inp[M,K] W[N,K]^T: a linear layer in the PyTorch weight layout
@@ -688,19 +298,6 @@ void linear_backward(T* dinp, G* dw, const T* dout, const T* inp, const T* w, in
     gemm(dw, dout, inp, N, K, M, 1, 0, 1);
 }
 
-// layer l's FFN activations from its normed input: g = f Wg^T, u = f Wu^T,
-// h = act(g) * u, with the sparsity statistics of h
-template <typename T, typename G>
-void gpt_ffn_activations(GPT<T, G>* model, int l, T* g, T* u, T* h) {
-    const GPTConfig* c = &model->config;
-    int M = model->B * model->T_, D = c->channels, H = c->hidden;
-    const T* ffn_in = model->acts.ffn_in + (size_t)l * M * D;
-    linear_forward(g, ffn_in, model->param[P_WG] + (size_t)l * H * D, M, D, H);
-    linear_forward(u, ffn_in, model->param[P_WU] + (size_t)l * H * D, M, D, H);
-    relu_gate_forward(h, model->acts.row_l1 + (size_t)l * M, model->acts.row_active + (size_t)l * M,
-                      model->fired + (size_t)l * H, g, u, M, H, 0, c->activation);
-}
-
 // the embedding and the layers of a forward (gpt_forward)
 template <typename T, typename G>
 static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
@@ -709,7 +306,6 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
     int QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads, NKV = c->num_kv_heads;
     Activations<T, G>* a = &model->acts;
     size_t MD = (size_t)M * D;
-
     if (model->params_needed) {
         model->params_needed(model->params_needed_ctx, -1);
         model->params_needed(model->params_needed_ctx, 0);
@@ -722,7 +318,6 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
         T* qkv = a->qkv + (size_t)l * M * QKV;
         T* att = a->att + l * MD;
         T* ffn_in = a->ffn_in + l * MD;
-        const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
 
         linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
         rope_forward(qkv, B, T_, 0, NH, NKV, hd, c->rope_theta);
@@ -731,20 +326,8 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
         fused_residual_rmsnorm_forward(a->x_mid + l * MD, ffn_in, a->ffn_rstd + (size_t)l * M, a->x_res + l * MD,
                                        a->proj, model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps);
 
-        if (model->ffn[l].on) {
-            // the hot units as dense products, the cold ones by their pattern (llmc/ffn.h)
-            SparseFfnLayer<T>* f = &model->ffn[l];
-            gpt_sparse_ensure(model, l);
-            ffn_split_forward(a->proj, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M,
-                              model->fired + (size_t)l * H, &f->p, &f->hot, model->hot_scratch, a->g, ffn_in,
-                              model->param[P_WG] + (size_t)l * H * D, model->param[P_WU] + (size_t)l * H * D, wdT, M,
-                              D, H, &model->sparse_scratch);
-        } else {
-            T *g, *u, *h;
-            gpt_ffn_dense_acts(model, l, &g, &u, &h);
-            gpt_ffn_activations(model, l, g, u, h);
-            gemm(a->proj, h, wdT, M, D, H, 0, 0, 0);
-        }
+        ffn_forward(&model->ffn, l, a->proj, a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M,
+                    model->fired + (size_t)l * H, ffn_in);
         // the residual add, fused with the norm of the next layer (or the final norm)
         int last = l == L - 1;
         fused_residual_rmsnorm_forward(a->x_res + (l + 1) * MD, last ? a->final_out : a->attn_in + (l + 1) * MD,
@@ -772,25 +355,19 @@ void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B,
     // a redo after a sparse tail overflow gives the same patterns, now all held
     do {
         gpt_forward_layers(model, inputs);
-    } while (gpt_sparse_overflowed(model));
+    } while (ffn_overflowed(&model->ffn));
     linear_forward(a->logits, a->final_out, model->param[output_head(c)], M, D, c->padded_vocab_size);
     if (targets) {
         crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, a->losses, a->logits, targets, M,
                                       c->vocab_size, c->padded_vocab_size, dloss);
-        // the one call whose argument types cannot tell the backends apart
-        if (model->device == DEVICE_CPU) {
-            forward_stats_accumulate(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M);
-        } else {
-#ifdef __CUDACC__
-            forward_stats_accumulate_cuda(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M);
-#endif
-        }
+        device_stats_accumulate(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M, model->device);
     }
 }
 
 // Backward of the last forward (which must have been given dloss > 0).
-// Gradients accumulate into model->grads. l1_scale = lambda / (L * M * accum)
-// is the derivative of the L1 term with respect to each |h|.
+// Gradients accumulate into model->grads. l1_scale = lambda / (L * M * accum * P)
+// (P processes: their gradients are summed) is the derivative of the L1 term
+// with respect to each |h|.
 template <typename T, typename G>
 void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
     const GPTConfig* c = &model->config;
@@ -810,33 +387,11 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
                      model->param[P_FINAL_NORM], a->final_rstd, M, D);
 
     for (int l = L - 1; l >= 0; l--) {
-        const T* wg = model->param[P_WG] + (size_t)l * H * D;
-        const T* wu = model->param[P_WU] + (size_t)l * H * D;
-        const T* wdT = model->param[P_WDT] + (size_t)l * H * D;
-        const T* ffn_in = a->ffn_in + l * MD;
-        G *dwg = model->grad[P_WG] + (size_t)l * H * D, *dwu = model->grad[P_WU] + (size_t)l * H * D;
-        G* dwdT = model->grad[P_WDT] + (size_t)l * H * D;
-
+        size_t LHD = (size_t)l * H * D;
         // FFN: x_out = x_mid + h Wd^T; d_res is dL/dx_out and passes through to x_mid
-        uint32_t* unit_count = model->unit_count + (size_t)l * H;
-        if (model->ffn[l].on) {
-            // the cold units' six products over their pattern only, the hot units' as dense products
-            const SparseFfnLayer<T>* f = &model->ffn[l];
-            ffn_split_backward(a->d_tmp, dwg, dwu, dwdT, unit_count, &f->p, &f->hot, &model->transposed,
-                               model->sparse_du, model->sparse_dg, model->hot_scratch, d_res, ffn_in, wg, wu,
-                               wdT, l1_scale, M, D, H, &model->sparse_scratch);
-        } else {
-            T *g, *u, *h;
-            gpt_ffn_dense_acts(model, l, &g, &u, &h);
-            if (!gpt_keeps_ffn(model)) { gpt_ffn_activations(model, l, g, u, h); }
-            // (FFN_AUTO: the counts choose the hot units once the layer runs sparse)
-            if (model->ffn_mode == FFN_AUTO) { unit_count_add(unit_count, g, M, H); }
-            gemm(a->d_h, d_res, wdT, M, H, D, 0, 1, 0);
-            gemm(dwdT, h, d_res, H, D, M, 1, 0, 1);
-            relu_gate_backward(a->d_h, a->d_u, a->d_h, g, u, h, l1_scale, M, H, c->activation);
-            linear_backward(a->d_tmp, dwu, a->d_u, ffn_in, wu, M, D, H, 0);
-            linear_backward(a->d_tmp, dwg, a->d_h, ffn_in, wg, M, D, H, 1);
-        }
+        ffn_backward(&model->ffn, l, a->d_tmp, model->grad[P_WG] + LHD, model->grad[P_WU] + LHD,
+                     model->grad[P_WDT] + LHD, model->unit_count + (size_t)l * H, d_res, a->ffn_in + l * MD,
+                     a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M, model->fired + (size_t)l * H, l1_scale);
         rmsnorm_backward(d_res, model->grad[P_FFN_NORM] + (size_t)l * D, a->scratch, a->d_tmp, a->x_mid + l * MD,
                          model->param[P_FFN_NORM] + (size_t)l * D, a->ffn_rstd + (size_t)l * M, M, D);
 

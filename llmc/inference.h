@@ -1,6 +1,6 @@
 /*
- The inference engine: the forward of llmc/gpt.h over a key/value cache, for a batch of
- sequences. A prefill feeds a batch of prompts of any lengths; then each
+ The inference engine: the forward of llmc/gpt.h over a key/value cache, for
+ a batch of sequences. A prefill feeds a batch of prompts of any lengths; then each
  decode step feeds one new token of every sequence. Per layer l and row
  (sequence s, position p):
      a = RMSNorm(x);  qkv = a Wqkv^T;  RoPE(q, k at p);  cache[l, s, p] = k, v
@@ -17,19 +17,18 @@
  SMs (llmc/cuda_attention_cached.cuh), and the step is queued as one CUDA graph
  (tokens and positions live in device memory: no allocation and no wait for
  the host inside it), so its launches cost the GPU's time, not the host's.
- The FFN of a layer: gpt_ffn_cached. The parts only the GPU has are compiled
- for bf16, its type, alone.
+ The FFN of a layer is llmc/ffn/ffn.h's (ffn_forward_cached), what only the
+ GPU has is llmc/infer_device.h's: this file never asks which backend runs.
 */
 #ifndef LLMC_INFERENCE_H
 #define LLMC_INFERENCE_H
 
-#include "llmc/gpt.h"
-#ifdef __CUDACC__
-#include <type_traits>
 #include <vector>
+#include "llmc/ffn/ffn.h"
+#include "llmc/gpt.h"
+#include "llmc/infer_device.h"
+#ifdef __CUDACC__
 #include "llmc/cuda_attention_cached.cuh"
-#include "llmc/cuda_sparse_decode.cuh"
-#include "llmc/cuda_twell.cuh"
 #endif
 
 template <typename T>
@@ -45,24 +44,13 @@ struct InferState {
     T* logits;         // [max_seqs, Vp]
     int *tokens, *row_slot, *row_pos; // [rows]: each row's token, sequence (cache slot) and position
     int* last_row;     // [max_seqs] each prompt's last row
-    // the GPU's (NULL on the CPU): the prefill attention's log-sum-exp [max_rows, NH], the decode
-    // attention's splits (llmc/cuda_attention_cached.cuh)
-    float* lse;
-    float *part_o, *part_ml;
-    int* splits_done;
+    float* lse;        // [max_rows, NH] the prefill attention's log-sum-exp (the GPU's; NULL on the CPU)
     // called before layer l's FFN of a prefill of M rows (the synthetic-sparse
     // benchmark model sets its gates there, llmc/synthetic.h); NULL: nothing
     void (*before_ffn)(void* ctx, int layer, int M);
     void* before_ffn_ctx;
-#ifdef __CUDACC__
-    SparseDecode sparse_decode; // the sparse FFN of a decode step
-    ScreenedGate screen;        // its gate's int8 copy of every layer's Wg (made at the first sparse decode)
-    int screen_stale;           // 1: the weights changed since the copy was made
-    TwellPrefill twell;         // the TwELL FFN of a prefill
-    CudaGraph graph;            // the decode step, for one batch size and FFN
-    int use_graph;              // 1 (the default): a decode step is one CUDA graph
-    uint16_t* logits_pinned;    // [max_seqs, Vp] bf16 bits: the logits' way to the host
-#endif
+    FfnCache<T> ffn;   // the FFN's inference state (llmc/ffn/ffn.h)
+    InferDevice dev;   // what only the GPU has (llmc/infer_device.h)
 };
 
 // The cache and buffers of max_seqs sequences, prefills of up to max_rows
@@ -74,14 +62,8 @@ void infer_state_alloc(InferState<T>* s, const GPT<T, G>* model, int max_seqs, i
     int gpu = model->device == DEVICE_CUDA;
     if (max_seqs < 1 || max_rows < 1) { fatal("inference for %d sequences of %d rows in all", max_seqs, max_rows); }
     if (cache_len < 1 || cache_len > c->max_seq_len) { fatal("cache length %d must be 1..%d", cache_len, c->max_seq_len); }
-#ifdef __CUDACC__
-    if (gpu && (D % 8 != 0 || H % 8 != 0 || !attention_decode_supports(head_size(c)))) {
-        fatal("the GPU path needs D %zu and H %zu multiples of 8 and a head size (%d) of 16, 32, 64 or 128", D, H,
-              head_size(c));
-    }
-    if (gpu && main_stream == 0) { cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking)); }
-#endif
     memset(s, 0, sizeof(*s));
+    infer_device_init(&s->dev, c, max_seqs, cache_len, model->device);
     s->max_seqs = max_seqs;
     s->max_rows = max_rows;
     s->cache_len = cache_len;
@@ -100,32 +82,16 @@ void infer_state_alloc(InferState<T>* s, const GPT<T, G>* model, int max_seqs, i
     for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
         if (parts[i].bytes > 0) { *parts[i].ptr = device_malloc(parts[i].bytes, model->device); }
     }
-#ifdef __CUDACC__
-    if (gpu) {
-        sparse_decode_alloc(&s->sparse_decode, max_seqs, (int)H);
-        cudaCheck(cudaMallocHost(&s->logits_pinned, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
-        twell_prefill_init(&s->twell, (int)L, (int)H);
-        attention_decode_alloc(&s->part_o, &s->part_ml, &s->splits_done, max_seqs, c->num_heads, head_size(c), cache_len);
-        s->use_graph = 1;
-    }
-#endif
+    ffn_cache_init(&s->ffn, &model->ffn, max_seqs);
 }
 
 template <typename T, typename G>
 void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
     void* bufs[] = {s->k_cache, s->v_cache, s->x, s->x_mid, s->normed, s->qkv, s->att, s->proj, s->gu, s->last,
-                    s->logits, s->lse, s->tokens, s->row_slot, s->row_pos, s->last_row, s->part_o, s->part_ml,
-                    s->splits_done};
+                    s->logits, s->lse, s->tokens, s->row_slot, s->row_pos, s->last_row};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { device_free(bufs[i], model->device); }
-#ifdef __CUDACC__
-    if (model->device == DEVICE_CUDA) {
-        sparse_decode_free(&s->sparse_decode);
-        screen_gate_free(&s->screen, DEVICE_CUDA);
-        twell_prefill_free(&s->twell);
-        cuda_graph_free(&s->graph);
-        cudaCheck(cudaFreeHost(s->logits_pinned));
-    }
-#endif
+    ffn_cache_free(&s->ffn);
+    infer_device_free(&s->dev);
     memset(s, 0, sizeof(*s));
 }
 
@@ -133,51 +99,6 @@ void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
 template <typename T>
 static void linear_cached(T* y, const T* x, const T* w, int M, int K, int N, int decode) {
     if (decode) { decode_linear(y, x, w, M, N, K); } else { linear_forward(y, x, w, M, K, N); }
-}
-
-// Layer l's FFN of the cached forward, s->normed [M, D] -> s->proj: dense
-// (FFN_DENSE, and always on the CPU), or on the GPU with FFN_SPARSE the
-// active units' weight rows for a decode step (llmc/cuda_sparse_decode.cuh)
-// and TwELL for a prefill of enough rows (llmc/cuda_twell.cuh: the packing
-// gate, then the fused up + down; its status is read after every layer, and a
-// layer whose record buffer was too small is grown and run again, so the
-// output is always exact). The one place a layer's FFN is chosen.
-template <typename T, typename G>
-static void gpt_ffn_cached(GPT<T, G>* model, InferState<T>* s, int l, int M, int decode) {
-    const GPTConfig* c = &model->config;
-    int D = c->channels, H = c->hidden;
-    size_t LH = (size_t)l * H * D;
-    const T *wg = model->param[P_WG] + LH, *wu = model->param[P_WU] + LH, *wdT = model->param[P_WDT] + LH;
-    if (s->before_ffn) { s->before_ffn(s->before_ffn_ctx, l, M); }
-#ifdef __CUDACC__
-    if constexpr (std::is_same<T, bf16>::value) {
-        if (model->ffn_mode == FFN_SPARSE && decode) {
-            ScreenedGate rows = s->screen.q ? screen_gate_rows(&s->screen, l * H, H) : s->screen;
-            ffn_sparse_decode(s->proj, &s->sparse_decode, s->normed, wg, wu, wdT, M, D, H, s->screen.q ? &rows : NULL,
-                              s->gu);
-            return;
-        }
-        if (model->ffn_mode == FFN_SPARSE && twell_prefill_takes(&s->twell, M, D)) {
-            // the layer's hot units (its first ones, llmc/ffn.h) as the dense FFN over them, added to TwELL's
-            // over the cold rest; queued before the wait for TwELL's status, so the GPU runs them meanwhile
-            int hot = model->ffn[l].hot.units;
-            size_t off = (size_t)hot * D;
-            do {
-                if (hot < H) {
-                    twell_prefill_start(&s->twell, l, s->proj, s->normed, wg + off, wu + off, wdT + off, M, D, H - hot,
-                                        s->gu);
-                }
-                if (hot > 0) {
-                    ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * hot, s->normed, wg, wu, wdT, M, D, hot,
-                                      (unsigned long long*)NULL, false, hot < H);
-                }
-            } while (hot < H && !twell_prefill_done(&s->twell, l));
-            return;
-        }
-    }
-#endif
-    ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * H, s->normed, wg, wu, wdT, M, D, H,
-                      (unsigned long long*)NULL, decode, 0, c->activation);
 }
 
 // The layers over M rows whose tokens, cache slots and positions are in s;
@@ -198,7 +119,7 @@ static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const 
         T* vc = s->v_cache + l * cache_layer;
         linear_cached(s->qkv, s->normed, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV, decode);
         if (decode) {
-            attention_decode(s->att, s->part_o, s->part_ml, s->splits_done, s->qkv, kc, vc, s->row_pos, M, NH, NKV,
+            attention_decode(s->att, s->dev.part_o, s->dev.part_ml, s->dev.splits_done, s->qkv, kc, vc, s->row_pos, M, NH, NKV,
                              hd, s->cache_len, c->rope_theta);
         } else {
             attention_prefill(s->att, s->lse, s->qkv, kc, vc, s->row_slot, s->row_pos, M, seq_rows, seq_lens, nseq,
@@ -207,30 +128,13 @@ static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const 
         linear_cached(s->proj, s->att, model->param[P_WO] + (size_t)l * D * D, M, D, D, decode);
         fused_residual_rmsnorm_forward(s->x_mid, s->normed, (G*)NULL, s->x, s->proj,
                                        model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps, decode);
-        gpt_ffn_cached(model, s, l, M, decode);
+        if (s->before_ffn) { s->before_ffn(s->before_ffn_ctx, l, M); }
+        ffn_forward_cached(&s->ffn, &model->ffn, l, s->proj, s->normed, M, decode, s->gu);
         int last = l == L - 1;
         fused_residual_rmsnorm_forward(s->x, s->normed, (G*)NULL, s->x_mid, s->proj,
                                        last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,
                                        M, D, c->norm_eps, decode);
     }
-}
-
-// the first n rows of s->logits into logits (host floats [n, Vp]; NULL: none),
-// once the device's work is done
-template <typename T, typename G>
-static void gpt_logits_out(GPT<T, G>* model, InferState<T>* s, int n, float* logits) {
-    size_t count = (size_t)n * model->config.padded_vocab_size;
-#ifdef __CUDACC__
-    if constexpr (std::is_same<T, bf16>::value) {
-        if (logits) {
-            cudaCheck(cudaMemcpyAsync(s->logits_pinned, s->logits, count * sizeof(bf16), cudaMemcpyDeviceToHost,
-                                      main_stream));
-        }
-        cudaCheck(cudaStreamSynchronize(main_stream));
-        for (size_t i = 0; logits && i < count; i++) { logits[i] = float_from_bf16(s->logits_pinned[i]); }
-    } else
-#endif
-    for (size_t i = 0; logits && i < count; i++) { logits[i] = (float)s->logits[i]; }
 }
 
 // Prefill: prompt i (tokens[first_i .. first_i + lens[i]), the prompts
@@ -239,7 +143,7 @@ static void gpt_logits_out(GPT<T, G>* model, InferState<T>* s, int n, float* log
 template <typename T, typename G>
 void gpt_prefill(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* lens, int nseq, float* logits) {
     const GPTConfig* c = &model->config;
-    gpt_check_ffn_activation(model);
+    ffn_check_activation(&model->ffn);
     if (nseq < 1 || nseq > s->max_seqs) { fatal("prefill of %d prompts, the model holds 1 to %d", nseq, s->max_seqs); }
     int M = 0;
     int* seq_rows = (int*)mallocCheck(nseq * sizeof(int));
@@ -264,7 +168,7 @@ void gpt_prefill(GPT<T, G>* model, InferState<T>* s, const int* tokens, const in
     gpt_forward_cached(model, s, M, seq_rows, lens, nseq, 0);
     gather_rows(s->last, s->normed, s->last_row, nseq, c->channels);
     linear_forward(s->logits, s->last, model->param[output_head(c)], nseq, c->channels, c->padded_vocab_size);
-    gpt_logits_out(model, s, nseq, logits);
+    infer_device_logits(&s->dev, logits, s->logits, (size_t)nseq * c->padded_vocab_size);
     free(host);
     free(seq_rows);
 }
@@ -277,95 +181,64 @@ static void gpt_decode_step(GPT<T, G>* model, InferState<T>* s, int B) {
     decode_linear(s->logits, s->normed, model->param[output_head(c)], B, c->padded_vocab_size, c->channels);
 }
 
-#ifdef __CUDACC__
-// The hot units of a model's TwELL prefills (llmc/ffn.h), from one calibration
-// prefill of the given prompts with the dense FFN: before each layer's FFN its
-// gate runs once more into the scratch and counts how often each unit fires;
-// at the middle layer the costs are measured on its real input (the dense FFN
-// over FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, TwELL over all of them, the
-// gate alone). Then each layer's hot set is the number of busiest units with
-// the least modelled prefill time, and its units are reordered (the weights'
-// rows of Wg, Wu, WdT: the same function) with the hot ones first.
+// The hot units of a model's sparse prefills (llmc/ffn/hot.h), from one
+// calibration prefill of the given prompts with the dense FFN: before each
+// layer's FFN its gate runs once more and counts how often each unit fires;
+// at the middle layer the costs are measured on its real input. Then each
+// layer's hot set is the number of busiest units with the least modelled
+// prefill time, and its units are reordered (the same function) with the hot
+// ones first. Only a prefill that runs sparse (ffn_prefill_sparse) gains: for
+// any other nothing is done.
+template <typename T, typename G>
 struct HotCalibration {
-    GPT<bf16, float>* model;
-    InferState<bf16>* s;
+    GPT<T, G>* model;
+    InferState<T>* s;
     uint32_t* count; // [L, H] on the device
-    FfnCosts costs;
+    FfnHotPolicy policy;
     int verbose;
 };
 
-static void gpt_hot_calibrate_layer(void* ctx, int l, int M) {
-    HotCalibration* cal = (HotCalibration*)ctx;
-    GPT<bf16, float>* model = cal->model;
-    InferState<bf16>* s = cal->s;
-    const int D = model->config.channels, H = model->config.hidden, L = model->config.num_layers;
-    const size_t LH = (size_t)l * H * D;
-    const bf16 *wg = model->param[P_WG] + LH, *wu = model->param[P_WU] + LH, *wdT = model->param[P_WDT] + LH;
-    gemm(s->gu, s->normed, wg, M, H, D, 0, 1, 0);
-    unit_count_add(cal->count + (size_t)l * H, s->gu, M, H);
-    if (l != L / 2 || !twell_prefill_supports(D)) { return; }
-    std::vector<uint32_t> count(H);
-    device_copy(count.data(), cal->count + (size_t)l * H, H * sizeof(uint32_t), DEVICE_CUDA);
+template <typename T, typename G>
+static void infer_hot_calibrate_layer(void* ctx, int l, int M) {
+    HotCalibration<T, G>* cal = (HotCalibration<T, G>*)ctx;
+    Ffn<T>* ffn = &cal->model->ffn;
+    InferState<T>* s = cal->s;
+    const int H = ffn->H;
+    uint32_t* count = cal->count + (size_t)l * H;
+    ffn_count_firing(ffn, l, count, s->normed, M, s->gu);
+    if (l != ffn->L / 2) { return; }
+    std::vector<uint32_t> host(H);
+    device_copy(host.data(), count, H * sizeof(uint32_t), ffn->device);
     double pairs = 0;
-    for (uint32_t c : count) { pairs += c; }
-    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
-    auto dense = [&](int units) {
-        return gpt_time(DEVICE_CUDA, [&] {
-            ffn_dense_forward(s->proj, s->gu, s->gu + (size_t)M * units, s->normed, wg, wu, wdT, M, D, units,
-                              (unsigned long long*)NULL);
-        });
-    };
-    double dense_small = dense(small), dense_large = dense(large);
-    double gate = gpt_time(DEVICE_CUDA, [&] { gemm(s->gu, s->normed, wg, M, H, D, 0, 1, 0); });
-    double sparse = gpt_time(DEVICE_CUDA, [&] {
-        twell_prefill_layer(&s->twell, l, s->proj, s->normed, wg, wu, wdT, M, D, H, s->gu);
-    });
-    cal->costs = ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
-    if (cal->verbose) {
-        printf("hot units: costs measured on layer %d of a prefill of %d tokens: the dense FFN over %d / %d units "
-               "%.3f / %.3f ms, TwELL over all %.3f ms (its gate %.3f) at %.1f pairs per token\n", l, M, small,
-               large, 1e3 * dense_small, 1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
-    }
+    for (uint32_t c : host) { pairs += c; }
+    cal->policy.costs = ffn_prefill_costs(&s->ffn, ffn, l, s->proj, s->normed, M, pairs, s->gu, cal->verbose);
+    cal->policy.measured = 1;
 }
 
-static void gpt_hot_calibrate(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, const int* lens,
-                              int nseq, int verbose) {
-    const int L = model->config.num_layers, H = model->config.hidden, D = model->config.channels;
+template <typename T, typename G>
+void infer_hot_calibrate(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* lens, int nseq,
+                         int verbose) {
+    const int L = model->config.num_layers, H = model->config.hidden;
     int M = 0;
     for (int i = 0; i < nseq; i++) { M += lens[i]; }
-    HotCalibration cal = {model, s, (uint32_t*)cuda_malloc((size_t)L * H * sizeof(uint32_t)), {}, verbose};
-    cudaCheck(cudaMemset(cal.count, 0, (size_t)L * H * sizeof(uint32_t)));
-    int ffn_mode = model->ffn_mode;
-    model->ffn_mode = FFN_DENSE;
-    s->before_ffn = gpt_hot_calibrate_layer;
+    if (!ffn_prefill_sparse(&s->ffn, &model->ffn, M)) { return; }
+    HotCalibration<T, G> cal = {model, s, (uint32_t*)device_malloc((size_t)L * H * sizeof(uint32_t), model->device),
+                                ffn_hot_policy(FFN_HOT_MEASURED, 0), verbose};
+    device_zero(cal.count, (size_t)L * H * sizeof(uint32_t), model->device);
+    int ffn_mode = model->ffn.mode;
+    model->ffn.mode = FFN_DENSE;
+    s->before_ffn = infer_hot_calibrate_layer<T, G>;
     s->before_ffn_ctx = &cal;
     gpt_prefill(model, s, tokens, lens, nseq, (float*)NULL);
     s->before_ffn = NULL;
     s->before_ffn_ctx = NULL;
-    model->ffn_mode = ffn_mode;
+    model->ffn.mode = ffn_mode;
     std::vector<uint32_t> count((size_t)L * H);
-    device_copy(count.data(), cal.count, count.size() * sizeof(uint32_t), DEVICE_CUDA);
-    cuda_free(cal.count);
-    std::vector<int> perm(H);
-    int* dev_perm = (int*)cuda_malloc(H * sizeof(int));
-    bf16* tmp = (bf16*)cuda_malloc((size_t)H * D * sizeof(bf16));
-    for (int l = 0; l < L && cal.costs.dense1 > 0; l++) {
-        int units = ffn_hot_choose(perm.data(), count.data() + (size_t)l * H, H, model->ffn[l].hot.units, M, &cal.costs);
-        if (units < 0) { continue; }
-        device_copy(dev_perm, perm.data(), H * sizeof(int), DEVICE_CUDA);
-        gpt_permute_units(model, l, dev_perm, tmp);
-        if (verbose) {
-            printf("hot units: layer %d: %d hot units, %.0f%% of the firing\n", l, units,
-                   100 * ffn_hot_share(count.data() + (size_t)l * H, perm.data(), H, units));
-        }
-        model->ffn[l].hot.units = units;
-    }
-    cudaCheck(cudaStreamSynchronize(main_stream));
-    cuda_free(tmp);
-    cuda_free(dev_perm);
-    s->screen_stale = 1; // the gates' rows moved
+    device_copy(count.data(), cal.count, count.size() * sizeof(uint32_t), model->device);
+    device_free(cal.count, model->device);
+    ffn_hot_rechoose(&model->ffn, count.data(), M, &cal.policy, 0, verbose);
+    ffn_cache_stale(&s->ffn); // the gates' rows moved
 }
-#endif
 
 // Decode: sequence b (cache slot b) gets tokens[b] at position pos[b] (its
 // cache holds 0..pos[b]-1); logits (host, [B, Vp], may be NULL) gets the
@@ -380,25 +253,10 @@ void gpt_decode(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int
     }
     device_upload(s->tokens, tokens, B * sizeof(int), model->device);
     device_upload(s->row_pos, pos, B * sizeof(int), model->device);
-#ifdef __CUDACC__
-    if constexpr (std::is_same<T, bf16>::value) {
-        const GPTConfig* c = &model->config;
-        if (model->device == DEVICE_CUDA && model->ffn_mode == FFN_SPARSE && B <= SCREEN_MAX_ROWS &&
-            screened_gate_fits(B, c->channels) && (s->screen.q == NULL || s->screen_stale)) {
-            // the int8 copy of the gates, outside any graph (a graph keeps its pointers, not its contents)
-            if (s->screen.q == NULL) { s->screen = screen_gate_create(c->num_layers * c->hidden, c->channels, DEVICE_CUDA); }
-            screen_quantize(&s->screen, model->param[P_WG]);
-            s->screen_stale = 0;
-        }
-    }
-    if (model->device == DEVICE_CUDA && s->use_graph) { // captured again when the batch or the FFN changes
-        cuda_graph_launch(&s->graph, 4LL * B + model->ffn_mode, [&] { gpt_decode_step(model, s, B); });
-        gpt_logits_out(model, s, B, logits);
-        return;
-    }
-#endif
-    gpt_decode_step(model, s, B);
-    gpt_logits_out(model, s, B, logits);
+    ffn_decode_prepare(&s->ffn, &model->ffn, B);
+    // one graph per batch size and FFN mode (captured again when either changes)
+    infer_device_step(&s->dev, 4LL * B + model->ffn.mode, [&] { gpt_decode_step(model, s, B); });
+    infer_device_logits(&s->dev, logits, s->logits, (size_t)B * model->config.padded_vocab_size);
 }
 
 #endif // LLMC_INFERENCE_H

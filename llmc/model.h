@@ -66,7 +66,7 @@ static inline int qkv_dim(const GPTConfig* c) { return c->channels + 2 * kv_dim(
 
 static inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-// the FFN state a checkpoint keeps (llmc/gpt.h, gpt_ffn_state_get): 4 ints per layer and the hot/cold costs
+// the FFN state a checkpoint keeps (llmc/ffn/ffn.h, ffn_state_get): 4 ints per layer and the hot-unit policy
 static inline int ffn_state_ints(int num_layers) { return 4 * num_layers + 4; }
 
 static inline void param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {

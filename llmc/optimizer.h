@@ -37,7 +37,66 @@ typedef struct {
     float* norm_sq;     // GPU: the squared gradient norm of the last step, on the device
     float* scratch;     // GPU: the norm's partial sums
     double grad_norm;   // the last step's gradient norm (read with the step's statistics)
+    // what the FFN's hot-set hooks need (optimizer_units_permuted): the flat offsets of Wg, Wu, WdT, the
+    // FFN's shape, and the model's full gradient buffer (GPU), scratch between steps
+    size_t ffn_at[3];
+    int hidden, channels;
+    float* full;
 } Optimizer;
+
+// The FFN's hot-set hooks (llmc/ffn/hot.h), ctx = the optimizer: the layer's
+// weights wait for data parallelism's all-gather before they move; a layer
+// whose units were reordered (perm on the device) has every fp32 state of its
+// Wg, Wu and WdT rows (master weights, moments) reordered the same way, so
+// the optimizer goes on as before (with several processes each holds a share:
+// the layer is gathered whole into the gradient buffer, which is scratch
+// between steps, permuted, and each takes its share back); the costs one
+// process measured become the mean over all, so every process makes the same
+// choices.
+static void optimizer_weights_needed(void* ctx, int layer) {
+#ifdef __CUDACC__
+    Optimizer* opt = (Optimizer*)ctx;
+    if (opt->zero) { zero_params_needed(opt->zero, layer); }
+#endif
+}
+
+static void optimizer_units_permuted(void* ctx, int l, const int* perm) {
+    Optimizer* opt = (Optimizer*)ctx;
+    const int H = opt->hidden, D = opt->channels;
+    const size_t HD = (size_t)H * D;
+    float* tmp = (float*)device_malloc(HD * sizeof(float), opt->device);
+    float* states[3] = {opt->master, opt->m, opt->v};
+    for (float* state : states) {
+        if (state == NULL) { continue; } // (the CPU path's master weights are the model's parameters)
+        float* rows = state;              // one process: the packed order is the flat order
+#ifdef __CUDACC__
+        if (opt->zero) {
+            rows = opt->full;
+            zero_join(opt->zero);
+            zero_all_gather_layer(opt->zero, rows, state, l, main_stream);
+        }
+#endif
+        for (size_t at : opt->ffn_at) { device_permute_rows(rows + at + l * HD, tmp, perm, H, D, opt->device); }
+#ifdef __CUDACC__
+        if (opt->zero) { zero_take_layer(opt->zero, state, rows, l); } // (rows holds layer l only)
+#endif
+    }
+    device_free(tmp, opt->device);
+}
+
+static void optimizer_costs_measured(void* ctx, FfnCosts* costs) {
+#ifdef __CUDACC__
+    Optimizer* opt = (Optimizer*)ctx;
+    if (opt->zero == NULL) { return; }
+    float* sum = (float*)device_malloc(sizeof(FfnCosts), opt->device);
+    device_copy(sum, costs, sizeof(FfnCosts), opt->device);
+    zero_all_reduce_sum(opt->zero, sum, 4);
+    device_copy(costs, sum, sizeof(FfnCosts), opt->device);
+    device_free(sum, opt->device);
+    float* v[4] = {&costs->dense0, &costs->dense1, &costs->gate1, &costs->pair1};
+    for (float* x : v) { *x /= opt->zero->proc.size; }
+#endif
+}
 
 // zero: the data-parallel group on the GPU, NULL for one process
 template <typename T, typename G>
@@ -74,6 +133,12 @@ void optimizer_init(Optimizer* opt, GPT<T, G>* model, Zero* zero) {
     opt->v = (float*)device_malloc(opt->owned * sizeof(float), opt->device);
     device_zero(opt->m, opt->owned * sizeof(float), opt->device);
     device_zero(opt->v, opt->owned * sizeof(float), opt->device);
+    const int ffn_tensors[3] = {P_WG, P_WU, P_WDT};
+    for (int i = 0; i < 3; i++) { opt->ffn_at[i] = (size_t)(model->param[ffn_tensors[i]] - model->params); }
+    opt->hidden = model->config.hidden;
+    opt->channels = model->config.channels;
+    opt->full = (float*)model->grads;
+    model->ffn.hooks = (FfnHotHooks){optimizer_weights_needed, optimizer_units_permuted, optimizer_costs_measured, opt};
 }
 
 static inline void optimizer_free(Optimizer* opt) {
@@ -169,97 +234,6 @@ static inline void optimizer_step(Optimizer* opt, GPT<bf16, float>* model, const
     if (opt->zero) { zero_all_gather_params(opt->zero, model->params, (const bf16*)opt->params); }
 }
 #endif
-
-// Layer l's FFN units in a new order, perm[i] = the unit that goes to i (host):
-// the rows of Wg, Wu and WdT in the weights and in every fp32 state of them
-// (master weights, moments), so that the model stays the same function and the
-// optimizer goes on as before. Called between steps (the gradients are zeroed
-// before the next one). With several processes each holds a share of the
-// state: the layer is gathered whole, permuted and each takes its share back.
-template <typename T, typename G>
-void optimizer_permute_units(Optimizer* opt, GPT<T, G>* model, int l, const int* perm) {
-    const int H = model->config.hidden, D = model->config.channels, ffn[3] = {P_WG, P_WU, P_WDT};
-    const size_t HD = (size_t)H * D;
-    if (model->params_needed) { model->params_needed(model->params_needed_ctx, l); }
-    int* dev_perm = (int*)device_malloc(H * sizeof(int), model->device);
-    device_copy(dev_perm, perm, H * sizeof(int), model->device);
-    T* tmp = (T*)device_malloc(HD * sizeof(float), model->device);
-    gpt_permute_units(model, l, dev_perm, tmp);
-    float* states[3] = {opt->master, opt->m, opt->v};
-    for (float* state : states) {
-        if (state == NULL) { continue; } // (the CPU path's master weights are the model's parameters)
-        if (opt->zero == NULL) { // one process: the packed order is the flat order
-            for (int i : ffn) {
-                size_t at = (size_t)(model->param[i] - model->params) + l * HD;
-                device_permute_rows(state + at, (float*)tmp, dev_perm, H, D, model->device);
-            }
-            continue;
-        }
-#ifdef __CUDACC__
-        float* full = model->grads;
-        zero_join(opt->zero);
-        zero_all_gather_layer(opt->zero, full, state, l, main_stream);
-        for (int i : ffn) {
-            size_t at = (size_t)(model->param[i] - model->params) + l * HD;
-            device_permute_rows(full + at, (float*)tmp, dev_perm, H, D, model->device);
-        }
-        zero_take_layer(opt->zero, state, full, l); // (full holds layer l only)
-#endif
-    }
-    device_free(tmp, model->device);
-    device_free(dev_perm, model->device);
-}
-
-// The hot/cold split after optimizer step `step` of `tokens` tokens (llmc/ffn.h):
-// the costs are measured once where the run asks for them (dense1 < 0), then
-// every FFN_HOT_EVERY steps every sparse layer's hot set is re-chosen from the
-// step's counts (gpt_hot_choose); a layer whose set changes gets its units
-// permuted (the choice depends on the step's number, not on when a run
-// started, so a resumed run makes the same ones). Every
-// process makes the same choices (the counts are summed over them, the costs
-// are their mean). Logs the costs and each change when verbose.
-template <typename T, typename G>
-void optimizer_hot_update(Optimizer* opt, GPT<T, G>* model, int step, double tokens, int verbose) {
-    const int L = model->config.num_layers, H = model->config.hidden;
-    FfnCosts* costs = &model->hot_costs;
-    if (costs->dense1 < 0) {
-        int probe = -1;
-        for (int l = 0; l < L && probe < 0; l++) {
-            if (model->ffn[l].on && model->ffn[l].hot.units == 0 && model->ffn[l].p.M > 0) { probe = l; }
-        }
-        if (probe < 0) { return; } // measured once a layer has run sparse
-        *costs = gpt_hot_costs(model, probe, verbose);
-        if (opt->zero) {
-#ifdef __CUDACC__
-            float* sum = (float*)device_malloc(sizeof(FfnCosts), model->device);
-            device_copy(sum, costs, sizeof(FfnCosts), model->device);
-            zero_all_reduce_sum(opt->zero, sum, 4);
-            device_copy(costs, sum, sizeof(FfnCosts), model->device);
-            device_free(sum, model->device);
-            float* v[4] = {&costs->dense0, &costs->dense1, &costs->gate1, &costs->pair1};
-            for (float* x : v) { *x /= opt->zero->proc.size; }
-#endif
-        }
-    }
-    if ((costs->dense1 <= 0 && costs->dense0 <= 0) || step % FFN_HOT_EVERY != 0) { return; } // (none: all zero)
-    int* perm = (int*)mallocCheck(H * sizeof(int));
-    for (int l = 0; l < L; l++) {
-        SparseFfnLayer<T>* f = &model->ffn[l];
-        if (!f->on) { continue; }
-        int units = gpt_hot_choose(model, l, tokens, perm);
-        if (units < 0) { continue; }
-        optimizer_permute_units(opt, model, l, perm);
-        if (verbose) {
-            int joined = 0;
-            for (int n = 0; n < units; n++) { joined += perm[n] >= f->hot.units; }
-            printf("ffn: layer %d: %d -> %d hot units (%d joined, %d left), %.0f%% of the firing\n", l, f->hot.units,
-                   units, joined, f->hot.units - (units - joined),
-                   100 * ffn_hot_share(model->unit_count_host + (size_t)l * H, perm, H, units));
-        }
-        f->hot.units = units;
-    }
-    free(perm);
-}
 
 // the last step's gradient norm, on the host (on the GPU this waits for the step)
 static inline double optimizer_grad_norm(Optimizer* opt) {

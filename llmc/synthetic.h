@@ -157,7 +157,7 @@ __global__ void gate_offset_kernel(bf16* wg, const float* rho, int H, int D, con
     if (lane == 0) { wg[(size_t)n * D + D - 1] = __float2bfloat16_rn(-t[n] * *rho * sqrtf(sq / (D - 1))); }
 }
 
-// the calibration prefill's state (gpt_ffn_cached calls calibrate_layer before each layer's FFN)
+// the calibration prefill's state (the cached forward calls calibrate_layer before each layer's FFN)
 struct Calibration {
     GPT<bf16, float>* model;
     InferState<bf16>* s;
@@ -235,15 +235,15 @@ static inline void synthetic_calibrate(GPT<bf16, float>* model, InferState<bf16>
     cudaCheck(cudaMemcpy(cal.t, t, (size_t)L * H * sizeof(float), cudaMemcpyHostToDevice));
     free(t);
     free(p);
-    int ffn_mode = model->ffn_mode;
-    model->ffn_mode = FFN_DENSE;
+    int ffn_mode = model->ffn.mode;
+    model->ffn.mode = FFN_DENSE;
     s->before_ffn = synthetic_detail::calibrate_layer;
     s->before_ffn_ctx = &cal;
     gpt_prefill(model, s, tokens, lens, nseq, (float*)NULL);
     s->before_ffn = NULL;
     s->before_ffn_ctx = NULL;
-    model->ffn_mode = ffn_mode;
-    s->screen_stale = 1; // the gates changed
+    model->ffn.mode = ffn_mode;
+    ffn_cache_stale(&s->ffn); // the gates changed
     cuda_free(cal.rho);
     cuda_free(cal.t);
 }

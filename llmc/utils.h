@@ -200,4 +200,24 @@ static inline double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+// ----------------------------------------------------------------------------
+// bf16 on the CPU: round to nearest even (NaN stays NaN), and the exact way back
+
+static inline uint16_t bf16_from_float(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) { return (uint16_t)((bits >> 16) | 0x40); } // quiet NaN
+    bits += 0x7fffu + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float float_from_bf16(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+static inline float round_bf16(float x) { return float_from_bf16(bf16_from_float(x)); }
+
 #endif // LLMC_UTILS_H

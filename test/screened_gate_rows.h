@@ -7,8 +7,8 @@
 
 #include <math.h>
 #include "llmc/rng.h"
-#include "llmc/screened_gate.h"
-#include "llmc/twell.h"
+#include "llmc/ffn/screened_gate.h"
+#include "llmc/ffn/twell.h"
 
 enum RowKind { ROW_GAUSS, ROW_ONE_HUGE, ROW_TWO_HUGE, ROW_EQUAL, ROW_HALF_STEPS, ROW_SUBNORMAL, ROW_ZERO, ROW_ZERO_GROUP,
                ROW_LARGEST, ROW_NONFINITE, ROW_GRID, ROW_KINDS };

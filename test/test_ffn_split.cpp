@@ -1,6 +1,6 @@
 /*
- Checks of the hot/cold split of a sparse FFN layer (llmc/ffn.h, the choice in
- llmc/gpt.h, the permutation in llmc/optimizer.h) on the CPU reference, in
+ Checks of the hot/cold split of a sparse FFN layer (llmc/ffn/split.h, the choice and
+ permutation in llmc/ffn/hot.h, the optimizer's hook) on the CPU reference, in
  double (so to ~1e-12) where the math is exact:
  - forward y, l1, row counts, fired marks; backward df, the three weight
    gradients and the units' firing counts, against the dense FFN, at every
@@ -8,7 +8,7 @@
  - a permutation of the units leaves the FFN the same function;
  - the hot set: who joins and who leaves with the hysteresis, the rounding to
    FFN_HOT_ALIGN, the order (hot by decreasing count, cold as before), no
-   change when nothing crosses a threshold;
+   change when nothing crosses a threshold; the policy as a checkpoint keeps it;
  - the model: a layer's units permuted in the weights and in the optimizer
    state (rows of Wg, Wu, WdT and their moments) give the same loss; a short
    training with the hot set re-chosen every step stays within float noise of
@@ -137,43 +137,51 @@ static void test_permutation(void) {
 
 // the hot set from counts: H 256 over 1000 tokens; a hot unit costs 0.1 a token, a cold pair 1 (so a unit
 // pays its way hot above a rate of 0.1), in blocks of FFN_HOT_ALIGN
+static FfnHotPolicy measured(FfnCosts costs) {
+    FfnHotPolicy p = ffn_hot_policy(FFN_HOT_MEASURED, 0);
+    p.measured = 1, p.costs = costs;
+    return p;
+}
+
 static void test_choose(void) {
-    GPTConfig c = {37, 128, 1, 16, 2, 1, 256, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
-    GPT<float, float> model;
-    gpt_build(&model, &c, DEVICE_CPU);
-    model.hot_costs = (FfnCosts){0.0f, 0.1f, 0.0f, 1.0f};
-    std::vector<int> perm(256);
-    uint32_t* count = model.unit_count_host;
-    for (int n = 0; n < 256; n++) { count[n] = n % 7; } // all cold
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "no unit above the rate: no hot units");
+    const int H = 256;
+    FfnHotPolicy rate = ffn_hot_policy(FFN_HOT_RATE, 0.1f);
+    std::vector<int> perm(H);
+    std::vector<uint32_t> counts(H);
+    uint32_t* count = counts.data();
+    int hot = 0;
+    auto choose = [&](const FfnHotPolicy* p) { return ffn_hot_choose(perm.data(), count, H, hot, 1000, p); };
+    for (int n = 0; n < H; n++) { count[n] = n % 7; } // all cold
+    CHECK(choose(&rate) == -1, "no unit above the rate: no hot units");
     count[200] = 300, count[10] = 126;
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "two busy units do not pay for a block of 64");
+    CHECK(choose(&rate) == -1, "two busy units do not pay for a block of 64");
     for (int n = 100; n < 164; n++) { count[n] = 300 + n; }
-    int units = gpt_hot_choose(&model, 0, 1000, perm.data());
+    int units = choose(&rate);
     CHECK(units == FFN_HOT_ALIGN, "64 busy units: one block (%d)", units);
     CHECK(perm[0] == 163 && perm[63] == 100, "the busiest first, by count (%d .. %d)", perm[0], perm[63]);
-    std::vector<int> seen(256, 0);
+    std::vector<int> seen(H, 0);
     int ordered = 1;
-    for (int n = 0; n < 256; n++) { seen[perm[n]]++; }
-    for (int n = units + 1; n < 256; n++) { ordered &= perm[n] > perm[n - 1]; }
-    CHECK(std::count(seen.begin(), seen.end(), 1) == 256 && ordered, "a permutation; the cold units in order");
+    for (int n = 0; n < H; n++) { seen[perm[n]]++; }
+    for (int n = units + 1; n < H; n++) { ordered &= perm[n] > perm[n - 1]; }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == H && ordered, "a permutation; the cold units in order");
 
     // as if applied: units [0, 64) hot
-    model.ffn[0].hot.units = 64;
-    for (int n = 0; n < 256; n++) { count[n] = n < 64 ? 99 : n % 7; }
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "hysteresis: a hot set just below the rate stays");
+    hot = 64;
+    for (int n = 0; n < H; n++) { count[n] = n < 64 ? 99 : n % 7; }
+    CHECK(choose(&rate) == -1, "hysteresis: a hot set just below the rate stays");
     for (int n = 0; n < 64; n++) { count[n] = 97; }
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 0, "once it costs more than the margin: none hot");
-    for (int n = 0; n < 256; n++) { count[n] = 500; }
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 256, "every unit busy: all hot");
+    CHECK(choose(&rate) == 0, "once it costs more than the margin: none hot");
+    for (int n = 0; n < H; n++) { count[n] = 500; }
+    CHECK(choose(&rate) == H, "every unit busy: all hot");
     // a fixed cost of the dense part: worth it for enough units only
-    model.ffn[0].hot.units = 0;
-    for (int n = 0; n < 256; n++) { count[n] = n < 64 ? 300 : n % 7; }
-    model.hot_costs.dense0 = 5;
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == 64, "64 units pay for a fixed cost of 5");
-    model.hot_costs.dense0 = 20;
-    CHECK(gpt_hot_choose(&model, 0, 1000, perm.data()) == -1, "not for one of 20");
-    gpt_free(&model);
+    hot = 0;
+    for (int n = 0; n < H; n++) { count[n] = n < 64 ? 300 : n % 7; }
+    FfnHotPolicy fixed5 = measured({5.0f, 0.1f, 0.0f, 1.0f}), fixed20 = measured({20.0f, 0.1f, 0.0f, 1.0f});
+    CHECK(choose(&fixed5) == 64, "64 units pay for a fixed cost of 5");
+    CHECK(choose(&fixed20) == -1, "not for one of 20");
+    FfnHotPolicy off = ffn_hot_policy(FFN_HOT_OFF, 0), later = ffn_hot_policy(FFN_HOT_MEASURED, 0);
+    CHECK(!ffn_hot_active(&off) && !ffn_hot_active(&later) && ffn_hot_active(&rate) && ffn_hot_active(&fixed5),
+          "hot sets are chosen under a rate or measured costs only");
 }
 
 // the model: permuting a layer's units in the weights and the optimizer state keeps the loss, the
@@ -185,7 +193,7 @@ static void test_model(void) {
     for (int i = 0; i < M; i++) { inputs[i] = (int)rng_below(&rng, 37); targets[i] = (int)rng_below(&rng, 37); }
     GPT<float, float> model;
     gpt_build(&model, &c, DEVICE_CPU);
-    model.ffn_mode = FFN_SPARSE;
+    model.ffn.mode = FFN_SPARSE;
     std::vector<float> w(model.num_parameters);
     init_params_random(w.data(), &c, 5);
     memcpy(model.params, w.data(), w.size() * sizeof(float));
@@ -196,7 +204,8 @@ static void test_model(void) {
     std::vector<float> loss0(model.acts.losses, model.acts.losses + M);
     std::vector<int> perm(H);
     for (int n = 0; n < H; n++) { perm[n] = (n * 37 + 5) % H; }
-    optimizer_permute_units(&opt, &model, 1, perm.data());
+    const FfnLayer<float>* layer = &model.ffn.layer[1];
+    ffn_hot_permute(layer->wg, layer->wu, layer->wdT, 1, perm.data(), H, D, &model.ffn.hooks, DEVICE_CPU);
     gpt_forward(&model, inputs.data(), targets.data(), B, T, 0.0f);
     CHECK(rel_err(model.acts.losses, loss0.data(), M) < 1e-5, "permuted layer: the same losses (%g)",
           rel_err(model.acts.losses, loss0.data(), M));
@@ -213,8 +222,8 @@ static void test_model(void) {
     for (int mode = 0; mode < 2; mode++) {
         GPT<float, float> m;
         gpt_build(&m, &c, DEVICE_CPU);
-        m.ffn_mode = mode ? FFN_SPARSE : FFN_DENSE;
-        m.hot_costs = (FfnCosts){0.0f, mode ? 0.3f : 0.0f, 0.0f, 1.0f};
+        m.ffn.mode = mode ? FFN_SPARSE : FFN_DENSE;
+        m.ffn.hot = ffn_hot_policy(mode ? FFN_HOT_RATE : FFN_HOT_OFF, 0.3f);
         memcpy(m.params, w.data(), w.size() * sizeof(float));
         Optimizer o;
         optimizer_init(&o, &m, NULL);
@@ -226,9 +235,9 @@ static void test_model(void) {
             gpt_backward(&m, inputs.data(), 1e-3f / (c.num_layers * M));
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
-            int before = m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
-            optimizer_hot_update(&o, &m, step, M, 0);
-            changes += mode && before != m.ffn[0].hot.units + 1000 * m.ffn[1].hot.units;
+            int before = m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
+            gpt_hot_update(&m, step, M, 0);
+            changes += mode && before != m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
             loss[mode][step] = m.ce;
         }
         optimizer_free(&o);
@@ -247,21 +256,31 @@ static void test_state(void) {
     GPT<float, float> a, b;
     gpt_build(&a, &c, DEVICE_CPU);
     gpt_build(&b, &c, DEVICE_CPU);
-    a.ffn_mode = b.ffn_mode = FFN_AUTO;
-    a.ffn[0] = {NULL, 1, {}, 32, 100, {64, NULL, NULL}, 0};
-    a.ffn[1] = {NULL, 0, {}, 16, 50, {0, NULL, NULL}, 0};
-    a.hot_costs = (FfnCosts){1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f};
+    a.ffn.mode = b.ffn.mode = FFN_AUTO;
+    FfnLayer<float>* l0 = &a.ffn.layer[0];
+    FfnLayer<float>* l1 = &a.ffn.layer[1];
+    l0->on = 1, l0->W = 32, l0->tail_capacity = 100, l0->hot.units = 64;
+    l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot.units = 0;
     std::vector<int32_t> state(ffn_state_ints(2));
-    gpt_ffn_state_get(&a, state.data());
-    gpt_ffn_state_set(&b, state.data(), (int)state.size());
-    CHECK(b.ffn[0].on == 1 && b.ffn[0].W == 32 && b.ffn[0].tail_capacity == 100 && b.ffn[0].hot.units == 64 &&
-          b.ffn[1].on == 0 && b.ffn[1].hot.units == 0 && memcmp(&b.hot_costs, &a.hot_costs, sizeof(FfnCosts)) == 0,
-          "FFN state round trip");
+    const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
+                                     ffn_hot_policy(FFN_HOT_MEASURED, 0), ffn_hot_policy(FFN_HOT_OFF, 0)};
+    for (const FfnHotPolicy& p : policies) {
+        a.ffn.hot = p;
+        ffn_state_get(&a.ffn, state.data());
+        ffn_state_set(&b.ffn, state.data(), (int)state.size());
+        const FfnHotPolicy* q = &b.ffn.hot;
+        CHECK(b.ffn.layer[0].on == 1 && b.ffn.layer[0].W == 32 && b.ffn.layer[0].tail_capacity == 100 &&
+              b.ffn.layer[0].hot.units == 64 && b.ffn.layer[1].on == 0 && b.ffn.layer[1].hot.units == 0 &&
+              q->mode == p.mode && q->measured == p.measured && q->rate == p.rate &&
+              (!p.measured || memcmp(&q->costs, &p.costs, sizeof(FfnCosts)) == 0),
+              "FFN state round trip (hot policy %d, measured %d)", p.mode, p.measured);
+    }
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
-    b.hot_costs = (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f};
-    gpt_ffn_state_set(&b, old, 6);
-    CHECK(b.ffn[0].W == 48 && b.ffn[1].tail_capacity == 10 && b.ffn[0].hot.units == 0 && b.ffn[1].hot.units == 0 &&
-          b.hot_costs.dense1 == -1, "an FFN state from before the hot/cold split");
+    b.ffn.hot = ffn_hot_policy(FFN_HOT_MEASURED, 0);
+    ffn_state_set(&b.ffn, old, 6);
+    CHECK(b.ffn.layer[0].W == 48 && b.ffn.layer[1].tail_capacity == 10 && b.ffn.layer[0].hot.units == 0 &&
+          b.ffn.layer[1].hot.units == 0 && b.ffn.hot.mode == FFN_HOT_MEASURED && !b.ffn.hot.measured,
+          "an FFN state from before the hot/cold split");
     gpt_free(&a);
     gpt_free(&b);
 }

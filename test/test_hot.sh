@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end runs of the FFN hot/cold split on the CPU path (llmc/ffn.h): with a
+# End-to-end runs of the FFN hot/cold split on the CPU path (llmc/ffn/split.h): with a
 # fixed hot rate (--hot-rate) the sparse layers' hot sets change during training and
 # are logged, the loss stays within float noise of --ffn dense, and a run
 # resumed from a checkpoint taken after the hot sets changed repeats the

@@ -168,7 +168,7 @@ static void test_recompute(void) {
     GPT<double, double> kept, recomputed;
     gpt_build(&kept, &c, DEVICE_CPU);
     gpt_build(&recomputed, &c, DEVICE_CPU);
-    recomputed.recompute = 1;
+    recomputed.ffn.recompute = 1;
     init_for_check(&kept, 42);
     memcpy(recomputed.params, kept.params, kept.num_parameters * sizeof(double));
     int B = 2, T = 5, M = B * T;

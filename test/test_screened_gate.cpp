@@ -1,5 +1,5 @@
 /*
- Checks of the screened gate's CPU reference (llmc/screened_gate.h):
+ Checks of the screened gate's CPU reference (llmc/ffn/screened_gate.h):
  - the int8 copy, group by group, on adversarial rows (Gaussian, one weight
    1000x the rest, two such in different groups, all equal, weights on the
    half steps, bf16 subnormals, zero rows and groups, the largest bf16,
@@ -25,10 +25,10 @@
 */
 #include <vector>
 #include "llmc/rng.h"
-#include "llmc/screened_gate.h"
-#include "llmc/sparse_ffn.h"
+#include "llmc/ffn/screened_gate.h"
+#include "llmc/ffn/ell.h"
 #include "llmc/synthetic.h"
-#include "llmc/twell.h"
+#include "llmc/ffn/twell.h"
 #include "test/screened_gate_rows.h"
 #include "test/test.h"
 

@@ -1,5 +1,5 @@
 /*
- Checks of the sparse FFN CPU reference (llmc/sparse_ffn.h) against the dense
+ Checks of the sparse FFN CPU reference (llmc/ffn/ell.h) against the dense
  CPU FFN of llmc/cpu_ops.h, in double (so to ~1e-12):
  - the pattern: true counts, entries in increasing unit order with g, rows
    past W in the tail in row order, ELL rows in place;
@@ -21,7 +21,7 @@
 #include "llmc/cpu_ops.h"
 #include "llmc/gpt.h"
 #include "llmc/rng.h"
-#include "llmc/sparse_ffn.h"
+#include "llmc/ffn/ell.h"
 #include "test/test.h"
 
 typedef double real;
@@ -194,13 +194,13 @@ static void test_model(void) {
     GPT<real, real> dense, sparse;
     gpt_build(&dense, &c, DEVICE_CPU);
     gpt_build(&sparse, &c, DEVICE_CPU);
-    sparse.ffn_mode = FFN_SPARSE;
+    sparse.ffn.mode = FFN_SPARSE;
     std::vector<real> w = normal(dense.num_parameters, 0.3);
     memcpy(dense.params, w.data(), w.size() * sizeof(real));
     memcpy(sparse.params, w.data(), w.size() * sizeof(real));
     // a narrow ELL part and a tail of 2 rows: about half of the 64 units fire, so most rows overflow it
     gpt_alloc_activations(&sparse, B, T);
-    for (int l = 0; l < c.num_layers; l++) { sparse.ffn[l].W = 8, sparse.ffn[l].tail_capacity = 2; }
+    for (int l = 0; l < c.num_layers; l++) { sparse.ffn.layer[l].W = 8, sparse.ffn.layer[l].tail_capacity = 2; }
     GPT<real, real>* models[2] = {&dense, &sparse};
     for (GPT<real, real>* m : models) {
         gpt_zero_grad(m);
@@ -209,7 +209,7 @@ static void test_model(void) {
         gpt_backward(m, inputs.data(), 0.01f);
         gpt_stats_read(m, M);
     }
-    CHECK(sparse.ffn_redone == 1, "the forward was redone once after the tail overflow (%d)", sparse.ffn_redone);
+    CHECK(sparse.ffn.redone == 1, "the forward was redone once after the tail overflow (%d)", sparse.ffn.redone);
     CHECK(fabs(sparse.ce - dense.ce) < 1e-12 && fabs(sparse.l1_term - dense.l1_term) < 1e-12, "ce %.15g vs %.15g",
           sparse.ce, dense.ce);
     int stats_same = 1;
@@ -229,16 +229,16 @@ static void test_model(void) {
     // sparse once the measured activity is low
     GPT<real, real> autom;
     gpt_build(&autom, &c, DEVICE_CPU);
-    autom.ffn_mode = FFN_AUTO;
+    autom.ffn.mode = FFN_AUTO;
     memcpy(autom.params, w.data(), w.size() * sizeof(real));
     gpt_stats_reset(&autom);
     gpt_forward(&autom, inputs.data(), targets.data(), B, T, 0.0f);
-    CHECK(!autom.ffn[0].on, "auto starts dense");
+    CHECK(!autom.ffn.layer[0].on, "auto starts dense");
     gpt_stats_read(&autom, M);
-    CHECK(!autom.ffn[0].on, "auto keeps a busy layer dense");
-    CHECK(autom.acts.g == autom.acts.d_h, "auto: the sparse gate's scratch is the dense backward's d_h");
-    gpt_ffn_choose(&autom, 0, 0.004 * c.hidden);
-    CHECK(autom.ffn[0].on, "auto turns a quiet layer sparse");
+    CHECK(!autom.ffn.layer[0].on, "auto keeps a busy layer dense");
+    CHECK(autom.ffn.g == autom.ffn.d_h, "auto: the sparse gate's scratch is the dense backward's d_h");
+    ffn_choose(&autom.ffn, 0, 0.004 * c.hidden);
+    CHECK(autom.ffn.layer[0].on, "auto turns a quiet layer sparse");
     // layer 0 sparse, the others dense (the one's gate scratch is the others' d_h): the dense model's numbers
     gpt_zero_grad(&autom);
     gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
@@ -246,17 +246,17 @@ static void test_model(void) {
     double worst = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { worst = fmax(worst, rel_err(autom.grad[i], dense.grad[i], sizes[i])); }
     CHECK(worst < 1e-10, "auto, one layer sparse: the dense gradients (rel err %g)", worst);
-    CHECK(autom.ffn[0].p.M > 0 && autom.sparse_scratch_entries > 0, "a sparse layer holds its pattern and the scratch");
-    gpt_ffn_choose(&autom, 0, 0.011 * c.hidden);
-    CHECK(autom.ffn[0].on, "hysteresis");
-    gpt_ffn_choose(&autom, 0, 0.5 * c.hidden);
-    CHECK(!autom.ffn[0].on, "auto turns a busy layer dense again");
-    CHECK(autom.ffn[0].p.M == 0 && autom.ffn[0].p.g == NULL && autom.ffn[0].hot.g == NULL,
+    CHECK(autom.ffn.layer[0].p.M > 0 && autom.ffn.sparse_scratch_entries > 0, "a sparse layer holds its pattern and the scratch");
+    ffn_choose(&autom.ffn, 0, 0.011 * c.hidden);
+    CHECK(autom.ffn.layer[0].on, "hysteresis");
+    ffn_choose(&autom.ffn, 0, 0.5 * c.hidden);
+    CHECK(!autom.ffn.layer[0].on, "auto turns a busy layer dense again");
+    CHECK(autom.ffn.layer[0].p.M == 0 && autom.ffn.layer[0].p.g == NULL && autom.ffn.layer[0].hot.g == NULL,
           "a layer turned dense gives its pattern back");
     gpt_stats_reset(&autom);
     gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
     gpt_stats_read(&autom, M);
-    CHECK(autom.sparse_scratch_entries == 0 && autom.transposed.token == NULL && autom.sparse_du == NULL,
+    CHECK(autom.ffn.sparse_scratch_entries == 0 && autom.ffn.transposed.token == NULL && autom.ffn.sparse_du == NULL,
           "every layer dense: the shared sparse scratch is given back");
     gpt_free(&autom);
     gpt_free(&dense);

@@ -1,5 +1,5 @@
 /*
- Checks of the TwELL CPU reference (llmc/twell.h):
+ Checks of the TwELL CPU reference (llmc/ffn/twell.h):
  - bf16 rounding: nearest even, NaN kept, the way back exact;
  - pack then unpack gives relu(bf16(g)) back for every density from empty
    tiles to full ones, with a ragged last tile; slots are in increasing column
@@ -14,7 +14,7 @@
 #include <vector>
 #include "llmc/rng.h"
 #include "llmc/synthetic.h"
-#include "llmc/twell.h"
+#include "llmc/ffn/twell.h"
 #include "test/test.h"
 
 static uint64_t rng = 42;

@@ -1,5 +1,5 @@
 /*
- The hot/cold split of a sparse FFN layer on the GPU (llmc/ffn.h), on fresh
+ The hot/cold split of a sparse FFN layer on the GPU (llmc/ffn/split.h), on fresh
  synthetic-sparse inputs (uniform k = 30 and the skewed realistic pattern,
  whose busiest units are put first as training would):
  - y, l1, df and the three weight gradients of the split equal the dense GPU
@@ -239,7 +239,7 @@ static void test_model(void) {
     init_params_synthetic_sparse(w.data(), &c, 24, 3);
     GPT<bf16, float> model;
     gpt_build(&model, &c, DEVICE_CUDA);
-    model.ffn_mode = FFN_SPARSE;
+    model.ffn.mode = FFN_SPARSE;
     Optimizer opt;
     optimizer_init(&opt, &model, NULL);
     set_params_from_fp32(&model, &opt, w.data());
@@ -247,7 +247,9 @@ static void test_model(void) {
     std::vector<float> loss0 = download(model.acts.losses, M);
     std::vector<int> perm(c.hidden);
     for (int n = 0; n < c.hidden; n++) { perm[n] = (n * 101 + 7) % c.hidden; }
-    optimizer_permute_units(&opt, &model, 1, perm.data());
+    const FfnLayer<bf16>* layer = &model.ffn.layer[1];
+    ffn_hot_permute(layer->wg, layer->wu, layer->wdT, 1, perm.data(), c.hidden, c.channels, &model.ffn.hooks,
+                    DEVICE_CUDA);
     gpt_forward(&model, batch.inputs, batch.targets, B, T, 0.0f);
     double e = norm_rel_err(download(model.acts.losses, M), loss0);
     CHECK(e < 1e-2, "a permuted layer keeps the losses (rel %.2g)", e);
@@ -262,9 +264,8 @@ static void test_model(void) {
     for (int mode = 0; mode < 3; mode++) {
         GPT<bf16, float> m;
         gpt_build(&m, &c, DEVICE_CUDA);
-        m.ffn_mode = mode ? FFN_SPARSE : FFN_DENSE;
-        m.hot_costs = mode == 1 ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f} // measured
-                      : (FfnCosts){0.0f, mode == 2 ? 0.02f : 0.0f, 0.0f, 1.0f};
+        m.ffn.mode = mode ? FFN_SPARSE : FFN_DENSE;
+        m.ffn.hot = ffn_hot_policy(mode == 0 ? FFN_HOT_OFF : mode == 1 ? FFN_HOT_MEASURED : FFN_HOT_RATE, 0.02f);
         Optimizer o;
         optimizer_init(&o, &m, NULL);
         set_params_from_fp32(&m, &o, w.data());
@@ -276,14 +277,14 @@ static void test_model(void) {
             gpt_backward(&m, batch.inputs, 1e-4f / (c.num_layers * M));
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
-            int before = m.ffn[0].hot.units + 10000 * m.ffn[1].hot.units;
-            optimizer_hot_update(&o, &m, step, M, 0);
-            changed += mode == 2 && before != m.ffn[0].hot.units + 10000 * m.ffn[1].hot.units;
+            int before = m.ffn.layer[0].hot.units + 10000 * m.ffn.layer[1].hot.units;
+            gpt_hot_update(&m, step, M, 0);
+            changed += mode == 2 && before != m.ffn.layer[0].hot.units + 10000 * m.ffn.layer[1].hot.units;
             loss[mode][step] = m.ce;
         }
         if (mode == 1) {
-            const FfnCosts* hc = &m.hot_costs;
-            CHECK(hc->dense0 >= 0 && hc->dense1 > 0 && hc->gate1 > 0 && hc->pair1 > 0 && hc->dense1 < 1e-3,
+            const FfnCosts* hc = &m.ffn.hot.costs;
+            CHECK(m.ffn.hot.measured && hc->dense0 >= 0 && hc->dense1 > 0 && hc->gate1 > 0 && hc->pair1 > 0 && hc->dense1 < 1e-3,
                   "measured costs per token: dense %g + %g per unit, gate %g per unit, %g per pair", hc->dense0,
                   hc->dense1, hc->gate1, hc->pair1);
         }

@@ -357,7 +357,7 @@ static void test_model(const char* name, bool synthetic) {
     InferState<bf16> m;
     gpt_build(&model, &c, DEVICE_CUDA);
     infer_state_alloc(&m, &model, 4, 64, c.max_seq_len);
-    m.twell.min_rows = 0; // TwELL prefills of any size (the default runs a few rows dense)
+    m.ffn.twell.min_rows = 0; // TwELL prefills of any size (the default runs a few rows dense)
     std::vector<float> params(num_parameters(&c));
     if (synthetic) { // the GPU's synthetic-sparse init, calibrated by one prefill, then read back
         init_params_synthetic_gpu(&model, 7, 8.0);
@@ -373,66 +373,66 @@ static void test_model(const char* name, bool synthetic) {
     Script s = cpu_script(&c, params, steps, &rng);
     std::vector<std::vector<float>> dense, sparse, direct;
 
-    model.ffn_mode = FFN_DENSE;
+    model.ffn.mode = FFN_DENSE;
     double e = gpu_script(&model, &m, s, &dense);
     CHECK(e < 3e-2, "%s: dense GPU logits vs CPU rel err %g", name, e);
     printf("  %s, dense:  prefill + %d decode steps, logits rel err %.2e\n", name, steps, e);
 
-    model.ffn_mode = FFN_SPARSE;
-    m.twell.choice = TWELL_FORCE_SPARSE;
+    model.ffn.mode = FFN_SPARSE;
+    m.ffn.twell.choice = TWELL_FORCE_SPARSE;
     e = gpu_script(&model, &m, s, &sparse);
     CHECK(e < 3e-2, "%s: TwELL GPU logits vs CPU rel err %g", name, e);
-    CHECK(m.twell.ffn.path == TWELL_SPARSE, "%s: the TwELL prefill took the dense path", name);
+    CHECK(m.ffn.twell.ffn.path == TWELL_SPARSE, "%s: the TwELL prefill took the dense path", name);
     double active = 0;
-    for (int l = 0; l < c.num_layers; l++) { active += m.twell.layer_active[l] / c.num_layers; }
+    for (int l = 0; l < c.num_layers; l++) { active += m.ffn.twell.layer_active[l] / c.num_layers; }
     printf("  %s, TwELL:  prefill + %d decode steps, logits rel err %.2e (%.1f of %d units active per row)\n", name,
            steps, e, active, c.hidden);
     // the calibration aims at the mean ratio of a layer's rows; spread over rows raises the activity (dev/NOTES.md)
     if (synthetic) { CHECK(active > 2 && active < 0.1 * c.hidden, "%s: %.1f active units per row, aimed at 8", name, active); }
     else { CHECK(active > 128, "%s: %.1f active units per row: the tiles were meant to overflow", name, active); }
 
-    m.use_graph = 0; // the same steps launched directly: the same bits
+    m.dev.use_graph = 0; // the same steps launched directly: the same bits
     gpu_script(&model, &m, s, &direct);
     CHECK(direct == sparse, "%s: decode as a graph and launched directly differ", name);
-    m.use_graph = 1;
+    m.dev.use_graph = 1;
 
     // blocks of one slot and one record: nearly every block overflows, the status grows the
     // record buffer, the layers rerun, the logits are exact
-    twell_ffn_free(&m.twell.ffn);
-    m.twell.ffn = twell_ffn_create(m.twell.rows, c.channels, c.hidden, 1, 1);
-    m.twell.ffn.choice = TWELL_FORCE_SPARSE;
-    long long before = m.twell.regrows;
+    twell_ffn_free(&m.ffn.twell.ffn);
+    m.ffn.twell.ffn = twell_ffn_create(m.ffn.twell.rows, c.channels, c.hidden, 1, 1);
+    m.ffn.twell.ffn.choice = TWELL_FORCE_SPARSE;
+    long long before = m.ffn.twell.regrows;
     e = gpu_script(&model, &m, s, &direct);
-    CHECK(m.twell.regrows > before && e < 3e-2, "%s: TwELL from tiny buffers: %lld growths, rel err %g", name,
-          m.twell.regrows - before, e);
-    printf("  %s, TwELL from 1 slot and 1 record: %lld growths, rel err %.2e\n", name, m.twell.regrows - before, e);
+    CHECK(m.ffn.twell.regrows > before && e < 3e-2, "%s: TwELL from tiny buffers: %lld growths, rel err %g", name,
+          m.ffn.twell.regrows - before, e);
+    printf("  %s, TwELL from 1 slot and 1 record: %lld growths, rel err %.2e\n", name, m.ffn.twell.regrows - before, e);
 
-    m.twell.ffn.choice = TWELL_AUTO; // auto: either path, the same logits within tolerance
+    m.ffn.twell.ffn.choice = TWELL_AUTO; // auto: either path, the same logits within tolerance
     for (int i = 0; i < 2; i++) { e = gpu_script(&model, &m, s, &direct); }
-    CHECK(e < 3e-2, "%s: TwELL auto (%s path) rel err %g", name, m.twell.ffn.path == TWELL_DENSE ? "dense" : "sparse", e);
+    CHECK(e < 3e-2, "%s: TwELL auto (%s path) rel err %g", name, m.ffn.twell.ffn.path == TWELL_DENSE ? "dense" : "sparse", e);
 
-    // hot units (llmc/ffn.h): the first 64 units of every layer dense, TwELL over the rest (any units may be
+    // hot units (llmc/ffn/split.h): the first 64 units of every layer dense, TwELL over the rest (any units may be
     // hot: the split is exact whichever they are), then the hot sets a calibration prefill chooses (which
     // reorders the units: the same function)
-    m.twell.ffn.choice = TWELL_FORCE_SPARSE;
-    for (int l = 0; l < c.num_layers; l++) { model.ffn[l].hot.units = 64; }
+    m.ffn.twell.ffn.choice = TWELL_FORCE_SPARSE;
+    for (int l = 0; l < c.num_layers; l++) { model.ffn.layer[l].hot.units = 64; }
     e = gpu_script(&model, &m, s, &direct);
     CHECK(e < 3e-2, "%s: TwELL with 64 hot units a layer: rel err %g", name, e);
     // and from tiny buffers: a layer rerun after its hot units were queued (before its status was read)
-    twell_ffn_free(&m.twell.ffn);
-    m.twell.ffn = twell_ffn_create(m.twell.rows, c.channels, c.hidden, 1, 1);
-    m.twell.ffn.choice = TWELL_FORCE_SPARSE;
-    before = m.twell.regrows;
+    twell_ffn_free(&m.ffn.twell.ffn);
+    m.ffn.twell.ffn = twell_ffn_create(m.ffn.twell.rows, c.channels, c.hidden, 1, 1);
+    m.ffn.twell.ffn.choice = TWELL_FORCE_SPARSE;
+    before = m.ffn.twell.regrows;
     e = gpu_script(&model, &m, s, &direct);
-    CHECK(m.twell.regrows > before && e < 3e-2, "%s: TwELL with 64 hot units from tiny buffers: %lld growths, rel err %g",
-          name, m.twell.regrows - before, e);
-    for (int l = 0; l < c.num_layers; l++) { model.ffn[l].hot.units = 0; }
+    CHECK(m.ffn.twell.regrows > before && e < 3e-2, "%s: TwELL with 64 hot units from tiny buffers: %lld growths, rel err %g",
+          name, m.ffn.twell.regrows - before, e);
+    for (int l = 0; l < c.num_layers; l++) { model.ffn.layer[l].hot.units = 0; }
     std::vector<int> tokens(48), lens = {48};
     for (int& t : tokens) { t = (int)rng_below(&rng, c.vocab_size); }
-    gpt_hot_calibrate(&model, &m, tokens.data(), lens.data(), 1, 0);
+    infer_hot_calibrate(&model, &m, tokens.data(), lens.data(), 1, 0);
     e = gpu_script(&model, &m, s, &direct);
     int hot = 0;
-    for (int l = 0; l < c.num_layers; l++) { hot += model.ffn[l].hot.units; }
+    for (int l = 0; l < c.num_layers; l++) { hot += model.ffn.layer[l].hot.units; }
     CHECK(e < 3e-2, "%s: TwELL after the hot-unit calibration (%d hot units in all): rel err %g", name, hot, e);
     printf("  %s, TwELL with hot units: 64 a layer and as calibrated (%d in all), rel err %.2e\n", name, hot, e);
     infer_state_free(&m, &model);
@@ -453,11 +453,11 @@ static void test_model_silu(void) {
     gpt_load_params(&model, params.data());
     Script s = cpu_script(&c, params, 4, &rng);
     std::vector<std::vector<float>> out, direct;
-    model.ffn_mode = FFN_DENSE;
+    model.ffn.mode = FFN_DENSE;
     double e = gpu_script(&model, &m, s, &out);
     CHECK(e < 3e-2, "SiLU, untied head: dense GPU logits vs CPU rel err %g", e);
     printf("  SiLU, untied head, dense: prefill + 4 decode steps, logits rel err %.2e\n", e);
-    m.use_graph = 0;
+    m.dev.use_graph = 0;
     gpu_script(&model, &m, s, &direct);
     CHECK(direct == out, "SiLU, untied head: decode as a graph and launched directly differ");
     infer_state_free(&m, &model);

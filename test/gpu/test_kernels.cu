@@ -35,7 +35,7 @@
 #include "llmc/cuda_adamw.cuh"
 #include "llmc/cuda_classifier.cuh"
 #include "llmc/cuda_encoder.cuh"
-#include "llmc/cuda_gate.cuh"
+#include "llmc/ffn/cuda_dense.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/cuda_rmsnorm.cuh"
 #include "llmc/cuda_rope.cuh"

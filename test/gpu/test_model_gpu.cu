@@ -82,8 +82,8 @@ static void gpu_step(GPT<bf16, float>* model, const int* d_in, const int* d_tg, 
     gpt_stats_reset(model);
     if (model->acts_memory) { cudaCheck(cudaMemset(model->acts_memory, 0xFF, model->acts_bytes)); }
     for (int l = 0; l < model->config.num_layers; l++) { // the layers' own g, u, h
-        if (model->ffn[l].dense) {
-            cudaCheck(cudaMemset(model->ffn[l].dense, 0xFF, 3 * (size_t)B * T * model->config.hidden * sizeof(bf16)));
+        if (model->ffn.layer[l].dense) {
+            cudaCheck(cudaMemset(model->ffn.layer[l].dense, 0xFF, 3 * (size_t)B * T * model->config.hidden * sizeof(bf16)));
         }
     }
     gpt_forward(model, d_in, d_tg, B, T, dloss);
@@ -159,7 +159,7 @@ static void test_model(int NKV, float lambda, int activation = ACT_RELU, int unt
         {"d_res", gpu.acts.d_res, cpu.acts.d_res, (size_t)M * c.channels},
     };
     for (int l = 0; l < c.num_layers; l++) { // each layer's g, u, h, kept in the layer's own buffer
-        double err = act_err(gpu.ffn[l].dense, cpu.ffn[l].dense, 3 * MH / c.num_layers);
+        double err = act_err(gpu.ffn.layer[l].dense, cpu.ffn.layer[l].dense, 3 * MH / c.num_layers);
         printf("  act  g,u,h of %d max rel err %.2e\n", l, err);
         CHECK(err < 2e-2, "NKV %d: layer %d's g, u, h rel err %g", NKV, l, err);
     }

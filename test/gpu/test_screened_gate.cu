@@ -1,7 +1,7 @@
 /*
- The screened decode gate (llmc/cuda_screened_gate.cuh) against the decode
+ The screened decode gate (llmc/ffn/cuda_screened_gate.cuh) against the decode
  GEMV's gate (gemv of llmc/cuda_matmul.cuh) and the CPU reference
- (llmc/screened_gate.h), on fresh random inputs:
+ (llmc/ffn/screened_gate.h), on fresh random inputs:
  - the int8 copy of Wg: q, scale words and outliers equal to the CPU's, bit
    for bit, on the adversarial rows of the CPU test (test/screened_gate_rows.h)
    at D 16, 336, 2048 and 4096; outputs poisoned (0xFF) first;
@@ -22,8 +22,8 @@
  fails the bit comparison, and so does a NaN where the GEMV has none.
 */
 #include <vector>
-#include "llmc/cuda_screened_gate.cuh"
-#include "llmc/cuda_sparse_decode.cuh"
+#include "llmc/ffn/cuda_screened_gate.cuh"
+#include "llmc/ffn/cuda_decode.cuh"
 #include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/screened_gate_rows.h"

@@ -1,5 +1,5 @@
 /*
- The sparse FFN of training on the GPU (llmc/cuda_sparse_ffn.cuh), on fresh
+ The sparse FFN of training on the GPU (llmc/ffn/cuda_ell.cuh), on fresh
  synthetic-sparse inputs (docs/SPARSE.md) at k = 8, 30, 100, 300 uniform and k = 30
  realistic, with ELL width 64 (so the k = 100 and 300 rows and the realistic
  hot rows overflow into the tail), realistic units of thousands of entries
@@ -7,9 +7,9 @@
  that down and df split over streams of threads), odd shapes and M = 70000
  (token indices past 16 bits):
  - the pattern (counts, tail slots, units, g) and the transposed pattern equal
-   the CPU reference's (llmc/sparse_ffn.h) on the same g, bit for bit;
+   the CPU reference's (llmc/ffn/ell.h) on the same g, bit for bit;
  - y, l1, df and the three weight gradients equal the dense GPU path's
-   (cuBLASLt + llmc/cuda_gate.cuh) on the same weights and batch within bf16
+   (cuBLASLt + llmc/ffn/cuda_dense.cuh) on the same weights and batch within bf16
    tolerance; outputs are poisoned (NaN) before each run, NaN fails;
  - forced overflow: a tail smaller than needed counts every row that asked,
    exactly the rows past it come out NaN, and after growing the tail to the
@@ -17,20 +17,20 @@
  - two runs give the same bits;
  - down and df against the CPU reference on the GPU's own pattern, row by row,
    with and without lost rows (every column of a lost row NaN);
- - dh and the weight gradients (unit-major, llmc/cuda_sparse_ffn.cuh) against
+ - dh and the weight gradients (unit-major, llmc/ffn/cuda_ell.cuh) against
    the CPU reference on the GPU's own pattern, with and without lost rows:
    du, dg at every entry and each unit's gradient rows, outputs poisoned;
  - on Hopper, the fused wgmma gate + pack against cuBLAS g + pack (check_fused_gate),
    with overflow records in a scratch buffer (H % 256 != 0) and in g's buffer;
- - dead-neuron re-initialisation (llmc/cuda_gate.cuh): only the master rows of
+ - dead-neuron re-initialisation (llmc/ffn/cuda_dense.cuh): only the master rows of
    units that did not fire move, by 0.9 W + 0.1 N(0, 0.02^2), and the bf16
    weights follow them (the noise is Philox here, so it is checked by its mean
    and sd, not against the CPU's bits).
 */
 #include <vector>
-#include "llmc/cuda_gate.cuh"
+#include "llmc/ffn/cuda_dense.cuh"
 #include "llmc/cuda_matmul.cuh"
-#include "llmc/cuda_sparse_ffn.cuh"
+#include "llmc/ffn/cuda_ell.cuh"
 #include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/test.h"

@@ -1,6 +1,6 @@
 /*
- The TwELL sparse FFN on the GPU (llmc/cuda_twell.cuh) against the CPU
- reference (llmc/twell.h) and the dense cuBLAS FFN, on fresh random inputs with
+ The TwELL sparse FFN on the GPU (llmc/ffn/cuda_twell.cuh) against the CPU
+ reference (llmc/ffn/twell.h) and the dense cuBLAS FFN, on fresh random inputs with
  docs/SPARSE.md's synthetic sparsity: f rows N(0, 1) with the last feature a carrier
  (1.0; 0.5 on the first 1% of rows in the "realistic" pattern), Wg rows
  N(0, 1/(D-1)) with last column -t_n, t_n = Phi^-1(1 - p_n), so unit n fires
@@ -40,7 +40,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <vector>
-#include "llmc/cuda_twell.cuh"
+#include "llmc/ffn/cuda_twell.cuh"
 #include "llmc/rng.h"
 #include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"

@@ -1,6 +1,6 @@
 /*
  The TwELL sparse FFN forward on the GPU, for many token rows at once (prefill).
- The format and the CPU reference are in llmc/twell.h. Math, for M rows f_m:
+ The format and the CPU reference are in llmc/ffn/twell.h. Math, for M rows f_m:
      g = f Wg^T                 the one dense product (it decides which units fire),
                                 packed to TwELL with relu applied (TW = 256)
      for each row m and each unit n with g_mn > 0:
@@ -30,10 +30,10 @@
  0.5 M pairs): each pair needs a D-long dot product (up) and a D-long axpy
  (down) with a weight row that random rows rarely share (a unit fires in ~87
  of 16384 rows), so every useful multiply-add reads one gathered bf16 weight:
- 2 P D 2 bytes = 4.1 GB, from L2 (both matrices, 46 MB, mostly stay there).
- At ~8 TB/s that is ~0.5 ms. A work list that tiled rows x units to gather
- from shared memory instead (0.12 ms of shared-memory bandwidth on paper)
- measured slower at every k: latency-bound (dev/NOTES.md has the figures).
+ 2 P D 2 bytes = 4.1 GB, from L2 (both matrices, 46 MB, mostly stay there),
+ whose bandwidth is the floor. A work list that tiled rows x units to gather
+ from shared memory instead measured slower at every k: latency-bound
+ (dev/NOTES.md has the figures).
 
  Exactness: a block with more positives than slots is packed as an overflow
  record (the tile's relu(g) row) and the up + down kernel lists its positives,
@@ -46,18 +46,18 @@
  Requirements of the GPU path: TW = 256, H % 8 == 0, D % 64 == 0, 16-byte
  aligned pointers. No launch function synchronises with the host.
 */
-#ifndef LLMC_CUDA_TWELL_CUH
-#define LLMC_CUDA_TWELL_CUH
+#ifndef LLMC_FFN_CUDA_TWELL_CUH
+#define LLMC_FFN_CUDA_TWELL_CUH
 
 #include <limits.h>
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
-#include "llmc/cuda_gate.cuh"
+#include "llmc/ffn/cuda_dense.cuh"
 #include "llmc/cuda_hopper.cuh"
 #include "llmc/cuda_matmul.cuh"
-#include "llmc/twell.h"
+#include "llmc/ffn/policy.h"
+#include "llmc/ffn/twell.h"
 
-constexpr int TWELL_TILE = 256;        // TW of every GPU packer: the GEMMs' output tile width
 constexpr int TWELL_D_MULTIPLE = 64;   // D of the GPU path: the wgmma gate's k-block
 
 // counters in device memory, written by the launches, read by twell_ffn_status
@@ -103,7 +103,7 @@ pack_kernel(uint32_t* words, uint16_t* records, unsigned long long* counters, co
         int slot = inclusive - count;
         #pragma unroll
         for (int e = 0; e < 8; e++) {
-            if ((mask >> e) & 1) { block[1 + slot++] = (uint32_t)(lane * 8 + e) | bf16_bits(v[e]) << 16; }
+            if ((mask >> e) & 1) { block[1 + slot++] = twell_entry_word(lane * 8 + e, bf16_bits(v[e])); }
         }
         return;
     }
@@ -179,8 +179,8 @@ __device__ __forceinline__ void store_row(uint32_t* block, uint16_t* record, con
             int slot = run + (i > 0 ? c0 : 0) + (i > 1 ? c1 : 0) + (i > 2 ? c2 : 0);
             uint32_t bitpair = (uint32_t)(mine >> (2 * j)) & 3;
             int col = 8 * j + 2 * i;
-            if (bitpair & 1) { block[1 + slot] = (uint32_t)col | bf16_bits(acc[j][2 * h]) << 16; }
-            if (bitpair & 2) { block[1 + slot + (bitpair & 1)] = (uint32_t)(col + 1) | bf16_bits(acc[j][2 * h + 1]) << 16; }
+            if (bitpair & 1) { block[1 + slot] = twell_entry_word(col, bf16_bits(acc[j][2 * h])); }
+            if (bitpair & 2) { block[1 + slot + (bitpair & 1)] = twell_entry_word(col + 1, bf16_bits(acc[j][2 * h + 1])); }
             run += c0 + c1 + c2 + c3;
         }
     } else if (record != NULL) {
@@ -343,7 +343,7 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
             int t = t0 + lane, listed = 0;
             if (t < T) {
                 uint32_t c = s_words[t * block_words];
-                listed = c <= (uint32_t)S || s_words[t * block_words + 1] != TWELL_RECORD_LOST ? (int)c : 1;
+                listed = twell_block_listed(c, s_words[t * block_words + 1], S);
                 active += c;
             }
             int inclusive = warp_inclusive_sum(listed);
@@ -367,13 +367,14 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
             if (end <= 0 || start >= count) { continue; }
             const uint32_t* block = s_words + t * block_words;
             uint32_t c = block[0];
-            if (c <= (uint32_t)S) {
+            TwellBlockKind kind = twell_block_kind(c, block[1], S);
+            if (kind == TWELL_BLOCK_ENTRIES) {
                 if (lane < (int)c && start + lane >= 0 && start + lane < count) {
                     uint32_t w = block[1 + lane];
-                    s_unit[start + lane] = t * TWELL_TILE + (int)(w & 0xffff);
-                    s_value[start + lane] = bf16_bits_to_float(w >> 16);
+                    s_unit[start + lane] = t * TWELL_TILE + twell_entry_col(w);
+                    s_value[start + lane] = bf16_bits_to_float(twell_entry_bits(w));
                 }
-            } else if (block[1] == TWELL_RECORD_LOST) {
+            } else if (kind == TWELL_BLOCK_LOST) {
                 if (lane == 0 && start >= 0) {
                     s_unit[start] = t * TWELL_TILE;
                     s_value[start] = NAN;
@@ -455,11 +456,6 @@ up_down_rows_kernel(bf16* y, unsigned long long* counters, const uint32_t* words
 typedef enum { TWELL_SPARSE, TWELL_DENSE } TwellPath;
 typedef enum { TWELL_AUTO, TWELL_FORCE_SPARSE, TWELL_FORCE_DENSE } TwellChoice;
 
-// The dense FFN is three GEMMs of the gate's size and an elementwise step, a
-// little under three times the gate (dev/NOTES.md has the figures). Until a
-// dense run was timed, its time is taken as this multiple of the measured gate.
-constexpr float TWELL_DENSE_PER_GATE = 2.75f;
-
 typedef struct {
     Twell tw;                      // M rows, H columns, TW 256, S slots, record capacity
     int D;
@@ -473,7 +469,7 @@ typedef struct {
     TwellChoice choice;            // TWELL_AUTO unless the caller forces a path
     TwellPath path;                // of the last run
     double active_per_row;         // measured by the last twell_ffn_status (-1: not yet)
-    double dense_above;            // until measured: H / 44 (see dev/NOTES.md)
+    double dense_above;            // until measured: llmc/ffn/policy.h's
     float ms_gate, ms_dense, ms_per_active; // fastest packing gate, fastest dense, last sparse up + down per unit (0: none yet)
     cudaEvent_t events[3];         // a forward's start, end of its packing gate (start again when dense), end
     int timed;                     // the events hold a forward twell_ffn_status has not read yet
@@ -505,7 +501,7 @@ static inline TwellFFN twell_ffn_create(int M, int D, int H, int slots, int reco
     ffn.choice = TWELL_AUTO;
     ffn.path = TWELL_SPARSE;
     ffn.active_per_row = -1.0;
-    ffn.dense_above = H / 44.0;
+    ffn.dense_above = ffn_policy_twell_dense_above(H);
     for (int e = 0; e < 3; e++) { cudaCheck(cudaEventCreate(&ffn.events[e])); }
     cudaCheck(cudaEventCreateWithFlags(&ffn.counted, cudaEventDisableTiming));
     return ffn;
@@ -694,12 +690,6 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
 // the caller queues between twell_prefill_start and twell_prefill_done (the
 // layer's hot units) keeps the GPU busy during that wait.
 
-// A prefill of fewer rows than this runs the dense FFN in TwELL mode too: there
-// every weight row is read anyway (the units a few hundred tokens fire cover
-// most of H), and TwELL's one status read per layer (exactness) costs more
-// than the gate saves (dev/NOTES.md has the measurements).
-constexpr int TWELL_PREFILL_MIN_ROWS = 4096;
-
 typedef struct {
     TwellFFN ffn;
     int rows;              // M of ffn (0: none yet)
@@ -731,11 +721,11 @@ static inline bool twell_prefill_supports(int D) { return D % TWELL_D_MULTIPLE =
 
 // whether a prefill of M rows runs TwELL
 static inline bool twell_prefill_takes(const TwellPrefill* tp, int M, int D) {
-    return twell_prefill_supports(D) && M >= tp->min_rows;
+    return twell_prefill_supports(D) && ffn_policy_prefill_sparse(M, tp->min_rows);
 }
 
 // queues the FFN of layer l for M rows, y [M, D] from f, by TwELL over H units
-// (the layer's cold ones where it has hot units: llmc/ffn.h), and the copy of
+// (the layer's cold ones where it has hot units: llmc/ffn/split.h), and the copy of
 // its status; scratch: 2 M H. y is exact once twell_prefill_done says so.
 static inline void twell_prefill_start(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
                                        const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
@@ -743,7 +733,7 @@ static inline void twell_prefill_start(TwellPrefill* tp, int l, bf16* y, const b
     if (tp->rows != M) {
         if (tp->rows) { twell_ffn_free(&tp->ffn); }
         // first sizes for a trained model's activity; the status grows them when a layer needs more
-        tp->ffn = twell_ffn_create(M, D, tp->cols, TWELL_TILE / 8 - 1, M > 1024 ? M : 1024);
+        tp->ffn = twell_ffn_create(M, D, tp->cols, TWELL_SLOTS, M > 1024 ? M : 1024);
         tp->ffn.choice = tp->choice;
         tp->rows = M;
         tp->dense_timed = 0;
@@ -783,4 +773,4 @@ static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const b
     do { twell_prefill_start(tp, l, y, f, wg, wu, wdT, M, D, H, scratch); } while (!twell_prefill_done(tp, l));
 }
 
-#endif // LLMC_CUDA_TWELL_CUH
+#endif // LLMC_FFN_CUDA_TWELL_CUH

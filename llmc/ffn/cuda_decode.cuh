@@ -9,16 +9,17 @@
  list holds all H units, so it never overflows. The CPU reference of the FFN
  is the dense one (llmc/cpu_ops.h): on the units that do not fire both add 0.
  For one or two sequences the gate reads an int8 copy of Wg and the bf16 rows
- of the few units it cannot rule out (llmc/cuda_screened_gate.cuh: the same
+ of the few units it cannot rule out (llmc/ffn/cuda_screened_gate.cuh: the same
  fired set and values to the bit); with more, the screen's per-row conversion
  of f costs more than the bytes it saves (dev/NOTES.md).
 */
-#ifndef LLMC_CUDA_SPARSE_DECODE_CUH
-#define LLMC_CUDA_SPARSE_DECODE_CUH
+#ifndef LLMC_FFN_CUDA_DECODE_CUH
+#define LLMC_FFN_CUDA_DECODE_CUH
 
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_matmul.cuh"
-#include "llmc/cuda_screened_gate.cuh"
+#include "llmc/ffn/cuda_screened_gate.cuh"
+#include "llmc/ffn/policy.h"
 
 namespace sparse_decode_detail {
 
@@ -257,10 +258,6 @@ static inline void sparse_decode_free(SparseDecode* s) {
     memset(s, 0, sizeof(*s));
 }
 
-// the most sequences for which the screened gate is faster than the GEMV's (H100: 1.22x at 1, 1.08x at 2,
-// 0.90x at 4; dev/RESULTS.md)
-constexpr int SCREEN_MAX_ROWS = 2;
-
 // y [B, D] = the FFN of f [B, D] over each row's active units (see the top of the
 // file); screen: the int8 copy of this layer's Wg (or NULL); g_scratch: [B, H]
 // for the path above 8 sequences (cuBLASLt's gate)
@@ -269,7 +266,7 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
                                      bf16* g_scratch) {
     using namespace sparse_decode_detail;
     dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
-    if (screen && B <= SCREEN_MAX_ROWS && screened_gate_fits(B, D)) {
+    if (screen && ffn_policy_decode_screened(B) && screened_gate_fits(B, D)) {
         screened_gate(GateUpRow{s->a, wu, D, H}, *screen, wg, f, B, (int*)NULL);
         launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
@@ -288,4 +285,4 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
     cudaCheck(cudaGetLastError());
 }
 
-#endif // LLMC_CUDA_SPARSE_DECODE_CUH
+#endif // LLMC_FFN_CUDA_DECODE_CUH

@@ -1,6 +1,6 @@
 /*
  The sparse FFN kernels of training on the GPU: the hybrid pattern and the
- products of llmc/sparse_ffn.h (which has the math, the format and the CPU
+ products of llmc/ffn/ell.h (which has the math, the format and the CPU
  reference), bf16 values, fp32 accumulation, fp32 weight gradients.
 
      pack        g [M, H] (the one dense product, from cuBLASLt) -> P: a warp per row counts, a scan
@@ -32,20 +32,19 @@
      up Wu[n]; down WdT[n]; dh and dWdT dy_m; dWu and dWg f_m (one load for both); df Wu[n], Wg[n]
  six rows in all. They were seven: dh gathered WdT[n] row-major (dy_m being the
  row's own) and the weight gradients then gathered dy_m again (f_m was already
- shared). At the standard point with k = 30 (503K pairs) the backward's gathers
- go from 10.3 GB (5 rows a pair) to 8.2 GB (4), its L2 floor at ~9 TB/s from
- 1.14 to 0.92 ms, and forward + backward from 14.4 to 12.4 GB. The price: WdT[n]
- once per unit and slice (23 MB in all), and the shares of the dots, 4 bytes per
- entry and slice written and read again (~0.05 GB).
+ shared): the backward gathers 4 rows a pair instead of 5 (the bytes and the L2
+ floor at the standard point: dev/NOTES.md, "Backward with shared gathers"). The
+ price: WdT[n] once per unit and slice, and the shares of the dots, 4 bytes per
+ entry and slice written and read again.
  Requirements: H % 8 == 0, D % 8 == 0, 16-byte aligned rows.
 */
-#ifndef LLMC_CUDA_SPARSE_FFN_CUH
-#define LLMC_CUDA_SPARSE_FFN_CUH
+#ifndef LLMC_FFN_CUDA_ELL_CUH
+#define LLMC_FFN_CUDA_ELL_CUH
 
 #include <cub/cub.cuh>
 #include "llmc/cuda_common.cuh"
-#include "llmc/cuda_twell.cuh"
-#include "llmc/sparse_ffn.h"
+#include "llmc/ffn/cuda_twell.cuh"
+#include "llmc/ffn/ell.h"
 
 constexpr int SPARSE_ROW_WARPS = 8;      // warps per CTA of the warp-per-row kernels
 constexpr int SPARSE_ROW_BLOCK = 64;     // rows per block of the transpose
@@ -133,7 +132,7 @@ void sparse_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const 
 
 // ----------------------------------------------------------------------------
 // pack fused with the gate (compute capability 9.0): the wgmma gate of
-// llmc/cuda_twell.cuh packs g from its registers into TwELL blocks, one per row
+// llmc/ffn/cuda_twell.cuh packs g from its registers into TwELL blocks, one per row
 // and tile of 256 units (word 0 the tile's count c; c <= 31: words 1..c the
 // entries, unit within the tile | bf16 g << 16, in unit order; else word 1 the
 // index of an overflow record, the tile's relu(g) row). Then a warp per row
@@ -141,15 +140,14 @@ void sparse_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const 
 // tile by tile. The records have room for every tile (g's buffer, or a scratch
 // buffer where g is too small), so none is ever lost. g never reaches memory
 // except as those records: a block is 128 bytes per row and tile, g's tile 512.
-
-constexpr int GATE_SLOTS = TWELL_TILE / 8 - 1; // TwELL's compression 8: a block is 32 words, one per lane
+// The blocks are read with llmc/ffn/twell.h's decoder.
 
 __global__ void sparse_count_twell_kernel(int* count, int* row_active, int* row_flag, const uint32_t* words, int M,
                                           int T, int W) {
     const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (m >= M) { return; }
     int c = 0;
-    for (int t = lane; t < T; t += 32) { c += (int)words[((size_t)m * T + t) * (GATE_SLOTS + 1)]; }
+    for (int t = lane; t < T; t += 32) { c += (int)words[((size_t)m * T + t) * (TWELL_SLOTS + 1)]; }
     c = warp_reduce<Sum>(c);
     if (lane == 0) {
         count[m] = row_active[m] = c;
@@ -166,27 +164,28 @@ __global__ void sparse_write_twell_kernel(SparsePattern<bf16> p, uint8_t* fired,
     const int slot = sparse_row_slot(p, m, row_flag, row_prefix);
     if (slot == SPARSE_ROW_LOST) { return; }
     size_t e = row_base(p, m, slot);
-    const uint32_t* row_words = words + (size_t)m * T * (GATE_SLOTS + 1);
+    const uint32_t* row_words = words + (size_t)m * T * (TWELL_SLOTS + 1);
     for (int t0 = 0; t0 < T; t0 += GATE_TILES_IN_FLIGHT) {
         uint32_t w[GATE_TILES_IN_FLIGHT];
         #pragma unroll
         for (int q = 0; q < GATE_TILES_IN_FLIGHT; q++) {
-            w[q] = t0 + q < T ? row_words[(size_t)(t0 + q) * (GATE_SLOTS + 1) + lane] : 0;
+            w[q] = t0 + q < T ? row_words[(size_t)(t0 + q) * (TWELL_SLOTS + 1) + lane] : 0;
         }
         #pragma unroll
         for (int q = 0; q < GATE_TILES_IN_FLIGHT; q++) {
             const int c = (int)__shfl_sync(0xffffffffu, w[q], 0), unit0 = (t0 + q) * TWELL_TILE;
             if (c == 0) { continue; } // also the tiles past the last (w = 0)
-            if (c <= GATE_SLOTS) {
+            const uint32_t word1 = __shfl_sync(0xffffffffu, w[q], 1);
+            if (twell_block_kind((uint32_t)c, word1, TWELL_SLOTS) == TWELL_BLOCK_ENTRIES) {
                 if (lane >= 1 && lane <= c) {
-                    const int n = unit0 + (int)(w[q] & 0xffffu);
+                    const int n = unit0 + twell_entry_col(w[q]);
                     p.unit[e + lane - 1] = (uint16_t)n;
-                    p.g[e + lane - 1] = __ushort_as_bfloat16((unsigned short)(w[q] >> 16));
+                    p.g[e + lane - 1] = __ushort_as_bfloat16((unsigned short)twell_entry_bits(w[q]));
                     if (fired && !fired[n]) { fired[n] = 1; }
                 }
                 e += c;
-            } else {
-                const uint32_t record = __shfl_sync(0xffffffffu, w[q], 1);
+            } else { // (a record: the buffer has room for every tile's, none is lost)
+                const uint32_t record = word1;
                 const bf16* values = reinterpret_cast<const bf16*>(records) + (size_t)record * TWELL_TILE;
                 e += sparse_write_positives(p, fired, e, unit0 + lane * 8, load_bf16x8(values + lane * 8));
             }
@@ -217,7 +216,7 @@ bool sparse_gate_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, b
                       int D, SparseScratch* s) {
     if (s->gate_words == NULL || D % TWELL_D_MULTIPLE != 0) { return false; }
     const int M = p->M, H = p->H, T = ceil_div(H, TWELL_TILE);
-    Twell tw = twell_layout(M, H, TWELL_TILE, GATE_SLOTS, M * T);
+    Twell tw = twell_layout(M, H, TWELL_TILE, TWELL_SLOTS, M * T);
     uint16_t* records = sparse_gate_records(s, g);
     twell_gate_wgmma_into(s->gate_words, records, s->gate_counters, &tw, D, f, wg);
     sparse_pack_twell(p, row_active, fired, records, s);
@@ -330,14 +329,14 @@ void sparse_up(SparsePattern<bf16>* p, float* row_l1, const bf16* f, const bf16*
 //   gathered matrices are read one slice at a time, which L2 holds), its threads
 //   walking all of the row's entries; a lost row is NaN.
 // Why the tail rows are split: a thread's walk is a chain of dependent L2 round
-// trips, ~0.27 us an entry (down took 0.96 ms on a trained layer whose busiest
-// row, ~3400 entries, had one CTA per 1024 columns walk them all while the rest
-// of the GPU idled). Now such a row is 32 CTAs of 16 streams of ~213 entries
-// (~60 us; df, two loads an entry, ~95), started first, inside the time the
-// layer's gathers take at the rate the ELL rows reach (~7.3 TB/s: 1.1 GB, 0.15
-// ms; df 0.3). The gathered bytes are unchanged; a tail CTA re-reads its row's
-// entries (6 bytes an entry per 64 columns, against 128 gathered: +5%), and a
-// slot's CTAs that a wider CTA covers cost three dependent loads each.
+// trips, so a trained layer's busiest row (thousands of entries), walked by one
+// CTA per 1024 columns, kept the kernel running while the rest of the GPU
+// idled. Now such a row is 32 CTAs of 16 streams, started first, whose walks
+// end inside the time the layer's other gathers take (the timings: dev/NOTES.md,
+// "Down and df: a tail row's entries split over streams"). The gathered bytes
+// are unchanged; a tail CTA re-reads its row's entries (6 bytes an entry per 64
+// columns, against 128 gathered: +5%), and a slot's CTAs that a wider CTA
+// covers cost three dependent loads each.
 constexpr int GATHER_MAX_THREADS = 128;
 constexpr int GATHER_TAIL_COLS = 64;   // a tail CTA's narrowest slice: streams of 8 threads
 constexpr int GATHER_TAIL_CHAIN = 128; // entries a stream walks before its row gets more streams
@@ -1006,7 +1005,7 @@ static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, voi
     s->scan_temp = cuda_malloc(s->scan_temp_bytes);
     if (device_has_wgmma()) { // the fused gate's buffers
         const int T = ceil_div(H, TWELL_TILE);
-        const size_t word_bytes = (size_t)M * T * (GATE_SLOTS + 1) * sizeof(uint32_t);
+        const size_t word_bytes = (size_t)M * T * (TWELL_SLOTS + 1) * sizeof(uint32_t);
         s->gate_words_owned = spare == NULL || spare_bytes < word_bytes;
         s->gate_words = s->gate_words_owned ? (uint32_t*)cuda_malloc(word_bytes) : (uint32_t*)spare;
         s->gate_counters = (unsigned long long*)cuda_malloc(twell_counter_bytes());
@@ -1028,4 +1027,4 @@ static inline void sparse_scratch_free_cuda(SparseScratch* s) {
     memset(s, 0, sizeof(*s));
 }
 
-#endif // LLMC_CUDA_SPARSE_FFN_CUH
+#endif // LLMC_FFN_CUDA_ELL_CUH

@@ -13,8 +13,8 @@
  and the dense FFN forward of inference and of TwELL's dense path, y = bf16(act(f Wg^T) * (f Wu^T)) WdT
  (g and u rounded to bf16 as GEMM outputs; no statistics).
 */
-#ifndef LLMC_CUDA_GATE_CUH
-#define LLMC_CUDA_GATE_CUH
+#ifndef LLMC_FFN_CUDA_DENSE_CUH
+#define LLMC_FFN_CUDA_DENSE_CUH
 
 #include <curand_kernel.h>
 #include <stdint.h>
@@ -241,4 +241,4 @@ static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, c
     gemm(y, g, wdT, M, D, H, 0, 0, accumulate);
 }
 
-#endif // LLMC_CUDA_GATE_CUH
+#endif // LLMC_FFN_CUDA_DENSE_CUH

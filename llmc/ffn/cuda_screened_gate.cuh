@@ -1,6 +1,6 @@
 /*
  The screened decode gate on the GPU. The math, the bound and why it holds are
- at the top of llmc/screened_gate.h, whose CPU reference gives the same bits.
+ at the top of llmc/ffn/screened_gate.h, whose CPU reference gives the same bits.
 
  screen_quantize (once, when the weights are loaded): the int8 copy of Wg
  [H, D], a warp per row: the row's outlier by a warp reduction (the largest
@@ -13,7 +13,7 @@
        by warp_dot_rows on the bf16 row (the GEMV's own code: the same bits);
      then epilogue(n, G_n) as the GEMV calls it, with G_n = 0 for a unit not
        recomputed (no b fires there, and relu(bf16(0)) = relu(g)).
- With GateUpRow (llmc/cuda_sparse_decode.cuh) the epilogue writes a[b, n] =
+ With GateUpRow (llmc/ffn/cuda_decode.cuh) the epilogue writes a[b, n] =
  bf16(g bf16(f_b . Wu[n])) where g > 0 and 0 elsewhere: every word that
  gemv(GateUpRow) writes, to the bit, for sparse_down_active_kernel to read.
 
@@ -37,12 +37,12 @@
  candidates (NULL in a decode step): per row b the units with !(U_bn <= 0),
  then the units recomputed, added by atomics (tests and benchmarks).
 */
-#ifndef LLMC_CUDA_SCREENED_GATE_CUH
-#define LLMC_CUDA_SCREENED_GATE_CUH
+#ifndef LLMC_FFN_CUDA_SCREENED_GATE_CUH
+#define LLMC_FFN_CUDA_SCREENED_GATE_CUH
 
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_matmul.cuh"
-#include "llmc/screened_gate.h"
+#include "llmc/ffn/screened_gate.h"
 
 namespace screen_detail {
 
@@ -254,4 +254,4 @@ static void screened_gate(const Epilogue& epilogue, const ScreenedGate& sg, cons
     }
 }
 
-#endif // LLMC_CUDA_SCREENED_GATE_CUH
+#endif // LLMC_FFN_CUDA_SCREENED_GATE_CUH

@@ -1,6 +1,6 @@
 /*
  TwELL (tile-wise ELLPACK): the sparse format of the gate activations of a
- ReLU-gated FFN, and the CPU reference of what the GPU path (llmc/cuda_twell.cuh)
+ ReLU-gated FFN, and the CPU reference of what the GPU path (llmc/ffn/cuda_twell.cuh)
  computes with it. Plain C++, no CUDA: the CPU tests build it with the sanitizers.
 
  The FFN of one layer, M token rows f_m of width D, H hidden units:
@@ -28,8 +28,8 @@
 
  bf16 values are kept as their 16 bits (uint16_t) here; bf16 -> float is exact.
 */
-#ifndef LLMC_TWELL_H
-#define LLMC_TWELL_H
+#ifndef LLMC_FFN_TWELL_H
+#define LLMC_FFN_TWELL_H
 
 #include <math.h>
 #include <stddef.h>
@@ -37,8 +37,43 @@
 #include <string.h>
 #include "llmc/utils.h"
 
+// the functions the GPU kernels share with this file are host and device functions under nvcc
+#ifdef __CUDACC__
+#define TWELL_HD __host__ __device__
+#else
+#define TWELL_HD
+#endif
+
 // word 1 of a block whose overflow record could not be stored
 #define TWELL_RECORD_LOST 0xFFFFFFFFu
+
+// TW of every GPU packer (the GEMMs' output tile width), and its slots: the
+// paper's compression factor 8, a block of TW / 8 words (one per lane of a
+// warp), so S = TW / 8 - 1
+constexpr int TWELL_TILE = 256;
+constexpr int TWELL_SLOTS = TWELL_TILE / 8 - 1;
+
+// ----------------------------------------------------------------------------
+// a block, word by word: the one decoder of the CPU reference, the inference
+// kernels (llmc/ffn/cuda_twell.cuh) and the training kernels that read the
+// fused gate's blocks (llmc/ffn/cuda_ell.cuh)
+
+// an entry: the column within the tile and g's bf16 bits
+TWELL_HD static inline uint32_t twell_entry_word(int col, uint32_t g_bits) { return (uint32_t)col | g_bits << 16; }
+TWELL_HD static inline int twell_entry_col(uint32_t word) { return (int)(word & 0xffffu); }
+TWELL_HD static inline uint32_t twell_entry_bits(uint32_t word) { return word >> 16; }
+
+// what a block of S slots holds, from its count (word 0) and word 1
+typedef enum { TWELL_BLOCK_ENTRIES, TWELL_BLOCK_RECORD, TWELL_BLOCK_LOST } TwellBlockKind;
+TWELL_HD static inline TwellBlockKind twell_block_kind(uint32_t count, uint32_t word1, int slots) {
+    if (count <= (uint32_t)slots) { return TWELL_BLOCK_ENTRIES; }
+    return word1 == TWELL_RECORD_LOST ? TWELL_BLOCK_LOST : TWELL_BLOCK_RECORD;
+}
+
+// the entries a block lists for the FFN: its count, or one (NaN) for a lost record
+TWELL_HD static inline int twell_block_listed(uint32_t count, uint32_t word1, int slots) {
+    return twell_block_kind(count, word1, slots) == TWELL_BLOCK_LOST ? 1 : (int)count;
+}
 
 typedef struct {
     int rows;            // M
@@ -67,31 +102,8 @@ static inline size_t twell_num_words(const Twell* tw) {
 }
 static inline size_t twell_record_values(const Twell* tw) { return (size_t)tw->record_capacity * tw->tile_width; }
 
-// ----------------------------------------------------------------------------
-// bf16 on the CPU: round to nearest even (NaN stays NaN), and the exact way back
-
-static inline uint16_t bf16_from_float(float x) {
-    uint32_t bits;
-    memcpy(&bits, &x, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) { return (uint16_t)((bits >> 16) | 0x40); } // quiet NaN
-    bits += 0x7fffu + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
-}
-
-static inline float float_from_bf16(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float x;
-    memcpy(&x, &bits, 4);
-    return x;
-}
-
-static inline float round_bf16(float x) { return float_from_bf16(bf16_from_float(x)); }
-
-static inline uint32_t twell_entry(int col, float value) {
-    return (uint32_t)col | (uint32_t)bf16_from_float(value) << 16;
-}
-static inline int twell_entry_col(uint32_t word) { return (int)(word & 0xffffu); }
-static inline float twell_entry_value(uint32_t word) { return float_from_bf16((uint16_t)(word >> 16)); }
+static inline uint32_t twell_entry(int col, float value) { return twell_entry_word(col, bf16_from_float(value)); }
+static inline float twell_entry_value(uint32_t word) { return float_from_bf16((uint16_t)twell_entry_bits(word)); }
 
 // ----------------------------------------------------------------------------
 // pack and unpack
@@ -137,10 +149,11 @@ static inline void twell_unpack_cpu(float* gate, const uint32_t* words, const ui
             float* row = gate + (size_t)m * tw->cols + (size_t)t * TW;
             int width = tw->cols - t * TW < TW ? tw->cols - t * TW : TW;
             uint32_t count = block[0];
-            if (count <= (uint32_t)tw->slots) {
+            TwellBlockKind kind = twell_block_kind(count, block[1], tw->slots);
+            if (kind == TWELL_BLOCK_ENTRIES) {
                 for (int c = 0; c < width; c++) { row[c] = 0.0f; }
                 for (uint32_t e = 1; e <= count; e++) { row[twell_entry_col(block[e])] = twell_entry_value(block[e]); }
-            } else if (block[1] == TWELL_RECORD_LOST) {
+            } else if (kind == TWELL_BLOCK_LOST) {
                 for (int c = 0; c < width; c++) { row[c] = NAN; }
             } else {
                 const uint16_t* rec = records + (size_t)block[1] * TW;
@@ -198,8 +211,9 @@ static inline void twell_ffn_cpu(float* y, const float* f, const float* wu, cons
         for (int t = 0; t < tw->tiles; t++) {
             const uint32_t* block = words + ((size_t)m * tw->tiles + t) * twell_words_per_block(tw);
             uint32_t count = block[0];
-            if (count > (uint32_t)tw->slots && block[1] == TWELL_RECORD_LOST) { lost = 1; continue; }
-            const uint16_t* rec = count > (uint32_t)tw->slots ? records + (size_t)block[1] * TW : NULL;
+            TwellBlockKind kind = twell_block_kind(count, block[1], tw->slots);
+            if (kind == TWELL_BLOCK_LOST) { lost = 1; continue; }
+            const uint16_t* rec = kind == TWELL_BLOCK_RECORD ? records + (size_t)block[1] * TW : NULL;
             int entries = rec ? TW : (int)count;
             for (int e = 0; e < entries; e++) {
                 int col = rec ? e : twell_entry_col(block[1 + e]);
@@ -217,4 +231,4 @@ static inline void twell_ffn_cpu(float* y, const float* f, const float* wu, cons
     }
 }
 
-#endif // LLMC_TWELL_H
+#endif // LLMC_FFN_TWELL_H

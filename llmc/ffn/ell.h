@@ -1,6 +1,6 @@
 /*
  The hybrid sparse format of the FFN activations for training, and the CPU
- reference of every sparse FFN kernel (the GPU ones are in llmc/cuda_sparse_ffn.cuh,
+ reference of every sparse FFN kernel (the GPU ones are in llmc/ffn/cuda_ell.cuh,
  with the same signatures for T = bf16, G = float). Plain C++: the CPU tests
  build it with the sanitizers.
 
@@ -27,8 +27,8 @@
  entries that hold it, in increasing token order: token[i] and entry[i] for i
  in unit_start[n] .. unit_start[n + 1] - 1 (int32: no 16-bit token limit).
 */
-#ifndef LLMC_SPARSE_FFN_H
-#define LLMC_SPARSE_FFN_H
+#ifndef LLMC_FFN_ELL_H
+#define LLMC_FFN_ELL_H
 
 #include <limits.h>
 #include <math.h>
@@ -219,7 +219,7 @@ void sparse_pack(SparsePattern<T>* p, int* row_active, uint8_t* fired, const T* 
 }
 
 // the gate product fused with the packing (f [M, D], Wg [H, D]; g [M, H] may be
-// used as scratch): where the GPU has such a kernel (llmc/cuda_sparse_ffn.cuh);
+// used as scratch): where the GPU has such a kernel (llmc/ffn/cuda_ell.cuh);
 // false here, and the caller runs the product, then sparse_pack
 template <typename T>
 bool sparse_gate_pack(SparsePattern<T>* p, int* row_active, uint8_t* fired, T* g, const T* f, const T* wg, int D,
@@ -311,7 +311,7 @@ void sparse_transpose(SparseTransposed* t, const SparsePattern<T>* p, SparseScra
 }
 
 // count[n] += the entries of unit n in t, the transpose of p: how often each unit fired (the hot/cold
-// choice, llmc/ffn.h)
+// choice, llmc/ffn/split.h)
 template <typename T>
 void sparse_unit_count_add(uint32_t* count, const SparsePattern<T>* p, const SparseTransposed* t) {
     for (int n = 0; n < p->H; n++) { count[n] += (uint32_t)(t->unit_start[n + 1] - t->unit_start[n]); }
@@ -321,7 +321,7 @@ void sparse_unit_count_add(uint32_t* count, const SparsePattern<T>* p, const Spa
 // in order), from dy [M, D] (the gradient of y): for each entry of unit n, at token m,
 //     d = dy_m . WdT[n] + l1_scale sign(h),  du = d g,  dg = d u  (stored at the entry, for df),
 //     dWdT[n] += h dy_m,  dWu[n] += du f_m,  dWg[n] += dg f_m
-// so that dy_m serves both dh and dWdT, and f_m both dWu and dWg (llmc/cuda_sparse_ffn.cuh)
+// so that dy_m serves both dh and dWdT, and f_m both dWu and dWg (llmc/ffn/cuda_ell.cuh)
 template <typename T, typename G>
 void sparse_dh_weight_grads(T* du, T* dg, G* dwu, G* dwg, G* dwdT, const SparsePattern<T>* p, const SparseTransposed* t,
                             const T* f, const T* dy, const T* wdT, float l1_scale, int D) {
@@ -351,4 +351,4 @@ void sparse_df(T* df, const SparsePattern<T>* p, const T* du, const T* dg, const
     sparse_gather_rows(df, p, du, wu, dg, wg, D);
 }
 
-#endif // LLMC_SPARSE_FFN_H
+#endif // LLMC_FFN_ELL_H

@@ -1,10 +1,10 @@
 /*
  The screened decode gate: the fired units of the bf16 gate g = f Wg^T, and
  their g to the bit, from an int8 copy of Wg plus the bf16 rows of the few
- units it cannot rule out. CPU reference of llmc/cuda_screened_gate.cuh, in
+ units it cannot rule out. CPU reference of llmc/ffn/cuda_screened_gate.cuh, in
  the GPU's order of operations so that both give the same bits. Plain C++: the
  CPU tests build it with the sanitizers. bf16 values are kept as their 16 bits
- (uint16_t), as in llmc/twell.h; f holds bf16 values as floats.
+ (uint16_t), as in llmc/ffn/twell.h; f holds bf16 values as floats.
 
  What the decode needs. For each of B <= 8 rows f_b (width D) and unit n, the
  bf16 gate is g_bn = bf16(G_bn), G_bn the fp32 sum of the decode GEMV: lane l
@@ -83,8 +83,8 @@
  and step, n1 = the sum of |f_i| over its 16 columns in order and ss the fma
  chain of f_i^2, then a butterfly over the 8 lanes of the group.
 */
-#ifndef LLMC_SCREENED_GATE_H
-#define LLMC_SCREENED_GATE_H
+#ifndef LLMC_FFN_SCREENED_GATE_H
+#define LLMC_FFN_SCREENED_GATE_H
 
 #include <math.h>
 #include <stdint.h>
@@ -324,4 +324,4 @@ static inline void screen_gate_reference(float* G, int* candidates, const Screen
     free(norms);
 }
 
-#endif // LLMC_SCREENED_GATE_H
+#endif // LLMC_FFN_SCREENED_GATE_H

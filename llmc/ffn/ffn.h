@@ -1,0 +1,468 @@
+/*
+ The FFN of a model, for every backend and every use: the one face llmc/gpt.h
+ (training) and llmc/inference.h (prefill and decode) call, which never names
+ a format to them. Per layer, M token rows f of width D, H units:
+     g = f Wg^T,  u = f Wu^T,  h = act(g) * u,  y = h WdT
+ Beneath it, each path is a CPU reference and its CUDA twin:
+     dense.h / cuda_dense.cuh              the dense FFN (also the SiLU one)
+     ell.h / cuda_ell.cuh                  training's sparse format (hybrid ELL) and its six products
+     split.h                               a training layer as hot units (dense GEMMs) + cold ones (ELL)
+     twell.h / cuda_twell.cuh              the prefill's sparse format (TwELL) and its fused up + down
+     screened_gate.h / cuda_screened_gate.cuh, cuda_decode.cuh
+                                           the decode step: exact int8-screened gate, then the fired units
+ hot.h chooses and applies the hot sets, policy.h holds every choice between
+ paths; inference's GPU half is cuda_ffn.cuh.
+
+ Training (mode, --ffn): FFN_DENSE keeps g, u, h of each layer for the
+ backward; FFN_SPARSE runs every layer by split.h and keeps only the cold
+ units' pattern; FFN_AUTO re-chooses each layer at every ffn_stats_update
+ from its measured activity (dense until the first statistics; a dense layer
+ keeps g, u, h as FFN_DENSE, so a dense phase trains at the dense speed). A
+ sparse forward whose tail overflowed is redone (ffn_overflowed), so nothing
+ is dropped. Inference: FFN_DENSE, or FFN_SPARSE for the sparse paths of
+ policy.h (the CPU path is dense).
+*/
+#ifndef LLMC_FFN_FFN_H
+#define LLMC_FFN_FFN_H
+
+#include <stdint.h>
+#include <vector>
+#include "llmc/cpu_ops.h"
+#include "llmc/ffn/dense.h"
+#include "llmc/ffn/ell.h"
+#include "llmc/ffn/hot.h"
+#include "llmc/ffn/policy.h"
+#include "llmc/ffn/split.h"
+#include "llmc/memory.h"
+#include "llmc/model.h"
+
+typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
+
+// the FFN state of a layer
+template <typename T>
+struct FfnLayer {
+    T *wg, *wu, *wdT;        // its weights [H, D], views into the model's parameters
+    T* dense;                // [3, M, H] g, u, h while the layer runs dense and keeps them (else NULL)
+    int on;                  // this step's choice: 1 sparse, 0 dense
+    SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
+    int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
+    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u [M, hot.units]
+    int hot_capacity;        // units the hot buffers hold
+};
+
+template <typename T>
+struct Ffn {
+    int L, D, H, activation;
+    Device device;
+    int mode;                     // FfnMode
+    int recompute;                // 1: keep g, u, h of one layer only and recompute them in the backward
+    int M;                        // rows of the training buffers (0 until ffn_alloc_batch)
+    FfnLayer<T>* layer;           // [L]
+    // [M, H], shared by the layers: a recomputed layer's g, u, h; the dense backward's d_h and d_u; the sparse
+    // gate's scratch g (under FFN_AUTO without --recompute it is d_h: one is used in the forward only, the
+    // other in the backward only, so a run whose layers are all dense holds what --ffn dense holds)
+    T *g, *u, *h, *d_h, *d_u;
+    void* spare;                  // memory the GPU's fused gate may keep its words in (idle in the forward)
+    size_t spare_bytes;
+    int* tail_used;               // [L] on the device: rows that asked for a tail slot in the last forward
+    SparseTransposed transposed;  // the backward's scratch, shared by the layers
+    T *sparse_du, *sparse_dg;     // [entries] the backward's scratch
+    size_t sparse_scratch_entries;
+    SparseScratch sparse_scratch; // the GPU kernels' scratch
+    int redone;                   // forwards redone after a tail overflow, since ffn_init
+    FfnHotPolicy hot;             // how hot sets are chosen (llmc/ffn/hot.h)
+    FfnHotHooks hooks;            // who follows a layer's new unit order
+    T* hot_scratch;               // [3, M, hot_scratch_units] the hot units' h, dh, du (ffn_split_forward)
+    int hot_scratch_units;
+};
+
+// the layers' weights are the rows of wg, wu, wdT [L, H, D] (on the device)
+template <typename T>
+void ffn_init(Ffn<T>* ffn, const GPTConfig* c, T* wg, T* wu, T* wdT, Device device) {
+    memset(ffn, 0, sizeof(*ffn));
+    ffn->L = c->num_layers, ffn->D = c->channels, ffn->H = c->hidden, ffn->activation = c->activation;
+    ffn->device = device;
+    ffn->layer = (FfnLayer<T>*)callocCheck(ffn->L, sizeof(FfnLayer<T>));
+    for (int l = 0; l < ffn->L; l++) {
+        size_t at = (size_t)l * ffn->H * ffn->D;
+        ffn->layer[l].wg = wg + at, ffn->layer[l].wu = wu + at, ffn->layer[l].wdT = wdT + at;
+    }
+    ffn->tail_used = (int*)device_malloc(ffn->L * sizeof(int), device);
+}
+
+// the sparse paths skip the units whose g <= 0, which only ReLU zeroes
+template <typename T>
+static void ffn_check_activation(const Ffn<T>* ffn) {
+    if (ffn->mode != FFN_DENSE && ffn->activation != ACT_RELU) {
+        fatal("the sparse FFN needs ReLU: this model's activation is %s, which runs dense only",
+              activation_names[ffn->activation]);
+    }
+}
+
+// whether every layer keeps its dense g, u, h from the forward for the backward
+template <typename T>
+static inline int ffn_keeps_dense(const Ffn<T>* ffn) { return !ffn->recompute && ffn->mode != FFN_SPARSE; }
+
+// The training buffers for micro-batches of M rows. spare: memory of the
+// model's that is idle during the forward (the GPU's fused gate keeps its
+// words there).
+template <typename T>
+void ffn_alloc_batch(Ffn<T>* ffn, int M, void* spare, size_t spare_bytes) {
+    ffn_check_activation(ffn);
+    size_t MH = (size_t)M * ffn->H;
+    size_t dense = ffn->mode != FFN_SPARSE, recomputed = dense && ffn->recompute;
+    size_t scratch_g = ffn->mode == FFN_SPARSE || recomputed;
+    T** bufs[] = {&ffn->g, &ffn->u, &ffn->h, &ffn->d_h, &ffn->d_u};
+    size_t counts[] = {scratch_g * MH, recomputed * MH, recomputed * MH, dense * MH, dense * MH};
+    for (int i = 0; i < 5; i++) { *bufs[i] = counts[i] ? (T*)device_malloc(counts[i] * sizeof(T), ffn->device) : NULL; }
+    if (ffn->mode == FFN_AUTO && !recomputed) { ffn->g = ffn->d_h; }
+    ffn->spare = spare;
+    ffn->spare_bytes = spare_bytes;
+    ffn->M = M;
+    if (ffn->mode == FFN_DENSE) { return; }
+    // sparse from the start, or dense until the first statistics say otherwise (unless ffn_state_set restored a
+    // checkpoint's choices)
+    for (int l = 0; l < ffn->L; l++) {
+        FfnLayer<T>* f = &ffn->layer[l];
+        if (f->W > 0) { continue; }
+        f->on = ffn->mode == FFN_SPARSE;
+        f->W = ffn->H < 256 ? ffn->H : 256;
+        f->tail_capacity = sparse_choose_tail(M / 64, M);
+    }
+}
+
+// layer l's dense g, u, h [M, H]: its own while it keeps them (allocated at its first dense forward, given
+// back when it turns sparse), else the shared ones a recomputed layer fills again in the backward
+template <typename T>
+static void ffn_dense_acts(Ffn<T>* ffn, int l, T** g, T** u, T** h) {
+    size_t MH = (size_t)ffn->M * ffn->H;
+    FfnLayer<T>* f = &ffn->layer[l];
+    if (!ffn_keeps_dense(ffn)) {
+        *g = ffn->g, *u = ffn->u, *h = ffn->h;
+        return;
+    }
+    if (f->dense == NULL) { f->dense = (T*)device_malloc(3 * MH * sizeof(T), ffn->device); }
+    *g = f->dense, *u = f->dense + MH, *h = f->dense + 2 * MH;
+}
+
+// the GPU kernels' scratch (the CPU's need none), made at the first sparse forward
+template <typename T>
+static void ffn_kernel_scratch_ensure(Ffn<T>* ffn) {
+#ifdef __CUDACC__
+    if (ffn->device == DEVICE_CUDA && ffn->sparse_scratch.scan_temp == NULL) {
+        sparse_scratch_alloc_cuda(&ffn->sparse_scratch, ffn->M, ffn->H, ffn->spare, ffn->spare_bytes);
+    }
+#endif
+}
+
+template <typename T>
+static void ffn_kernel_scratch_free(Ffn<T>* ffn) {
+#ifdef __CUDACC__
+    if (ffn->device == DEVICE_CUDA && ffn->sparse_scratch.scan_temp) { sparse_scratch_free_cuda(&ffn->sparse_scratch); }
+#endif
+}
+
+// layer l's pattern at the sizes it wants, and the shared backward scratch large enough for it
+// (the pattern over the cold units; the hot units' buffers and the shared hot scratch)
+template <typename T>
+static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
+    FfnLayer<T>* f = &ffn->layer[l];
+    int M = ffn->M, D = ffn->D, hot = f->hot.units;
+    ffn_kernel_scratch_ensure(ffn);
+    if (hot > f->hot_capacity) {
+        device_free(f->hot.g, ffn->device);
+        f->hot.g = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), ffn->device);
+        f->hot.u = f->hot.g + (size_t)M * hot;
+        f->hot_capacity = hot;
+    }
+    if (hot > ffn->hot_scratch_units) {
+        device_free(ffn->hot_scratch, ffn->device);
+        ffn->hot_scratch = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), ffn->device);
+        ffn->hot_scratch_units = hot;
+    }
+    int H = ffn->H - hot; // cold units
+    if (H == 0) { return; }
+    int W = f->W < H ? f->W : H;
+    if (f->p.M == 0 || f->p.H != H || f->p.W != W || f->p.tail_capacity != f->tail_capacity) {
+        sparse_pattern_free(&f->p, ffn->device);
+        sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, ffn->tail_used + l, ffn->device);
+    }
+    size_t entries = sparse_entries(M, H, W, f->tail_capacity);
+    if (entries > ffn->sparse_scratch_entries) { // (for any layer's cold units: all H of them)
+        sparse_transposed_free(&ffn->transposed, ffn->device);
+        device_free(ffn->sparse_du, ffn->device);
+        device_free(ffn->sparse_dg, ffn->device);
+        sparse_transposed_alloc(&ffn->transposed, ffn->H, D, entries, ffn->device);
+        ffn->sparse_du = (T*)device_malloc(entries * sizeof(T) + 16, ffn->device);
+        ffn->sparse_dg = (T*)device_malloc(entries * sizeof(T) + 16, ffn->device);
+        ffn->sparse_scratch_entries = entries;
+    }
+}
+
+// a layer's sparse buffers: its pattern and its hot units' g, u (ffn_sparse_ensure makes them again; the
+// sizes chosen for them stay)
+template <typename T>
+static void ffn_layer_free_sparse(FfnLayer<T>* f, Device device) {
+    sparse_pattern_free(&f->p, device);
+    device_free(f->hot.g, device);
+    f->hot.g = f->hot.u = NULL;
+    f->hot_capacity = 0;
+}
+
+// the sparse paths' scratch shared by the layers, the hot units' and the GPU kernels' (ffn_sparse_ensure
+// makes them again at the sizes a layer asks for)
+template <typename T>
+static void ffn_scratch_free(Ffn<T>* ffn) {
+    sparse_transposed_free(&ffn->transposed, ffn->device);
+    device_free(ffn->sparse_du, ffn->device);
+    device_free(ffn->sparse_dg, ffn->device);
+    device_free(ffn->hot_scratch, ffn->device);
+    ffn->sparse_du = ffn->sparse_dg = ffn->hot_scratch = NULL;
+    ffn->sparse_scratch_entries = 0;
+    ffn->hot_scratch_units = 0;
+    ffn_kernel_scratch_free(ffn);
+}
+
+template <typename T>
+void ffn_free(Ffn<T>* ffn) {
+    for (int l = 0; l < ffn->L; l++) {
+        ffn_layer_free_sparse(&ffn->layer[l], ffn->device);
+        device_free(ffn->layer[l].dense, ffn->device);
+    }
+    ffn_scratch_free(ffn);
+    T* shared[] = {ffn->mode == FFN_AUTO && ffn->g == ffn->d_h ? NULL : ffn->g, ffn->u, ffn->h, ffn->d_h, ffn->d_u};
+    for (T* p : shared) { device_free(p, ffn->device); }
+    free(ffn->layer);
+    device_free(ffn->tail_used, ffn->device);
+    memset(ffn, 0, sizeof(*ffn));
+}
+
+// ----------------------------------------------------------------------------
+// training forward and backward of layer l: y [M, D] = FFN(f [M, D]), with per
+// row the L1 sum and the firing units, and the units' fired marks
+
+// g, u, h of layer l from its normed input, with the sparsity statistics of h
+template <typename T, typename G>
+void ffn_activations(Ffn<T>* ffn, int l, T* g, T* u, T* h, const T* f, G* row_l1, int* row_active, uint8_t* fired) {
+    const FfnLayer<T>* fl = &ffn->layer[l];
+    int M = ffn->M, D = ffn->D, H = ffn->H;
+    gemm(g, f, fl->wg, M, H, D, 0, 1, 0);
+    gemm(u, f, fl->wu, M, H, D, 0, 1, 0);
+    relu_gate_forward(h, row_l1, row_active, fired, g, u, M, H, 0, ffn->activation);
+}
+
+template <typename T, typename G>
+void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* fired, const T* f) {
+    FfnLayer<T>* fl = &ffn->layer[l];
+    int M = ffn->M, D = ffn->D, H = ffn->H;
+    if (fl->on) {
+        // the hot units as dense products, the cold ones by their pattern (llmc/ffn/split.h)
+        ffn_sparse_ensure(ffn, l);
+        ffn_split_forward(y, row_l1, row_active, fired, &fl->p, &fl->hot, ffn->hot_scratch, ffn->g, f, fl->wg,
+                          fl->wu, fl->wdT, M, D, H, &ffn->sparse_scratch);
+        return;
+    }
+    T *g, *u, *h;
+    ffn_dense_acts(ffn, l, &g, &u, &h);
+    ffn_activations(ffn, l, g, u, h, f, row_l1, row_active, fired);
+    gemm(y, h, fl->wdT, M, D, H, 0, 0, 0);
+}
+
+// After a forward: did a sparse layer's tail overflow? Such a layer gets a tail
+// for what it needed, and the event is logged; the caller redoes the forward.
+// The rows a layer lost are NaN in every later layer, which therefore counted
+// too few: the later layers get a tail at least as large, so that one redo
+// usually suffices (another one follows if not).
+template <typename T>
+static int ffn_overflowed(Ffn<T>* ffn) {
+    int L = ffn->L, M = ffn->M, any_on = 0, overflow = 0, most = 0;
+    for (int l = 0; l < L; l++) { any_on |= ffn->layer[l].on && ffn->layer[l].hot.units < ffn->H; }
+    if (!any_on) { return 0; }
+    std::vector<int> used(L);
+    device_copy(used.data(), ffn->tail_used, L * sizeof(int), ffn->device);
+    for (int l = 0; l < L; l++) {
+        FfnLayer<T>* f = &ffn->layer[l];
+        if (!f->on || f->p.M == 0) { continue; } // (a layer whose units are all hot has no pattern)
+        if (used[l] > f->p.tail_capacity) {
+            f->tail_capacity = sparse_choose_tail(used[l] > most ? used[l] : most, M);
+            printf("ffn: layer %d: %d rows had more than %d active units, the tail held %d: tail grown to %d rows, "
+                   "forward redone\n", l, used[l], f->p.W, f->p.tail_capacity, f->tail_capacity);
+            overflow = 1;
+            most = used[l] > most ? used[l] : most;
+        } else if (overflow && f->tail_capacity < sparse_choose_tail(most, M)) {
+            f->tail_capacity = sparse_choose_tail(most, M);
+            printf("ffn: layer %d: tail grown to %d rows after the overflow of an earlier layer\n", l, f->tail_capacity);
+        } else if (f->tail_capacity > 4 * sparse_choose_tail(used[l], M)) {
+            f->tail_capacity = 2 * sparse_choose_tail(used[l], M); // far too large: give memory back next forward
+        }
+    }
+    ffn->redone += overflow;
+    return overflow;
+}
+
+// df [M, D] = dL/df of layer l from dy [M, D]; adds the weight gradients and the units' firing counts.
+// row_l1, row_active, fired: a recomputed dense layer's statistics are written again (the same values).
+template <typename T, typename G>
+void ffn_backward(Ffn<T>* ffn, int l, T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, const T* dy, const T* f,
+                  G* row_l1, int* row_active, uint8_t* fired, float l1_scale) {
+    FfnLayer<T>* fl = &ffn->layer[l];
+    int M = ffn->M, D = ffn->D, H = ffn->H;
+    if (fl->on) {
+        // the cold units' six products over their pattern only, the hot units' as dense products
+        ffn_split_backward(df, dwg, dwu, dwdT, unit_count, &fl->p, &fl->hot, &ffn->transposed, ffn->sparse_du,
+                           ffn->sparse_dg, ffn->hot_scratch, dy, f, fl->wg, fl->wu, fl->wdT, l1_scale, M, D, H,
+                           &ffn->sparse_scratch);
+        return;
+    }
+    T *g, *u, *h;
+    ffn_dense_acts(ffn, l, &g, &u, &h);
+    if (!ffn_keeps_dense(ffn)) { ffn_activations(ffn, l, g, u, h, f, row_l1, row_active, fired); }
+    // (FFN_AUTO: the counts choose the hot units once the layer runs sparse)
+    if (ffn->mode == FFN_AUTO) { unit_count_add(unit_count, g, M, H); }
+    gemm(ffn->d_h, dy, fl->wdT, M, H, D, 0, 1, 0);
+    gemm(dwdT, h, dy, H, D, M, 1, 0, 1);
+    relu_gate_backward(ffn->d_h, ffn->d_u, ffn->d_h, g, u, h, l1_scale, M, H, ffn->activation);
+    gemm(df, ffn->d_u, fl->wu, M, D, H, 0, 0, 0);
+    gemm(dwu, ffn->d_u, f, H, D, M, 1, 0, 1);
+    gemm(df, ffn->d_h, fl->wg, M, D, H, 0, 0, 1);
+    gemm(dwg, ffn->d_h, f, H, D, M, 1, 0, 1);
+}
+
+// ----------------------------------------------------------------------------
+// choices after a step's statistics
+
+// re-chooses layer l's FFN from its measured mean activity k (FFN_AUTO), and
+// resizes its ELL width when the cold units' mean k_cold moved far from what
+// the width was chosen for (k_cold < 0: not counted, as in a validation)
+template <typename T>
+static void ffn_choose(Ffn<T>* ffn, int l, double k, double k_cold = -1) {
+    FfnLayer<T>* f = &ffn->layer[l];
+    int H = ffn->H;
+    if (ffn->mode == FFN_AUTO) {
+        int on = ffn_policy_auto_sparse(f->on, k, H);
+        if (on != f->on) {
+            printf("ffn: layer %d -> %s (%.1f of %d units active per token, sparse up to %.0f)\n", l,
+                   on ? "sparse" : "dense", k, H, FFN_AUTO_MAX_ACTIVE * H);
+        }
+        if (on && f->dense) { // its g, u, h are not needed again until it turns dense
+            device_free(f->dense, ffn->device);
+            f->dense = NULL;
+        }
+        if (!on && f->on) { ffn_layer_free_sparse(f, ffn->device); } // until it turns sparse again
+        f->on = on;
+    }
+    int W = sparse_choose_width(k_cold, H);
+    if (f->on && k_cold >= 0 && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
+}
+
+// every layer's choice from the statistics of the forwards just read (stats [L]; count [L, H]: each unit's
+// firing count, all 0 where none were taken); all dense again: as little memory as --ffn dense
+template <typename T>
+void ffn_stats_update(Ffn<T>* ffn, const LayerStats* stats, const uint32_t* count) {
+    int L = ffn->L, H = ffn->H, any_on = 0;
+    for (int l = 0; l < L; l++) {
+        // the ELL width is for the cold units: the mean count without the hot ones where counts were taken
+        double cold = 0, all = 0;
+        for (int n = 0; n < H; n++) {
+            uint32_t c = count[(size_t)l * H + n];
+            all += c;
+            cold += n >= ffn->layer[l].hot.units ? c : 0;
+        }
+        ffn_choose(ffn, l, stats[l].l0_mean, all > 0 ? stats[l].l0_mean * cold / all : -1.0);
+        any_on |= ffn->layer[l].on;
+    }
+    if (!any_on) { ffn_scratch_free(ffn); }
+}
+
+// The layers' choices as ffn_state_ints(L) ints (llmc/model.h): per layer
+// sparse or dense, ELL width, tail rows (0 before the first forward) and hot
+// units, then the hot-unit policy (4 floats' bits, llmc/ffn/hot.h), so that a
+// resumed run makes the same choices (the hot units themselves are the first
+// rows of the layer's weights, which the checkpoint holds in that order).
+template <typename T>
+void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
+    int L = ffn->L;
+    for (int l = 0; l < L; l++) {
+        const FfnLayer<T>* f = &ffn->layer[l];
+        state[4 * l] = f->on;
+        state[4 * l + 1] = f->W;
+        state[4 * l + 2] = f->tail_capacity;
+        state[4 * l + 3] = f->hot.units;
+    }
+    float policy[4];
+    ffn_hot_policy_pack(policy, &ffn->hot);
+    memcpy(state + 4 * L, policy, sizeof(policy));
+}
+
+// before the first forward; n: the ints the checkpoint held (3 per layer from
+// before the hot/cold split: no hot units, the policy as the run asks)
+template <typename T>
+void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n) {
+    int H = ffn->H, L = ffn->L, per = n == 3 * L ? 3 : 4;
+    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("checkpoint: %d ints of FFN state, expected %d", n, ffn_state_ints(L)); }
+    for (int l = 0; l < L; l++) {
+        FfnLayer<T>* f = &ffn->layer[l];
+        const int32_t* s = state + per * l;
+        int hot = per == 4 ? s[3] : 0;
+        if (s[0] < 0 || s[0] > 1 || s[1] < 0 || s[1] > H || s[2] < 0 || hot < 0 || hot > H) {
+            fatal("checkpoint: FFN state of layer %d (%d, %d, %d, %d) is corrupt", l, s[0], s[1], s[2], hot);
+        }
+        f->on = ffn->mode == FFN_DENSE ? 0 : ffn->mode == FFN_SPARSE ? 1 : s[0];
+        f->W = s[1];
+        f->tail_capacity = s[2];
+        f->hot.units = hot;
+    }
+    if (per == 4) {
+        float policy[4];
+        memcpy(policy, state + 4 * L, sizeof(policy));
+        ffn->hot = ffn_hot_policy_unpack(policy);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// inference: a prefill's and a decode step's FFN over the rows of a batch
+
+// the FFN state of inference on the CPU path: none (it runs the dense FFN); the GPU's: llmc/ffn/cuda_ffn.cuh
+template <typename T>
+struct FfnCache {
+    int unused;
+};
+
+template <typename T>
+void ffn_cache_init(FfnCache<T>* cache, const Ffn<T>* ffn, int max_seqs) { memset(cache, 0, sizeof(*cache)); }
+
+template <typename T>
+void ffn_cache_free(FfnCache<T>* cache) {}
+
+// the weights changed (values, or the order of units): whatever the cache derived from them is stale
+template <typename T>
+void ffn_cache_stale(FfnCache<T>* cache) {}
+
+// before a decode step of B rows is queued or captured as a graph: what it needs that a graph cannot make
+template <typename T>
+void ffn_decode_prepare(FfnCache<T>* cache, Ffn<T>* ffn, int B) {}
+
+// whether a prefill of M rows runs a sparse FFN (the hot units' calibration only pays there)
+template <typename T>
+int ffn_prefill_sparse(const FfnCache<T>* cache, const Ffn<T>* ffn, int M) { return 0; }
+
+// y [M, D] = layer l's FFN of f [M, D] for a prefill (decode 0) or a decode step's rows; scratch: [M, 2H]
+template <typename T>
+void ffn_forward_cached(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, int decode, T* scratch) {
+    const FfnLayer<T>* fl = &ffn->layer[l];
+    ffn_dense_forward(y, scratch, scratch + (size_t)M * ffn->H, f, fl->wg, fl->wu, fl->wdT, M, ffn->D, ffn->H,
+                      (unsigned long long*)NULL, decode, 0, ffn->activation);
+}
+
+// layer l of a prefill by its sparse path (the GPU's TwELL) over all its units, hot ones too; the CPU path has
+// none and runs it dense
+template <typename T>
+void ffn_prefill_sparse_layer(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, T* scratch) {
+    ffn_forward_cached(cache, ffn, l, y, f, M, 0, scratch);
+}
+
+#ifdef __CUDACC__
+#include "llmc/ffn/cuda_ffn.cuh"
+#endif
+
+#endif // LLMC_FFN_FFN_H

@@ -1,0 +1,92 @@
+/*
+ What inference (llmc/inference.h) keeps and does that only the GPU has,
+ behind calls both backends answer, so that the engine never asks which one
+ runs: a decode step's CUDA graph, the decode attention's split scratch, and
+ the pinned buffer the logits take to the host. On the CPU path a step runs
+ as plain calls and the logits are read in place. The CUDA half exists only
+ when the file is compiled by nvcc, as in llmc/memory.h.
+*/
+#ifndef LLMC_INFER_DEVICE_H
+#define LLMC_INFER_DEVICE_H
+
+#include <stdint.h>
+#include "llmc/memory.h"
+#include "llmc/model.h"
+#include "llmc/utils.h"
+#ifdef __CUDACC__
+#include <type_traits>
+#include "llmc/cuda_attention_cached.cuh"
+#endif
+
+typedef struct {
+    Device device;
+#ifdef __CUDACC__
+    CudaGraph graph;          // the decode step, for one batch size and FFN
+#endif
+    int use_graph;            // 1 (the GPU's default): a decode step is one CUDA graph
+    uint16_t* logits_pinned;  // [max_seqs, Vp] bf16 bits: the logits' way to the host
+    // the decode attention's splits (llmc/cuda_attention_cached.cuh); NULL on the CPU
+    float *part_o, *part_ml;
+    int* splits_done;
+} InferDevice;
+
+// for max_seqs sequences of cache_len positions of a model of config c (fatal where the GPU path cannot run it)
+static inline void infer_device_init(InferDevice* d, const GPTConfig* c, int max_seqs, int cache_len, Device device) {
+    memset(d, 0, sizeof(*d));
+    d->device = device;
+    if (device == DEVICE_CPU) { return; }
+#ifdef __CUDACC__
+    int hd = c->channels / c->num_heads;
+    if (c->channels % 8 != 0 || c->hidden % 8 != 0 || !attention_decode_supports(hd)) {
+        fatal("the GPU path needs D %d and H %d multiples of 8 and a head size (%d) of 16, 32, 64 or 128",
+              c->channels, c->hidden, hd);
+    }
+    if (main_stream == 0) { cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking)); }
+    cudaCheck(cudaMallocHost(&d->logits_pinned, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
+    attention_decode_alloc(&d->part_o, &d->part_ml, &d->splits_done, max_seqs, c->num_heads, hd, cache_len);
+    d->use_graph = 1;
+#endif
+}
+
+static inline void infer_device_free(InferDevice* d) {
+#ifdef __CUDACC__
+    if (d->device == DEVICE_CUDA) {
+        cuda_graph_free(&d->graph);
+        cudaCheck(cudaFreeHost(d->logits_pinned));
+        for (void* p : {(void*)d->part_o, (void*)d->part_ml, (void*)d->splits_done}) { cuda_free(p); }
+    }
+#endif
+    memset(d, 0, sizeof(*d));
+}
+
+// runs a decode step: the work step() queues, on the GPU as one CUDA graph captured again when key changes
+template <typename F>
+void infer_device_step(InferDevice* d, long long key, F step) {
+#ifdef __CUDACC__
+    if (d->device == DEVICE_CUDA && d->use_graph) {
+        cuda_graph_launch(&d->graph, key, step);
+        return;
+    }
+#endif
+    step();
+}
+
+// out (host floats, may be NULL) = the first count logits, once the device's work is done
+template <typename T>
+void infer_device_logits(InferDevice* d, float* out, const T* logits, size_t count) {
+#ifdef __CUDACC__
+    if constexpr (std::is_same<T, bf16>::value) {
+        if (out) {
+            cudaCheck(cudaMemcpyAsync(d->logits_pinned, logits, count * sizeof(bf16), cudaMemcpyDeviceToHost,
+                                      main_stream));
+        }
+        cudaCheck(cudaStreamSynchronize(main_stream));
+        for (size_t i = 0; out && i < count; i++) { out[i] = float_from_bf16(d->logits_pinned[i]); }
+    } else
+#endif
+    {
+        for (size_t i = 0; out && i < count; i++) { out[i] = (float)logits[i]; }
+    }
+}
+
+#endif // LLMC_INFER_DEVICE_H
