@@ -364,9 +364,6 @@ static void generate_main(const InferOptions* opt) {
         free(params);
         t0 = now_seconds();
         generate(&model, &s, seqs, nseq, &o, &prefill_s);
-        if (!opt->quiet && s.ffn.twell.regrows) {
-            fprintf(stderr, "TwELL grew its buffers %lld times (each reran a layer)\n", s.ffn.twell.regrows);
-        }
         infer_state_free(&s, &model);
         gpt_free(&model);
     } else {
@@ -738,6 +735,7 @@ static BenchResult bench_path(GPT<bf16, float>* model, InferState<bf16>* s, int 
     r.prefill_ms = (now_seconds() - t0) * 1e3 / reps;
     if (have_nvml) { r.prefill_j = (nvml_energy_joules(nvml) - e0) / reps; }
     if (ffn_mode == FFN_SPARSE) {
+        twell_prefill_settle(&s->ffn.twell);
         double sum = 0;
         for (int l = 0; l < model->config.num_layers; l++) { sum += s->ffn.twell.layer_active[l]; }
         r.active = sum / model->config.num_layers;
@@ -848,10 +846,9 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     hot_units /= c->num_layers;
     if (twell.active >= 0 && hot_units > 0) { // TwELL counts the cold tail only: the hot units run dense
         printf("TwELL: %.1f active FFN units per token in the cold tail, %.0f hot units a layer run dense (means over "
-               "layers, of H = %d), %lld buffer growths\n", twell.active, hot_units, c->hidden, s->ffn.twell.regrows);
+               "layers, of H = %d)\n", twell.active, hot_units, c->hidden);
     } else if (twell.active >= 0) {
-        printf("TwELL: %.1f active FFN units per token (mean over layers, of H = %d), %lld buffer growths\n", twell.active,
-               c->hidden, s->ffn.twell.regrows);
+        printf("TwELL: %.1f active FFN units per token (mean over layers, of H = %d)\n", twell.active, c->hidden);
     } else {
         printf("TwELL: the prefill of %d tokens ran the dense FFN (--twell-min-rows %d)\n", B * T, s->ffn.twell.min_rows);
     }

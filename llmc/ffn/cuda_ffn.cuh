@@ -4,8 +4,8 @@
  fired units only (llmc/ffn/cuda_decode.cuh, its gate screened through an
  int8 copy of Wg where policy.h says); a prefill of enough rows runs a layer's
  hot units (llmc/ffn/hot.h) as the dense FFN over them plus TwELL over its
- cold ones (llmc/ffn/cuda_twell.cuh), queued before the wait for TwELL's
- status so the GPU runs them meanwhile; everything else runs dense.
+ cold ones (llmc/ffn/cuda_twell.cuh), with no wait for the host; everything
+ else runs dense.
 */
 #ifndef LLMC_FFN_CUDA_FFN_CUH
 #define LLMC_FFN_CUDA_FFN_CUH
@@ -63,20 +63,17 @@ static inline void ffn_forward_cached(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int
         return;
     }
     if (!decode && ffn_prefill_sparse(cache, ffn, M)) {
-        // the layer's hot units (its first ones) as the dense FFN over them, added to TwELL's over the cold rest;
-        // queued before the wait for TwELL's status, so the GPU runs them meanwhile
+        // TwELL over the layer's cold units, then its hot units (its first ones) as the dense FFN over them,
+        // added; exact in one pass, no wait for the host
         int hot = fl->hot.units;
         size_t off = (size_t)hot * D;
-        do {
-            if (hot < H) {
-                twell_prefill_start(&cache->twell, l, y, f, fl->wg + off, fl->wu + off, fl->wdT + off, M, D, H - hot,
-                                    scratch);
-            }
-            if (hot > 0) {
-                ffn_dense_forward(y, scratch, scratch + (size_t)M * hot, f, fl->wg, fl->wu, fl->wdT, M, D, hot,
-                                  (unsigned long long*)NULL, false, hot < H);
-            }
-        } while (hot < H && !twell_prefill_done(&cache->twell, l));
+        if (hot < H) {
+            twell_prefill_run(&cache->twell, l, y, f, fl->wg + off, fl->wu + off, fl->wdT + off, M, D, H - hot, scratch);
+        }
+        if (hot > 0) {
+            ffn_dense_forward(y, scratch, scratch + (size_t)M * hot, f, fl->wg, fl->wu, fl->wdT, M, D, hot,
+                              (unsigned long long*)NULL, false, hot < H);
+        }
         return;
     }
     ffn_dense_forward(y, scratch, scratch + (size_t)M * H, f, fl->wg, fl->wu, fl->wdT, M, D, H,
@@ -86,7 +83,7 @@ static inline void ffn_forward_cached(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int
 static inline void ffn_prefill_sparse_layer(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int l, bf16* y, const bf16* f,
                                             int M, bf16* scratch) {
     const FfnLayer<bf16>* fl = &ffn->layer[l];
-    twell_prefill_layer(&cache->twell, l, y, f, fl->wg, fl->wu, fl->wdT, M, ffn->D, ffn->H, scratch);
+    twell_prefill_run(&cache->twell, l, y, f, fl->wg, fl->wu, fl->wdT, M, ffn->D, ffn->H, scratch);
 }
 
 #endif // LLMC_FFN_CUDA_FFN_CUH

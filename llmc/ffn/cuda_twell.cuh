@@ -534,26 +534,21 @@ static inline void twell_ffn_status_queue(TwellFFN* ffn) {
     ffn->queued = 1;
 }
 
-// The counters of the last run (waits for them: for the copy
-// twell_ffn_status_queue queued, else for the run). When !ok the caller grows
-// the record buffer (to records_needed records) and runs again. Also
-// records the activity and, after a twell_ffn_forward, its times: what the
-// next twell_ffn_forward chooses its path from.
-static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
-    if (!ffn->queued) { twell_ffn_status_queue(ffn); }
-    cudaCheck(cudaEventSynchronize(ffn->counted));
-    ffn->queued = 0;
-    const unsigned long long* c = ffn->counters_host;
+// What a run's counters (on the host) and its events (start, gate done, end;
+// complete) teach the path choice: the activity, and after a timed run the
+// times that set dense_above. Returns the run's status.
+static inline TwellStatus twell_ffn_learn(TwellFFN* ffn, const unsigned long long* c, const cudaEvent_t* events,
+                                          int timed, TwellPath path) {
     TwellStatus st;
     st.records_needed = (long long)c[TWELL_RECORDS_NEEDED];
     st.active_per_row = (double)c[TWELL_ACTIVE] / ffn->tw.rows;
-    st.path = ffn->path;
+    st.path = path;
     st.ok = st.path == TWELL_DENSE || st.records_needed <= ffn->tw.record_capacity;
     ffn->active_per_row = st.active_per_row;
-    if (ffn->timed && st.ok) {
+    if (timed && st.ok) {
         float gate_ms = 0.0f, rest_ms = 0.0f;
-        cudaCheck(cudaEventElapsedTime(&gate_ms, ffn->events[0], ffn->events[1]));
-        cudaCheck(cudaEventElapsedTime(&rest_ms, ffn->events[1], ffn->events[2]));
+        cudaCheck(cudaEventElapsedTime(&gate_ms, events[0], events[1]));
+        cudaCheck(cudaEventElapsedTime(&rest_ms, events[1], events[2]));
         if (st.path == TWELL_DENSE) {
             ffn->ms_dense = ffn->ms_dense > 0.0f ? fminf(ffn->ms_dense, gate_ms + rest_ms) : gate_ms + rest_ms;
         } else {
@@ -565,6 +560,19 @@ static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
             ffn->dense_above = (dense - ffn->ms_gate) / ffn->ms_per_active;
         }
     }
+    return st;
+}
+
+// The counters of the last run (waits for them: for the copy
+// twell_ffn_status_queue queued, else for the run). When !ok the caller grows
+// the record buffer (to records_needed records) and runs again. Also
+// records the activity and, after a twell_ffn_forward, its times: what the
+// next twell_ffn_forward chooses its path from.
+static inline TwellStatus twell_ffn_status(TwellFFN* ffn) {
+    if (!ffn->queued) { twell_ffn_status_queue(ffn); }
+    cudaCheck(cudaEventSynchronize(ffn->counted));
+    ffn->queued = 0;
+    TwellStatus st = twell_ffn_learn(ffn, ffn->counters_host, ffn->events, ffn->timed, ffn->path);
     ffn->timed = 0;
     return st;
 }
@@ -683,22 +691,34 @@ static inline TwellPath twell_ffn_forward(TwellFFN* ffn, bf16* y, const bf16* f,
 }
 
 // ----------------------------------------------------------------------------
-// The TwELL FFN of a model's prefills (the FFN dispatch of llmc/gpt.h's cached
-// forward): one set of buffers for the current row count, grown when a layer
-// needs more, and what each layer's last prefill measured. Each layer waits for
-// its status (twell_ffn_status), the one host wait a prefill layer makes; work
-// the caller queues between twell_prefill_start and twell_prefill_done (the
-// layer's hot units) keeps the GPU busy during that wait.
+// The TwELL FFN of a model's prefills (llmc/ffn/cuda_ffn.cuh): one set of
+// buffers for the current row count, with room for an overflow record of
+// every tile, so no tile is ever lost and a layer is exact in one pass: a
+// prefill never waits for the host (it can be captured as a CUDA graph). What
+// a layer's run measured, its activity and the times that choose between the
+// sparse and the dense path, is copied to pinned memory behind an event and
+// learnt when the layer runs next, if the copy is done by then: a layer's
+// choices follow what its earlier prefills saw. A layer's slots per block
+// come from its measured activity (llmc/ffn/policy.h): fewer words to write
+// and read, and the tiles past them take their records.
+
+enum { TWELL_EVENT_START, TWELL_EVENT_GATE, TWELL_EVENT_END, TWELL_EVENT_COPIED, TWELL_LAYER_EVENTS };
 
 typedef struct {
-    TwellFFN ffn;
+    TwellFFN ffn;          // words of TWELL_SLOTS slots (a run's layout uses its own S), a record for every tile
     int rows;              // M of ffn (0: none yet)
     int cols;              // the units of a layer (one with hot units runs TwELL over fewer: its cold ones)
     TwellChoice choice;    // TWELL_AUTO (dense for too active layers) unless a test forces a path
+    int slots;             // 0: each layer's from its activity; else these (tests force overflow with 1)
     int dense_timed;       // the dense FFN was timed at this M (what auto compares the sparse path with)
-    double* layer_active;  // [L] units per row the layer's last prefill saw (-1: none yet)
-    long long regrows;     // buffer growths (each reruns a layer)
     int min_rows;          // prefills of fewer rows run the dense FFN (TWELL_PREFILL_MIN_ROWS; 0: never)
+    int L;
+    double* layer_active;  // [L] units per row the layer's last learnt run saw (-1: none yet)
+    unsigned long long* counters_host; // [L][TWELL_NUM_COUNTERS] pinned: each layer's last run's counters
+    cudaEvent_t* events;   // [L][TWELL_LAYER_EVENTS]
+    int* pending;          // [L] 1: the layer's last run is not learnt yet
+    TwellPath* path;       // [L] its path
+    int* run_rows;         // [L] its rows
 } TwellPrefill;
 
 static inline void twell_prefill_init(TwellPrefill* tp, int L, int H) {
@@ -706,13 +726,31 @@ static inline void twell_prefill_init(TwellPrefill* tp, int L, int H) {
     tp->cols = H;
     tp->choice = TWELL_AUTO;
     tp->min_rows = TWELL_PREFILL_MIN_ROWS;
+    tp->L = L;
     tp->layer_active = (double*)mallocCheck(L * sizeof(double));
-    for (int l = 0; l < L; l++) { tp->layer_active[l] = -1.0; }
+    tp->pending = (int*)callocCheck(L, sizeof(int));
+    tp->path = (TwellPath*)callocCheck(L, sizeof(TwellPath));
+    tp->run_rows = (int*)callocCheck(L, sizeof(int));
+    tp->events = (cudaEvent_t*)mallocCheck((size_t)L * TWELL_LAYER_EVENTS * sizeof(cudaEvent_t));
+    cudaCheck(cudaMallocHost((void**)&tp->counters_host, (size_t)L * TWELL_NUM_COUNTERS * sizeof(unsigned long long)));
+    for (int l = 0; l < L; l++) {
+        tp->layer_active[l] = -1.0;
+        for (int e = 0; e < TWELL_LAYER_EVENTS; e++) {
+            cudaCheck(cudaEventCreateWithFlags(&tp->events[l * TWELL_LAYER_EVENTS + e],
+                                               e == TWELL_EVENT_COPIED ? cudaEventDisableTiming : cudaEventDefault));
+        }
+    }
 }
 
 static inline void twell_prefill_free(TwellPrefill* tp) {
     if (tp->rows) { twell_ffn_free(&tp->ffn); }
+    for (int i = 0; i < tp->L * TWELL_LAYER_EVENTS; i++) { cudaCheck(cudaEventDestroy(tp->events[i])); }
+    cudaCheck(cudaFreeHost(tp->counters_host));
+    free(tp->events);
     free(tp->layer_active);
+    free(tp->pending);
+    free(tp->path);
+    free(tp->run_rows);
     memset(tp, 0, sizeof(*tp));
 }
 
@@ -724,53 +762,74 @@ static inline bool twell_prefill_takes(const TwellPrefill* tp, int M, int D) {
     return twell_prefill_supports(D) && ffn_policy_prefill_sparse(M, tp->min_rows);
 }
 
-// queues the FFN of layer l for M rows, y [M, D] from f, by TwELL over H units
-// (the layer's cold ones where it has hot units: llmc/ffn/split.h), and the copy of
-// its status; scratch: 2 M H. y is exact once twell_prefill_done says so.
-static inline void twell_prefill_start(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
-                                       const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
+// learns layer l's last run if its copy is done (never waits); a run of
+// another row count teaches its activity only
+static inline void twell_prefill_learn(TwellPrefill* tp, int l) {
+    cudaEvent_t* ev = tp->events + (size_t)l * TWELL_LAYER_EVENTS;
+    if (!tp->pending[l] || cudaEventQuery(ev[TWELL_EVENT_COPIED]) != cudaSuccess) { return; }
+    const unsigned long long* c = tp->counters_host + (size_t)l * TWELL_NUM_COUNTERS;
+    TwellFFN* tw = &tp->ffn;
+    int same_m = tp->run_rows[l] == tw->tw.rows;
+    if (same_m) {
+        TwellStatus st = twell_ffn_learn(tw, c, ev, 1, tp->path[l]);
+        // (records for every tile: none is ever lost)
+        if (!st.ok) { fatal("twell: layer %d lost records (%lld needed): a bug", l, st.records_needed); }
+    }
+    tp->layer_active[l] = (double)c[TWELL_ACTIVE] / tp->run_rows[l];
+    tp->pending[l] = 0;
+}
+
+// waits for every layer's last run and learns it (benchmarks and tests that read the activity; a prefill
+// itself never waits)
+static inline void twell_prefill_settle(TwellPrefill* tp) {
+    for (int l = 0; l < tp->L; l++) {
+        if (tp->pending[l]) { cudaCheck(cudaEventSynchronize(tp->events[(size_t)l * TWELL_LAYER_EVENTS + TWELL_EVENT_COPIED])); }
+        twell_prefill_learn(tp, l);
+    }
+}
+
+// the overflow records layer l's last run took (its tiles past their slots), once settled
+static inline long long twell_prefill_records(const TwellPrefill* tp, int l) {
+    return (long long)tp->counters_host[(size_t)l * TWELL_NUM_COUNTERS + TWELL_RECORDS_NEEDED];
+}
+
+// Queues layer l's FFN for M rows, y [M, D] from f, by TwELL over H units
+// (the layer's cold ones where it has hot units: llmc/ffn/split.h), exact
+// when the work is done; scratch: 2 M H. Its counters and times are copied
+// for the layer's next run to learn from.
+static inline void twell_prefill_run(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg, const bf16* wu,
+                                     const bf16* wdT, int M, int D, int H, bf16* scratch) {
     if (H > tp->cols) { fatal("twell: a layer of %d units, the prefill's buffers are for %d", H, tp->cols); }
+    const int tiles = ceil_div(tp->cols, TWELL_TILE);
+    if ((long long)M * tiles > INT_MAX) { fatal("twell: a prefill of %d rows is too many for its records", M); }
     if (tp->rows != M) {
         if (tp->rows) { twell_ffn_free(&tp->ffn); }
-        // first sizes for a trained model's activity; the status grows them when a layer needs more
-        tp->ffn = twell_ffn_create(M, D, tp->cols, TWELL_SLOTS, M > 1024 ? M : 1024);
+        tp->ffn = twell_ffn_create(M, D, tp->cols, TWELL_SLOTS, M * tiles);
         tp->ffn.choice = tp->choice;
         tp->rows = M;
         tp->dense_timed = 0;
     }
+    twell_prefill_learn(tp, l);
     TwellFFN* tw = &tp->ffn;
-    if (tw->tw.cols != H) { tw->tw = twell_layout(M, H, TWELL_TILE, tw->tw.slots, tw->tw.record_capacity); }
+    int slots = tp->slots ? tp->slots : ffn_policy_twell_slots(tp->layer_active[l] / ceil_div(H, TWELL_TILE));
+    tw->tw = twell_layout(M, H, TWELL_TILE, slots, tw->tw.record_capacity);
     tw->active_per_row = tp->layer_active[l];
-    // auto: the first layer at a new M runs dense once, so that the choice compares measured times
-    // (twell_ffn_status keeps them), not the sparse time with an estimate of the dense one
+    // auto: the first layer at a new M runs dense once, so that the choice compares measured times, not the
+    // sparse time with an estimate of the dense one
     bool time_dense = tw->choice == TWELL_AUTO && !tp->dense_timed;
     if (time_dense) { tw->choice = TWELL_FORCE_DENSE; }
-    twell_ffn_forward(tw, y, f, wg, wu, wdT, scratch);
+    cudaEvent_t* ev = tp->events + (size_t)l * TWELL_LAYER_EVENTS;
+    cudaEvent_t own[3];
+    memcpy(own, tw->events, sizeof(own)); // the run's times go to the layer's events
+    memcpy(tw->events, ev, sizeof(own));
+    tp->path[l] = twell_ffn_forward(tw, y, f, wg, wu, wdT, scratch);
+    memcpy(tw->events, own, sizeof(own));
     if (time_dense) { tw->choice = TWELL_AUTO; tp->dense_timed = 1; }
-    twell_ffn_status_queue(tw);
-}
-
-// waits for the status of layer l's twell_prefill_start: whether its y is
-// exact; when not, the record buffer is grown to what the layer asked for and
-// the caller runs the layer again (from twell_prefill_start)
-static inline bool twell_prefill_done(TwellPrefill* tp, int l) {
-    TwellFFN* tw = &tp->ffn;
-    TwellStatus st = twell_ffn_status(tw);
-    tp->layer_active[l] = st.active_per_row;
-    if (st.ok) { return true; }
-    // grow to what the status asked for (with room)
-    long long records = st.records_needed + st.records_needed / 4 + 1;
-    if (records < tw->tw.record_capacity) { records = tw->tw.record_capacity; }
-    if (records > INT_MAX) { fatal("twell: %lld records are too many", records); }
-    twell_ffn_grow(tw, (int)records);
-    tp->regrows++;
-    return false;
-}
-
-// layer l's FFN by TwELL (twell_prefill_start), run until exact
-static inline void twell_prefill_layer(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg,
-                                       const bf16* wu, const bf16* wdT, int M, int D, int H, bf16* scratch) {
-    do { twell_prefill_start(tp, l, y, f, wg, wu, wdT, M, D, H, scratch); } while (!twell_prefill_done(tp, l));
+    cudaCheck(cudaMemcpyAsync(tp->counters_host + (size_t)l * TWELL_NUM_COUNTERS, tw->counters, twell_counter_bytes(),
+                              cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaEventRecord(ev[TWELL_EVENT_COPIED], main_stream));
+    tp->pending[l] = 1;
+    tp->run_rows[l] = M;
 }
 
 #endif // LLMC_FFN_CUDA_TWELL_CUH

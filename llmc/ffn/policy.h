@@ -15,6 +15,9 @@
  |                  | FFN_HOT_MARGIN (llmc/ffn/hot.h)                        | ("Hot units as dense GEMMs")               |
  | prefill          | fewer than TWELL_PREFILL_MIN_ROWS rows run the dense   | a few hundred tokens fire most of H; the   |
  |                  | FFN (ffn_policy_prefill_sparse)                        | status read costs more than the gate saves |
+ | prefill, a layer | TwELL's slots per block: the fewest of 3, 7, 15, 31    | fewer words to write and read; a tile past |
+ |                  | that a Poisson count of the layer's measured mean per  | its slots takes its record, exact either   |
+ |                  | tile exceeds rarely (ffn_policy_twell_slots)           | way ("TwELL: slots from the activity")     |
  | prefill, a layer | dense while its last activity is above dense_above:    | the dense FFN is a little under three of   |
  |                  | H / TWELL_H_PER_DENSE_ACTIVE until timed, then (dense  | the gate's GEMMs ("Choosing the path")     |
  |                  | - gate) / (up + down per active unit); the dense time  |                                            |
@@ -52,6 +55,14 @@ static inline int ffn_policy_prefill_sparse(int M, int min_rows) { return M >= m
 
 // a TwELL layer's activity above which it runs dense, until its times are measured
 static inline double ffn_policy_twell_dense_above(int H) { return H / TWELL_H_PER_DENSE_ACTIVE; }
+
+// TwELL's slots per block for a layer whose units fire `per_tile` times per row and tile of 256 (< 0: not
+// measured yet): the fewest of 3, 7, 15, 31 that a Poisson count of that mean exceeds for about 0.2% of the
+// tiles at most
+static inline int ffn_policy_twell_slots(double per_tile) {
+    if (per_tile < 0) { return 31; }
+    return per_tile <= 0.5 ? 3 : per_tile <= 2 ? 7 : per_tile <= 6 ? 15 : 31;
+}
 
 // whether a decode step of B rows gates through the int8 screen (when the screen's kernel takes the shape)
 static inline int ffn_policy_decode_screened(int B) { return B <= SCREEN_MAX_ROWS; }
