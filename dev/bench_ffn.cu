@@ -310,11 +310,11 @@ static void bench_pattern(Bench* b, const char* name) {
                            M, D, units, &b->scratch);
     }) : 0.0f;
     double dense_mb = 3.0 * MH * 2 / 1e6;
-    double split_mb = (units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
-                      2.0 * M * units * 2 / 1e6;
+    double split_mb = ((units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
+                       2.0 * M * units * 2) / 1e6;
     cold_free(&cold);
     cuda_free(hot_buf);
-    // what --ffn auto runs for a layer with this activity (llmc/gpt.h): the split up to the limit, else dense
+    // what --ffn auto runs for a layer with this activity (llmc/ffn/policy.h): the split up to the limit, else dense
     int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
     printf("%-13s %5.1f | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %5d %4.0f%% | %6s %5.2fx |"
            " %7.1f %7.1f | %7.1e %7.1e\n",
