@@ -11,7 +11,7 @@
      dead-neuron re-initialisation (docs/MODEL.md): the fp32 master row j of W_g whose unit did not fire
                 becomes 0.9 W_g[j] + 0.1 N(0, 0.02^2) (Philox noise of (seed, element)), and its bf16 copy follows
  and the dense FFN forward of inference and of TwELL's dense path, y = bf16(act(f Wg^T) * (f Wu^T)) WdT
- (g and u rounded to bf16 as GEMM outputs; no statistics).
+ (g and u rounded to bf16 as GEMM outputs; no statistics). The CPU twin: llmc/ffn/dense.h.
 */
 #ifndef LLMC_FFN_CUDA_DENSE_CUH
 #define LLMC_FFN_CUDA_DENSE_CUH
@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_matmul.cuh"
+#include "llmc/ffn/dense.h"
 #include "llmc/model.h"
 
 // act(g) and act'(g) in fp32
