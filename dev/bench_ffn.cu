@@ -239,9 +239,11 @@ static void bench_pattern(Bench* b, const char* name) {
     float t_small = dense_part(small), t_large = dense_part(large);
     cuda_free(probe_buf);
     cold_free(&all);
-    FfnCosts costs = ffn_costs(t_small, small, t_large, large, t_gate, t_sfb, pairs, H, M);
+    FfnHotPolicy measured = ffn_hot_policy(FFN_HOT_MEASURED, 0);
+    measured.costs = ffn_costs(t_small, small, t_large, large, t_gate, t_sfb, pairs, H, M);
+    measured.measured = 1;
     std::vector<int> perm(H);
-    int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, &costs);
+    int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, &measured);
     if (units < 0) { // no hot set pays: all cold, in their order
         units = 0;
         for (int n = 0; n < H; n++) { perm[n] = n; }

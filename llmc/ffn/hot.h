@@ -166,16 +166,31 @@ static double ffn_time(Device device, F fn) {
     return t[2];
 }
 
+// The costs from times (seconds) on M tokens: the dense part alone over
+// `small` and `large` units, the sparse part's gate alone over all H units,
+// the layer all sparse over `pairs` (token, unit) pairs. The dense part's time
+// is a constant and a slope in its units (small sets use the tensor cores less
+// well); the sparse part's beyond its gate is per pair.
+static inline FfnCosts ffn_costs(double dense_small, int small, double dense_large, int large, double gate,
+                                 double sparse, double pairs, int H, int M) {
+    FfnCosts c;
+    double slope = (dense_large - dense_small) / (large - small), base = dense_small - slope * small;
+    if (slope <= 0 || base < 0) { slope = dense_large / large, base = 0; } // (noise: the larger set's mean)
+    c.dense0 = (float)(base / M);
+    c.dense1 = (float)(slope / M);
+    c.gate1 = (float)(gate / ((double)H * M));
+    c.pair1 = (float)(fmax(sparse - gate, 0.0) / fmax(pairs, 1.0));
+    return c;
+}
+
 // run(FFN_RUN_GATE): the gate of the layer's sparse part alone
 #define FFN_RUN_GATE (-1)
 
 // The costs of a layer of H units over M tokens that fire `pairs` (token,
 // unit) pairs, from timed runs of run(h) on `device`: h > 0 the layer's dense
 // part alone over its first h units (FFN_HOT_PROBE and four times as many),
-// h = 0 the layer all sparse, h = FFN_RUN_GATE the sparse part's gate alone.
-// The dense part's time is a constant and a slope in h (small sets use the
-// tensor cores less well); the sparse part's beyond its gate is per pair.
-// `what` (verbose) names the run in the log line.
+// h = 0 the layer all sparse, h = FFN_RUN_GATE the sparse part's gate alone
+// (ffn_costs). `what` (verbose) names the run in the log line.
 template <typename F>
 FfnCosts ffn_hot_measure(Device device, F run, double pairs, int H, int M, int verbose, const char* what) {
     int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
@@ -188,14 +203,7 @@ FfnCosts ffn_hot_measure(Device device, F run, double pairs, int H, int M, int v
                "all sparse %.3f ms (its gate %.3f) at %.1f pairs per token\n", what, small, large, 1e3 * dense_small,
                1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
     }
-    FfnCosts c;
-    double slope = (dense_large - dense_small) / (large - small), base = dense_small - slope * small;
-    if (slope <= 0 || base < 0) { slope = dense_large / large, base = 0; } // (noise: the larger set's mean)
-    c.dense0 = (float)(base / M);
-    c.dense1 = (float)(slope / M);
-    c.gate1 = (float)(gate / ((double)H * M));
-    c.pair1 = (float)(fmax(sparse - gate, 0.0) / fmax(pairs, 1.0));
-    return c;
+    return ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
 }
 
 // ----------------------------------------------------------------------------
