@@ -1,4 +1,4 @@
-# Build: `make` (train_gpt_sparse, infer, tokenize), `make test` (everything that
+# Build: `make` (train_gpt_sparse, infer, tokenize, hf_convert, analyze), `make test` (everything that
 # needs no GPU), `make test-gpu` (on a machine with an NVIDIA GPU), `make fuzz`
 # (the parsers under libFuzzer; needs clang).
 
@@ -23,7 +23,7 @@ TEST_FLAGS = -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 HEADERS = $(wildcard llmc/*.h llmc/ffn/*.h)
-BINARIES = train_gpt_sparse infer tokenize hf_convert
+BINARIES = train_gpt_sparse infer tokenize hf_convert analyze
 CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
 SCRIPT_TESTS = $(wildcard test/test_*.sh)
@@ -44,6 +44,9 @@ tokenize: tools/tokenize.cpp $(HEADERS)
 	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
 
 hf_convert: tools/hf_convert.cpp $(HEADERS)
+	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
+
+analyze: tools/analyze.cpp $(HEADERS)
 	$(CXX) -std=c++17 -I. $(HOST_FLAGS) $< -o $@
 
 # the converter's test includes its source
@@ -108,7 +111,7 @@ build/dev/libkernel_trace.so: dev/kernel_trace.cpp
 
 gpu: $(BINARIES) $(GPU_TESTS) $(DEV_TOOLS) build/dev/libkernel_trace.so
 
-test-gpu: $(BINARIES) $(GPU_TESTS)
+test-gpu: $(BINARIES) $(GPU_TESTS) build/dev/bench_infer
 	@bash test/run_tests.sh $(GPU_TESTS) $(wildcard test/gpu/test_*.sh)
 
 clean:

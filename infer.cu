@@ -9,17 +9,11 @@
  stdout until that token comes again, the token limit or the model's
  max_seq_len. --dump-logits writes the logits each token was sampled from.
 
- With --analyze PATTERN it generates nothing and instead measures the sparsity
- of the FFN activations on shards of text (a val shard, say): how many FFN
- units fire per token in each layer, at each position of the sequence, and for
- each token id (the most and the least active tokens), printed as tables and,
- with --analyze-out, written as JSON.
-
  Backends (--device): the CPU reference path (fp32) runs everywhere; the GPU
  path (bf16) runs the FFN dense (cuBLAS) or sparse (--ffn twell, the default:
  TwELL in the prefill, a kernel that reads only the active units' weight rows
- in the decode). Both run the cached forward of llmc/gpt.h: every prompt is
- prefilled at once, then all sequences decode together, one token each per
+ in the decode). Both run the cached forward of llmc/inference.h: every prompt
+ is prefilled at once, then all sequences decode together, one token each per
  step.
 
  Prompts: --prompt is one; --prompt-file holds one per line (a batch; empty
@@ -29,27 +23,21 @@
  Prompt i of a batch samples with seed + i; each stops at end-of-text, the
  token limit or max_seq_len.
 
- --bench measures prefill tokens/ms and decode tokens/s of the dense and the
- TwELL GPU paths in one run, three rounds of each in turn, medians (and energy
- per token from NVML when the driver has it), on a checkpoint or on a random
- model of a preset shape, by default with the synthetic-sparse gates of
- llmc/synthetic.h (benchmark only).
+ With --analyze PATTERN it generates nothing and runs the sparsity analysis of
+ ./analyze instead (llmc/analyze.h; its flags here are --analyze-NAME). The
+ GPU paths' timing is build/dev/bench_infer (dev/bench_infer.cu).
 
- The file reads in the same order: generation, then --analyze and --bench,
- each in a section of its own, then the flags and main.
+ The file reads in the same order: the flags, generation, then parse_options
+ and main.
 */
 #include <cuda_runtime.h>
 #include <unistd.h>
-#include <algorithm>
-#include <vector>
 
+#include "llmc/analyze.h"
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
-#include "llmc/dataloader.h"
 #include "llmc/inference.h"
-#include "llmc/nvml.h"
 #include "llmc/sampler.h"
-#include "llmc/synthetic.h"
 #include "llmc/tokenizer.h"
 
 // ----------------------------------------------------------------------------
@@ -59,13 +47,7 @@ typedef struct {
     const char *model_path, *prompt, *prompt_file, *tokenizer_path, *dump_logits, *device_name, *ffn_name;
     int max_tokens, top_k, seed, quiet, graph, twell_min_rows, max_batch;
     float temperature, top_p;
-    const char *analyze_pattern, *analyze_out;
-    int analyze_batches, analyze_batch, analyze_seq_len, analyze_min_count, analyze_top;
-    int bench_on, bench_batch, bench_length;
-    const char* preset_name;
-    float sparse_k;
-    int sparse_skew;
-    int hot;
+    AnalyzeOptions analyze; // --analyze PATTERN and its flags (pattern NULL: generate)
     // from the flags and the machine
     int ffn_mode;        // FFN_DENSE or FFN_SPARSE (--ffn)
     int ffn_given;       // --ffn was given (else a SiLU model runs dense by itself)
@@ -218,17 +200,6 @@ static int ffn_mode_for(const InferOptions* o, const GPTConfig* config) {
     return FFN_DENSE;
 }
 
-// the checkpoint's config and fp32 weights, and a tokenizer of its vocabulary
-static float* load_model(const InferOptions* o, GPTConfig* config, int* step, Tokenizer* tok) {
-    float* params = checkpoint_load_model(o->model_path, config, step);
-    tokenizer_load(tok, o->tokenizer_path);
-    if (tok->vocab_size != config->vocab_size) {
-        fatal("%s has %d tokens but the model %s has vocab_size %d", o->tokenizer_path, tok->vocab_size, o->model_path,
-              config->vocab_size);
-    }
-    return params;
-}
-
 // The prompts of --prompt, --prompt-file (a line each) or piped stdin, each
 // encoded after the token that starts documents, and seeded; their text points
 // into *buf (the caller frees it) or the argument.
@@ -320,7 +291,8 @@ static void generate_main(const InferOptions* opt) {
     int step = 0, nseq = 0;
     Tokenizer tok;
     char* buf = NULL;
-    float* params = load_model(opt, &config, &step, &tok);
+    float* params = checkpoint_load_model(opt->model_path, &config, &step);
+    tokenizer_load_for_model(&tok, opt->tokenizer_path, config.vocab_size, opt->model_path);
     Sequence* seqs = read_prompts(opt, &tok, config.max_seq_len, &nseq, &buf);
     int total_tokens = 0, longest = 0;
     for (int i = 0; i < nseq; i++) {
@@ -389,542 +361,6 @@ static void generate_main(const InferOptions* opt) {
 }
 
 // ----------------------------------------------------------------------------
-// --analyze: how many FFN units fire, per layer, per position and per token,
-// over batches of a shard set read in file order (as validation reads it)
-
-typedef struct {
-    const char* pattern;  // glob of shards
-    const char* out_path; // JSON copy of the report, or NULL
-    int B, T, batches, min_count, top;
-    int quiet;            // 1 = no "model:" line on stderr
-} AnalyzeOptions;
-
-typedef struct {
-    int id, count;
-    double l0; // mean over its occurrences of the firing units, averaged over layers
-} TokenActivity;
-
-// most active first; ties by id, so the order is deterministic
-static int token_activity_cmp(const void* a, const void* b) {
-    const TokenActivity* x = (const TokenActivity*)a;
-    const TokenActivity* y = (const TokenActivity*)b;
-    if (x->l0 != y->l0) { return x->l0 < y->l0 ? 1 : -1; }
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-// writes s[0..len) as the inside of a quoted string: a C-style one for the
-// tables (json = 0) or a JSON one. Valid UTF-8 passes through; quotes,
-// backslashes and control bytes are escaped; a byte that is not part of a
-// valid UTF-8 sequence (GPT-2 tokens can hold half a character) is written as
-// the four characters \xNN.
-static void write_quoted(FILE* fp, const unsigned char* s, size_t len, int json) {
-    for (size_t i = 0; i < len;) {
-        unsigned char c = s[i];
-        size_t n = utf8_sequence_length(s, len, i);
-        if (n > 1) {
-            fwrite(s + i, 1, n, fp);
-            i += n;
-            continue;
-        }
-        i++;
-        if (c == '"') { fputs("\\\"", fp); }
-        else if (c == '\\') { fputs("\\\\", fp); }
-        else if (c == '\n') { fputs("\\n", fp); }
-        else if (c == '\t') { fputs("\\t", fp); }
-        else if (c == '\r') { fputs("\\r", fp); }
-        else if (n == 1 && c >= 0x20 && c != 0x7f) { fputc(c, fp); }
-        else if (n == 1 && json) { fprintf(fp, "\\u%04x", c); }
-        else { fprintf(fp, json ? "\\\\x%02x" : "\\x%02x", c); }
-    }
-}
-
-static void write_json_string(FILE* fp, const char* s) {
-    fputc('"', fp);
-    write_quoted(fp, (const unsigned char*)s, strlen(s), 1);
-    fputc('"', fp);
-}
-
-// positions 0, 1, 2, 3, then 4-7, 8-15, 16-31, ...: bucket k covers [first, last]
-static int position_buckets(int T, int* first, int* last) {
-    int n = 0;
-    for (int p = 0; p < T && p < 4; p++) { first[n] = last[n] = p; n++; }
-    for (int p = 4; p < T; p *= 2) {
-        first[n] = p;
-        last[n] = 2 * p - 1 < T - 1 ? 2 * p - 1 : T - 1;
-        n++;
-    }
-    return n;
-}
-
-static void print_token_rows(const Tokenizer* tok, const TokenActivity* ranked, int n_ranked, int count, int from_top,
-                             int H) {
-    printf(" rank      id   count  mean L0  %% of H  text\n");
-    for (int r = 0; r < count; r++) {
-        const TokenActivity* t = &ranked[from_top ? r : n_ranked - 1 - r];
-        size_t len = 0;
-        const unsigned char* bytes = tokenizer_decode(tok, t->id, &len);
-        printf("%5d %7d %7d %8.2f %7.2f  \"", r + 1, t->id, t->count, t->l0, 100 * t->l0 / H);
-        write_quoted(stdout, bytes, len, 0);
-        printf("\"\n");
-    }
-}
-
-static void write_token_json(FILE* fp, const Tokenizer* tok, const TokenActivity* ranked, int n_ranked, int count,
-                             int from_top) {
-    for (int r = 0; r < count; r++) {
-        const TokenActivity* t = &ranked[from_top ? r : n_ranked - 1 - r];
-        size_t len = 0;
-        const unsigned char* bytes = tokenizer_decode(tok, t->id, &len);
-        fprintf(fp, "%s{\"id\":%d,\"count\":%d,\"l0_mean\":%.6g,\"text\":\"", r ? "," : "", t->id, t->count, t->l0);
-        write_quoted(fp, bytes, len, 1);
-        fprintf(fp, "\"}");
-    }
-}
-
-// How a layer's firing is spread, over the analyzed tokens (docs/SPARSE.md: trained models fire unevenly,
-// which the hot/cold split uses): each unit's count; and, over blocks of REUSE_BLOCK tokens, the pairs
-// (token, unit that fires) per distinct unit, for consecutive tokens of a sequence and for the same
-// batch's tokens shuffled
-constexpr int REUSE_BLOCK = 128;
-
-typedef struct {
-    std::vector<double> count;          // [H]
-    double pairs, distinct, distinct_shuffled;
-} UnitSpread;
-
-// the units that fire for any of the tokens rows[0..n) of g [*, H], as bits
-static double distinct_units(const float* g, const int* rows, int n, int H, std::vector<uint64_t>* bits) {
-    std::fill(bits->begin(), bits->end(), 0);
-    for (int i = 0; i < n; i++) {
-        const float* gm = g + (size_t)rows[i] * H;
-        for (int u = 0; u < H; u++) { (*bits)[u / 64] |= (uint64_t)(gm[u] > 0) << (u % 64); }
-    }
-    double d = 0;
-    for (uint64_t w : *bits) { d += __builtin_popcountll(w); }
-    return d;
-}
-
-// adds a batch of B sequences of T tokens (g [B T, H], the layer's gate) to sp
-static void unit_spread_add(UnitSpread* sp, const float* g, int B, int T, int H, uint64_t* rng) {
-    int M = B * T, block = T < REUSE_BLOCK ? T : REUSE_BLOCK;
-    std::vector<uint64_t> bits((H + 63) / 64);
-    std::vector<int> rows(M);
-    for (int m = 0; m < M; m++) {
-        for (int u = 0; u < H; u++) { sp->count[u] += g[(size_t)m * H + u] > 0; }
-        rows[m] = m;
-    }
-    for (int b = 0; b < B; b++) {
-        for (int t0 = 0; t0 + block <= T; t0 += block) {
-            sp->distinct += distinct_units(g, rows.data() + b * T + t0, block, H, &bits);
-            for (int m = b * T + t0; m < b * T + t0 + block; m++) {
-                for (int u = 0; u < H; u++) { sp->pairs += g[(size_t)m * H + u] > 0; }
-            }
-        }
-    }
-    for (int m = M - 1; m > 0; m--) { std::swap(rows[m], rows[rng_below(rng, (uint64_t)m + 1)]); }
-    for (int b = 0; b < B; b++) { // the same number of blocks, of shuffled tokens
-        for (int t0 = 0; t0 + block <= T; t0 += block) { sp->distinct_shuffled += distinct_units(g, rows.data() + b * T + t0, block, H, &bits); }
-    }
-}
-
-// the share of the pairs that the busiest eighth of the units hold
-static double top_eighth_share(const std::vector<double>& count) {
-    std::vector<double> c = count;
-    std::sort(c.begin(), c.end(), [](double a, double b) { return a > b; });
-    double top = 0, all = 0;
-    for (size_t i = 0; i < c.size(); i++) {
-        all += c[i];
-        top += i < c.size() / 8 ? c[i] : 0;
-    }
-    return all > 0 ? top / all : 0;
-}
-
-static void analyze(GPT<float, float>* model, const Tokenizer* tok, const AnalyzeOptions* o, const char* model_path,
-                    int step) {
-    const GPTConfig* c = &model->config;
-    int L = c->num_layers, H = c->hidden, V = c->vocab_size, B = o->B, T = o->T, M = B * T;
-    DataLoader loader;
-    dataloader_init(&loader, o->pattern, B, T, 0, 1, 0, 0, V); // file order, no shuffle
-    if (!o->quiet) {
-        fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d) on the CPU reference path\n", model_path, step, L,
-                c->channels, H);
-    }
-    size_t available = dataloader_num_batches(&loader);
-    int batches = (size_t)o->batches > available ? (int)available : o->batches;
-    double* pos_sum = (double*)callocCheck(T, sizeof(double));
-    double* tok_sum = (double*)callocCheck(V, sizeof(double));
-    int* tok_count = (int*)callocCheck(V, sizeof(int));
-
-    std::vector<UnitSpread> spread(L);
-    for (UnitSpread& sp : spread) { sp = {std::vector<double>(H, 0.0), 0, 0, 0}; }
-    uint64_t rng = 17;
-
-    double t0 = now_seconds();
-    gpt_stats_reset(model);
-    for (int i = 0; i < batches; i++) {
-        dataloader_next_batch(&loader);
-        gpt_forward(model, loader.inputs, loader.targets, B, T, 0.0f);
-        for (int l = 0; l < L; l++) { unit_spread_add(&spread[l], model->ffn.layer[l].dense, B, T, H, &rng); }
-        const int* active = model->acts.row_active; // [L, M], host memory on the CPU path
-        for (int m = 0; m < M; m++) {
-            double sum = 0;
-            for (int l = 0; l < L; l++) { sum += active[(size_t)l * M + m]; }
-            pos_sum[m % T] += sum / L;
-            tok_sum[loader.inputs[m]] += sum / L;
-            tok_count[loader.inputs[m]]++;
-        }
-    }
-    double tokens = (double)batches * M, seconds = now_seconds() - t0;
-    gpt_stats_read(model, tokens);
-
-    // the token ids seen at least min_count times, most active first
-    TokenActivity* ranked = (TokenActivity*)mallocCheck(V * sizeof(TokenActivity));
-    int n_ranked = 0, n_seen = 0;
-    for (int id = 0; id < V; id++) {
-        n_seen += tok_count[id] > 0;
-        if (tok_count[id] >= o->min_count) {
-            ranked[n_ranked++] = (TokenActivity){id, tok_count[id], tok_sum[id] / tok_count[id]};
-        }
-    }
-    qsort(ranked, n_ranked, sizeof(TokenActivity), token_activity_cmp);
-    int shown = n_ranked < o->top ? n_ranked : o->top;
-    int first[64], last[64];
-    int n_buckets = position_buckets(T, first, last);
-    double l0_all = 0, dead_all = 0;
-    int max_all = 0;
-    for (int l = 0; l < L; l++) {
-        l0_all += model->stats[l].l0_mean / L;
-        dead_all += model->stats[l].dead / L;
-        if (model->stats[l].l0_max > max_all) { max_all = model->stats[l].l0_max; }
-    }
-
-    printf("analysis of %s: %d batches of %d x %d tokens = %.0f tokens (%.1f s)\n", o->pattern, batches, B, T, tokens,
-           seconds);
-    printf("ce %.4f (mean next-token cross-entropy)\n\n", model->ce);
-    printf("L0 per layer: FFN units that fire per token, of H = %d (dead: fired for none of the tokens)\n", H);
-    printf("layer  mean L0  max L0  %% of H  dead %%\n");
-    for (int l = 0; l < L; l++) {
-        const LayerStats* s = &model->stats[l];
-        printf("%5d %8.2f %7d %7.2f %7.1f\n", l, s->l0_mean, s->l0_max, 100 * s->l0_mean / H, 100 * s->dead);
-    }
-    printf("  all %8.2f %7d %7.2f %7.1f\n\n", l0_all, max_all, 100 * l0_all / H, 100 * dead_all);
-    printf("how unevenly units fire, per layer: the share of the (token, unit) pairs that the busiest eighth of the\n"
-           "units hold; per block of %d consecutive tokens, pairs per distinct unit, and the same for the batch's\n"
-           "tokens shuffled (their ratio: how much more consecutive tokens share units)\n", T < REUSE_BLOCK ? T : REUSE_BLOCK);
-    printf("layer  top 1/8 %%  dead %%  reuse  shuffled  ratio\n");
-    for (int l = 0; l < L; l++) {
-        const UnitSpread* sp = &spread[l];
-        double reuse = sp->pairs / fmax(sp->distinct, 1), shuffled = sp->pairs / fmax(sp->distinct_shuffled, 1);
-        printf("%5d %10.1f %7.1f %6.2f %9.2f %6.2f\n", l, 100 * top_eighth_share(sp->count), 100 * model->stats[l].dead,
-               reuse, shuffled, reuse / fmax(shuffled, 1e-30));
-    }
-    printf("\n");
-    printf("L0 per position in the sequence (mean over layers)\n");
-    printf(" position   tokens  mean L0  %% of H\n");
-    for (int k = 0; k < n_buckets; k++) {
-        double sum = 0;
-        for (int p = first[k]; p <= last[k]; p++) { sum += pos_sum[p]; }
-        double n = (double)batches * B * (last[k] - first[k] + 1);
-        char range[32];
-        if (first[k] == last[k]) { snprintf(range, sizeof(range), "%d", first[k]); }
-        else { snprintf(range, sizeof(range), "%d-%d", first[k], last[k]); }
-        printf("%9s %8.0f %8.2f %7.2f\n", range, n, sum / n, 100 * sum / n / H);
-    }
-    printf("\nthe %d most active tokens (mean over layers; of %d token ids seen, %d occur at least %d times)\n", shown,
-           n_seen, n_ranked, o->min_count);
-    print_token_rows(tok, ranked, n_ranked, shown, 1, H);
-    printf("\nthe %d least active tokens\n", shown);
-    print_token_rows(tok, ranked, n_ranked, shown, 0, H);
-
-    if (o->out_path) {
-        char tmp[4096];
-        FILE* fp = atomic_open(o->out_path, tmp, sizeof(tmp));
-        fprintf(fp, "{\"model\":");
-        write_json_string(fp, model_path);
-        fprintf(fp, ",\"step\":%d,\"data\":", step);
-        write_json_string(fp, o->pattern);
-        fprintf(fp, ",\"batches\":%d,\"batch\":%d,\"seq_len\":%d,\"tokens\":%.0f,\"layers\":%d,\"hidden\":%d,\"ce\":%.6g,",
-                batches, B, T, tokens, L, H, model->ce);
-        fprintf(fp, "\"l0_mean\":%.6g,\"l0_max\":%d,\"l0_pct\":%.6g,\"dead\":%.6g,", l0_all, max_all, 100 * l0_all / H,
-                dead_all);
-        fprintf(fp, "\"layer\":{\"l0_mean\":[");
-        for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", model->stats[l].l0_mean); }
-        fprintf(fp, "],\"l0_max\":[");
-        for (int l = 0; l < L; l++) { fprintf(fp, "%s%d", l ? "," : "", model->stats[l].l0_max); }
-        fprintf(fp, "],\"l0_pct\":[");
-        for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", 100 * model->stats[l].l0_mean / H); }
-        fprintf(fp, "],\"dead\":[");
-        for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", model->stats[l].dead); }
-        fprintf(fp, "],\"top_eighth_share\":[");
-        for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", top_eighth_share(spread[l].count)); }
-        fprintf(fp, "],\"block_reuse\":[");
-        for (int l = 0; l < L; l++) { fprintf(fp, "%s%.6g", l ? "," : "", spread[l].pairs / fmax(spread[l].distinct, 1)); }
-        fprintf(fp, "],\"block_reuse_shuffled\":[");
-        for (int l = 0; l < L; l++) {
-            fprintf(fp, "%s%.6g", l ? "," : "", spread[l].pairs / fmax(spread[l].distinct_shuffled, 1));
-        }
-        fprintf(fp, "]},\"position\":{\"l0_mean\":[");
-        for (int p = 0; p < T; p++) { fprintf(fp, "%s%.6g", p ? "," : "", pos_sum[p] / ((double)batches * B)); }
-        fprintf(fp, "]},\"position_buckets\":[");
-        for (int k = 0; k < n_buckets; k++) {
-            double sum = 0;
-            for (int p = first[k]; p <= last[k]; p++) { sum += pos_sum[p]; }
-            double n = (double)batches * B * (last[k] - first[k] + 1);
-            fprintf(fp, "%s{\"first\":%d,\"last\":%d,\"l0_mean\":%.6g}", k ? "," : "", first[k], last[k], sum / n);
-        }
-        fprintf(fp, "],\"token_ids_seen\":%d,\"min_count\":%d,\"tokens_ranked\":%d,\"most_active\":[", n_seen,
-                o->min_count, n_ranked);
-        write_token_json(fp, tok, ranked, n_ranked, shown, 1);
-        fprintf(fp, "],\"least_active\":[");
-        write_token_json(fp, tok, ranked, n_ranked, shown, 0);
-        fprintf(fp, "]}\n");
-        atomic_commit(fp, tmp, o->out_path);
-        printf("\nwrote %s\n", o->out_path);
-    }
-    free(ranked);
-    free(tok_count);
-    free(tok_sum);
-    free(pos_sum);
-    dataloader_free(&loader);
-}
-
-// --analyze: the checkpoint on the CPU reference path over the shards
-static void analyze_main(const InferOptions* opt) {
-    GPTConfig config;
-    int step = 0;
-    Tokenizer tok;
-    float* params = load_model(opt, &config, &step, &tok);
-    GPT<float, float> model;
-    gpt_build(&model, &config, DEVICE_CPU);
-    gpt_load_params(&model, params);
-    free(params);
-    int T = opt->analyze_seq_len ? opt->analyze_seq_len : config.max_seq_len;
-    if (T > config.max_seq_len || T < 2) {
-        fatal("--analyze-seq-len %d: the model %s takes 2 to %d tokens", T, opt->model_path, config.max_seq_len);
-    }
-    if ((long long)opt->analyze_batch * T > (1 << 24)) {
-        fatal("--analyze-batch %d x %d tokens is too many for one batch (at most %d)", opt->analyze_batch, T, 1 << 24);
-    }
-    AnalyzeOptions o = {opt->analyze_pattern, opt->analyze_out, opt->analyze_batch, T, opt->analyze_batches,
-                        opt->analyze_min_count, opt->analyze_top, opt->quiet};
-    analyze(&model, &tok, &o, opt->model_path, step);
-    tokenizer_free(&tok);
-    gpt_free(&model);
-}
-
-// ----------------------------------------------------------------------------
-// --bench: prefill tokens/ms and decode tokens/s, dense and TwELL, in one run
-
-typedef struct {
-    double prefill_ms, decode_s, prefill_j, decode_j, active;
-} BenchResult;
-
-static BenchResult bench_path(GPT<bf16, float>* model, InferState<bf16>* s, int ffn_mode, const int* tokens,
-                              const int* lens, int B, int T, int steps, const Nvml* nvml, int have_nvml) {
-    BenchResult r = {0, 0, -1, -1, -1};
-    model->ffn.mode = ffn_mode;
-    for (int i = 0; i < 2; i++) { gpt_prefill(model, s, tokens, lens, B, NULL); } // TwELL sizes its buffers and picks paths
-    double t0 = now_seconds();
-    gpt_prefill(model, s, tokens, lens, B, NULL);
-    double once = now_seconds() - t0;
-    int reps = (int)ceil(0.5 / once);
-    reps = reps < 3 ? 3 : reps > 100 ? 100 : reps;
-    double e0 = have_nvml ? nvml_energy_joules(nvml) : 0;
-    t0 = now_seconds();
-    for (int i = 0; i < reps; i++) { gpt_prefill(model, s, tokens, lens, B, NULL); }
-    r.prefill_ms = (now_seconds() - t0) * 1e3 / reps;
-    if (have_nvml) { r.prefill_j = (nvml_energy_joules(nvml) - e0) / reps; }
-    if (ffn_mode == FFN_SPARSE) {
-        twell_prefill_settle(&s->ffn.twell);
-        double sum = 0;
-        for (int l = 0; l < model->config.num_layers; l++) { sum += s->ffn.twell.layer_active[l]; }
-        r.active = sum / model->config.num_layers;
-    }
-    int* next = (int*)mallocCheck(B * sizeof(int));
-    int* pos = (int*)mallocCheck(B * sizeof(int));
-    for (int b = 0; b < B; b++) { next[b] = tokens[b * T + T - 1]; pos[b] = T; }
-    gpt_decode(model, s, next, pos, B, NULL); // the graph is made here
-    e0 = have_nvml ? nvml_energy_joules(nvml) : 0;
-    t0 = now_seconds();
-    for (int i = 0; i < steps; i++) { // the model's step: the logits stay on the GPU (no copy, no sampling)
-        for (int b = 0; b < B; b++) { pos[b] = T + i; next[b] = (int)((tokens[b * T + i % T] + i) % model->config.vocab_size); }
-        gpt_decode(model, s, next, pos, B, NULL);
-    }
-    r.decode_s = now_seconds() - t0;
-    if (have_nvml) { r.decode_j = nvml_energy_joules(nvml) - e0; }
-    free(pos);
-    free(next);
-    return r;
-}
-
-static double median3(double a, double b, double c) { return fmax(fmin(a, b), fmin(fmax(a, b), c)); }
-
-// each field's median over three runs
-static BenchResult bench_median(const BenchResult (&r)[3]) {
-    BenchResult m;
-    m.prefill_ms = median3(r[0].prefill_ms, r[1].prefill_ms, r[2].prefill_ms);
-    m.decode_s = median3(r[0].decode_s, r[1].decode_s, r[2].decode_s);
-    m.prefill_j = median3(r[0].prefill_j, r[1].prefill_j, r[2].prefill_j);
-    m.decode_j = median3(r[0].decode_j, r[1].decode_j, r[2].decode_j);
-    m.active = median3(r[0].active, r[1].active, r[2].active);
-    return m;
-}
-
-// the median time of fn over 20 runs on the model's stream, in microseconds
-template <typename F>
-static double time_us(F fn) {
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    fn();
-    float ms[20];
-    for (int i = 0; i < 20; i++) {
-        cudaCheck(cudaEventRecord(start, main_stream));
-        fn();
-        cudaCheck(cudaEventRecord(stop, main_stream));
-        cudaCheck(cudaEventSynchronize(stop));
-        cudaCheck(cudaEventElapsedTime(&ms[i], start, stop));
-    }
-    qsort(ms, 20, sizeof(float), [](const void* a, const void* b) {
-        float x = *(const float*)a, y = *(const float*)b;
-        return (x > y) - (x < y);
-    });
-    cudaCheck(cudaEventDestroy(start));
-    cudaCheck(cudaEventDestroy(stop));
-    return ms[10] * 1e3;
-}
-
-// the parts of one decode step of B sequences (layer 0, the cache as the last step left it)
-static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int B) {
-    const GPTConfig* c = &model->config;
-    int D = c->channels, H = c->hidden, QKV = qkv_dim(c);
-    bf16* const* param = model->param;
-    double qkv = time_us([&] { decode_linear(m->qkv, m->normed, param[P_WQKV], B, QKV, D); });
-    double att = time_us([&] {
-        attention_decode(m->att, m->dev.part_o, m->dev.part_ml, m->dev.splits_done, m->qkv, m->k_cache, m->v_cache, m->row_pos, B,
-                         c->num_heads, c->num_kv_heads, head_size(c), m->cache_len, c->rope_theta);
-    });
-    double gate = time_us([&] { decode_linear(m->gu, m->normed, param[P_WG], B, H, D); });
-    double gate_cublas = time_us([&] { gemm(m->gu, m->normed, param[P_WG], B, H, D, 0, 1, 0); });
-    double down = time_us([&] { gemm(m->proj, m->gu, param[P_WDT], B, D, H, 0, 0, 0); });
-    double logits = time_us([&] { decode_linear(m->logits, m->normed, param[P_WTE], B, c->padded_vocab_size, D); });
-    printf("decode parts at batch %d (us, one layer): qkv %.1f, attention %.1f, gate (or up) %.1f (cuBLASLt: %.1f), "
-           "dense down %.1f; logits %.1f; weights %.1f MB per layer dense\n", B, qkv, att, gate, gate_cublas, down,
-           logits, (double)(QKV + D + 3 * H) * D * 2 / 1e6);
-}
-
-static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double synthetic_k,
-                  int skewed, int hot, const char* what, uint64_t seed) {
-    const GPTConfig* c = &model->config;
-    int* tokens = (int*)mallocCheck((size_t)B * T * sizeof(int));
-    int* lens = (int*)mallocCheck(B * sizeof(int));
-    uint64_t rng = seed;
-    for (int i = 0; i < B * T; i++) { tokens[i] = (int)rng_below(&rng, c->vocab_size); }
-    for (int b = 0; b < B; b++) { lens[b] = T; }
-    if (synthetic_k > 0) { synthetic_calibrate(model, s, tokens, lens, B, synthetic_k, skewed, seed ^ 0x5eedull); }
-    // the TwELL prefill's hot units, from a calibration prefill of the same prompts (when TwELL runs at this size)
-    model->ffn.mode = FFN_SPARSE;
-    if (hot) { infer_hot_calibrate(model, s, tokens, lens, B, 1); }
-    char bus[32];
-    int device = 0;
-    cudaCheck(cudaGetDevice(&device));
-    cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
-    Nvml nvml;
-    int have_nvml = nvml_open(&nvml, bus);
-    // three rounds of dense then TwELL, the median of each field: the GPU's clock
-    // drops as it heats, so the paths are timed side by side, not one after the other
-    BenchResult runs[2][3];
-    for (int round = 0; round < 3; round++) {
-        runs[0][round] = bench_path(model, s, FFN_DENSE, tokens, lens, B, T, steps, &nvml, have_nvml);
-        runs[1][round] = bench_path(model, s, FFN_SPARSE, tokens, lens, B, T, steps, &nvml, have_nvml);
-    }
-    BenchResult dense = bench_median(runs[0]), twell = bench_median(runs[1]);
-    printf("bench: %s, batch %d x %d prompt tokens, %d decode steps%s\n", what, B, T, steps,
-           twell_prefill_supports(c->channels) ? "" : " (TwELL prefill unsupported for this shape: dense)");
-    double hot_units = 0;
-    for (int l = 0; l < c->num_layers; l++) { hot_units += model->ffn.layer[l].hot.units; }
-    hot_units /= c->num_layers;
-    if (twell.active >= 0 && hot_units > 0) { // TwELL counts the cold tail only: the hot units run dense
-        printf("TwELL: %.1f active FFN units per token in the cold tail, %.0f hot units a layer run dense (means over "
-               "layers, of H = %d)\n", twell.active, hot_units, c->hidden);
-    } else if (twell.active >= 0) {
-        printf("TwELL: %.1f active FFN units per token (mean over layers, of H = %d)\n", twell.active, c->hidden);
-    } else {
-        printf("TwELL: the prefill of %d tokens ran the dense FFN (--twell-min-rows %d)\n", B * T, s->ffn.twell.min_rows);
-    }
-    printf("%-6s %14s %14s %16s %16s\n", "ffn", "prefill tok/ms", "decode tok/s", "prefill mJ/tok", "decode mJ/tok");
-    const BenchResult* rs[2] = {&dense, &twell};
-    const char* names[2] = {"dense", "twell"};
-    for (int i = 0; i < 2; i++) {
-        const BenchResult* r = rs[i];
-        printf("%-6s %14.2f %14.1f", names[i], B * T / r->prefill_ms, (double)B * steps / r->decode_s);
-        // the counter moves in steps of some ms: a run too short to move it has no figure
-        if (have_nvml && r->prefill_j > 0) { printf(" %16.3f", r->prefill_j * 1e3 / (B * T)); } else { printf(" %16s", "n/a"); }
-        if (have_nvml && r->decode_j > 0) { printf(" %16.3f\n", r->decode_j * 1e3 / ((double)B * steps)); } else { printf(" %16s\n", "n/a"); }
-    }
-    printf("twell / dense: prefill %.2fx, decode %.2fx%s\n", dense.prefill_ms / twell.prefill_ms,
-           dense.decode_s / twell.decode_s, have_nvml ? "" : " (energy: NVML unavailable)");
-    bench_decode_parts(model, s, B);
-    free(lens);
-    free(tokens);
-}
-
-// --bench: a checkpoint, or a random model of a preset shape (synthetic-sparse
-// unless --sparse-k 0), on the GPU
-static void bench_main(const InferOptions* opt) {
-    if (!opt->use_gpu) { fatal("--bench measures the GPU paths: no CUDA GPU here (or --device cpu)"); }
-    GPTConfig config;
-    char what[512];
-    int steps = opt->max_tokens, B = opt->bench_batch, T = opt->bench_length;
-    if (opt->preset_name) {
-        const ModelPreset* p = find_preset(opt->preset_name);
-        if (p == NULL) { fatal("--preset %s: not a model shape (default, 124m, 0.5b, 1b, 1.5b, 2b)", opt->preset_name); }
-        config = (GPTConfig){50257, round_up(50257, 128), p->layers, p->dim, p->heads, p->heads, p->hidden, 2048, 10000.0f,
-                             1e-5f, ACT_RELU, 0};
-    } else {
-        int step = 0;
-        free(checkpoint_load_model(opt->model_path, &config, &step)); // the config now, the weights below
-        if (config.activation != ACT_RELU) {
-            fatal("--bench compares the dense and TwELL paths, and TwELL needs ReLU: %s is %s", opt->model_path,
-                  activation_names[config.activation]);
-        }
-    }
-    if (T + steps > config.max_seq_len) {
-        steps = config.max_seq_len - T;
-        if (steps < 1) { fatal("--length %d leaves no room to decode in max_seq_len %d", T, config.max_seq_len); }
-    }
-    GPT<bf16, float> model;
-    InferState<bf16> s;
-    gpt_build(&model, &config, DEVICE_CUDA);
-    infer_state_alloc(&s, &model, B, B * T, T + steps);
-    s.dev.use_graph = opt->graph;
-    s.ffn.twell.min_rows = opt->twell_min_rows;
-    if (opt->preset_name) {
-        init_params_synthetic_gpu(&model, (uint32_t)opt->seed, opt->sparse_k);
-        if (opt->sparse_k > 0) {
-            snprintf(what, sizeof(what), "random %s model (L %d, D %d, H %d) with the %s SYNTHETIC-SPARSE init (k = %g "
-                     "target units per token; benchmark only, never written to a checkpoint) on %s", opt->preset_name,
-                     config.num_layers, config.channels, config.hidden, opt->sparse_skew ? "skewed" : "uniform",
-                     opt->sparse_k, opt->gpu_name);
-        } else {
-            snprintf(what, sizeof(what), "random %s model (L %d, D %d, H %d, dense-random gates) on %s",
-                     opt->preset_name, config.num_layers, config.channels, config.hidden, opt->gpu_name);
-        }
-    } else {
-        int step = 0;
-        float* params = checkpoint_load_model(opt->model_path, &config, &step);
-        gpt_load_params(&model, params);
-        free(params);
-        snprintf(what, sizeof(what), "%s (step %d, L %d, D %d, H %d) on %s", opt->model_path, step, config.num_layers,
-                 config.channels, config.hidden, opt->gpu_name);
-    }
-    bench(&model, &s, B, T, steps, opt->preset_name ? opt->sparse_k : 0, opt->sparse_skew, opt->hot, what,
-          (uint64_t)opt->seed);
-    infer_state_free(&s, &model);
-    gpt_free(&model);
-}
-
-// ----------------------------------------------------------------------------
 
 // the flags into o, checked, and the machine's GPUs; a bad flag is a one-line error
 static void parse_options(int argc, char** argv, InferOptions* o) {
@@ -932,15 +368,14 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     o->tokenizer_path = TOKENIZER_DEFAULT_PATH;
     o->device_name = "auto";
     o->ffn_name = "twell";
-    o->max_tokens = 256, o->seed = 42, o->graph = 1, o->hot = 1, o->twell_min_rows = TWELL_PREFILL_MIN_ROWS, o->max_batch = 64;
+    o->max_tokens = 256, o->seed = 42, o->graph = 1, o->twell_min_rows = TWELL_PREFILL_MIN_ROWS, o->max_batch = 64;
     o->temperature = 1.0f, o->top_p = 1.0f;
-    o->analyze_batches = 16, o->analyze_batch = 4, o->analyze_min_count = 10, o->analyze_top = 20;
-    o->bench_batch = 1, o->bench_length = 512, o->sparse_k = 30.0f;
+    analyze_defaults(&o->analyze, "analyze-");
     ArgSpec specs[] = {
         {'m', "model", ARG_STRING, &o->model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest (default: out)", 0},
         {'p', "prompt", ARG_STRING, &o->prompt, 0, 0, "prompt text (default: stdin if it is not a terminal, else none)", 0},
         {'f', "prompt-file", ARG_STRING, &o->prompt_file, 0, 0, "one prompt per line, a batch ('-' = stdin; empty lines skipped)", 0},
-        {'n', "max-tokens", ARG_INT, &o->max_tokens, 1, 1 << 24, "most tokens to generate per prompt (--bench: decode steps)", 0},
+        {'n', "max-tokens", ARG_INT, &o->max_tokens, 1, 1 << 24, "most tokens to generate per prompt", 0},
         {'t', "temperature", ARG_FLOAT, &o->temperature, 0, 100, "sampling temperature (0 = greedy)", 0},
         {'k', "top-k", ARG_INT, &o->top_k, 0, 1 << 24, "sample among the k likeliest tokens (0 = all)", 0},
         {0, "top-p", ARG_FLOAT, &o->top_p, 1e-6, 1, "sample within the smallest set of probability >= p", 0},
@@ -953,39 +388,19 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
         {0, "graph", ARG_INT, &o->graph, 0, 1, "1 = each GPU decode step is one CUDA graph", 0},
         {0, "twell-min-rows", ARG_INT, &o->twell_min_rows, 0, 1 << 30, "TwELL: prefills of fewer tokens run the dense FFN (0 = never)", 0},
         {0, "max-batch", ARG_INT, &o->max_batch, 1, 4096, "most prompts of one run", 0},
-        {0, "bench", ARG_INT, &o->bench_on, 0, 1, "1 = measure prefill tok/ms and decode tok/s, dense and TwELL (GPU)", 0},
-        {0, "batch", ARG_INT, &o->bench_batch, 1, 4096, "--bench: sequences", 0},
-        {0, "length", ARG_INT, &o->bench_length, 1, 1 << 20, "--bench: prompt tokens per sequence", 0},
-        {0, "preset", ARG_STRING, &o->preset_name, 0, 0, "--bench: a random model of this shape (1.5b, ...) instead of --model", 0},
-        {0, "sparse-k", ARG_FLOAT, &o->sparse_k, 0, 1e6, "--bench --preset: synthetic-sparse init, ~k active units per token (0 = off)", 0},
-        {0, "hot", ARG_INT, &o->hot, 0, 1, "--bench: 1 = TwELL prefills run each layer's busiest units as dense products (chosen by a calibration prefill of the benchmark's prompts), 0 = all units by TwELL", 0},
-        {0, "sparse-skew", ARG_INT, &o->sparse_skew, 0, 1, "--bench --preset: 1 = the units' rates skewed as trained models' (log-normal, 30% never firing), 0 = uniform", 0},
-        {0, "analyze", ARG_STRING, &o->analyze_pattern, 0, 0, "instead of generating, measure FFN sparsity on these shards (a glob)", 0},
-        {0, "analyze-batches", ARG_INT, &o->analyze_batches, 1, 1 << 30, "batches to analyze (capped at what the shards hold)", 0},
-        {0, "analyze-batch", ARG_INT, &o->analyze_batch, 1, 1 << 16, "sequences per analyzed batch", 0},
-        {0, "analyze-seq-len", ARG_INT, &o->analyze_seq_len, 0, 1 << 20, "tokens per sequence (0 = the model's max_seq_len)", 0},
-        {0, "analyze-min-count", ARG_INT, &o->analyze_min_count, 1, 1 << 30, "rank only token ids seen at least this often", 0},
-        {0, "analyze-top", ARG_INT, &o->analyze_top, 1, 1 << 20, "tokens in each of the most and least active lists", 0},
-        {0, "analyze-out", ARG_STRING, &o->analyze_out, 0, 0, "also write the analysis as JSON to this file", 0},
+        {0, "analyze", ARG_STRING, &o->analyze.pattern, 0, 0, "instead of generating, measure FFN sparsity on these shards (a glob; as ./analyze)", 0},
+        ANALYZE_FLAGS(&o->analyze, "analyze-", 0),
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
-    cli_parse(argc, argv, "usage: ./infer [flags]\nGenerates text with a train_gpt_sparse checkpoint, with --bench measures\n"
-              "the GPU paths, or with --analyze measures the sparsity of its FFN activations on shards of text.",
-              specs, num_specs);
+    cli_parse(argc, argv, "usage: ./infer [flags]\nGenerates text with a train_gpt_sparse checkpoint, or with --analyze measures\n"
+              "the sparsity of its FFN activations on shards of text (as ./analyze does).", specs, num_specs);
     if (o->prompt && o->prompt_file) { fatal("give the prompt with --prompt or --prompt-file, not both"); }
-    if (o->analyze_pattern && (o->prompt || o->prompt_file)) { fatal("--analyze reads shards, not a prompt: drop --prompt/--prompt-file"); }
-    if (o->analyze_pattern && o->dump_logits) { fatal("--dump-logits writes the logits of generation: drop --analyze"); }
-    if (o->analyze_pattern && o->bench_on) { fatal("--analyze and --bench are separate runs"); }
-    if (o->analyze_pattern == NULL) {
+    if (o->analyze.pattern && (o->prompt || o->prompt_file)) { fatal("--analyze reads shards, not a prompt: drop --prompt/--prompt-file"); }
+    if (o->analyze.pattern && o->dump_logits) { fatal("--dump-logits writes the logits of generation: drop --analyze"); }
+    if (o->analyze.pattern == NULL) {
         const char* needs[] = {"analyze-batches", "analyze-batch", "analyze-seq-len", "analyze-min-count", "analyze-top", "analyze-out"};
         for (size_t i = 0; i < sizeof(needs) / sizeof(needs[0]); i++) {
             if (cli_given(specs, num_specs, needs[i])) { fatal("--%s needs --analyze", needs[i]); }
-        }
-    }
-    if (!o->bench_on) {
-        const char* needs[] = {"batch", "length", "preset", "sparse-k"};
-        for (size_t i = 0; i < sizeof(needs) / sizeof(needs[0]); i++) {
-            if (cli_given(specs, num_specs, needs[i])) { fatal("--%s needs --bench", needs[i]); }
         }
     }
     if (strcmp(o->device_name, "auto") != 0 && strcmp(o->device_name, "cpu") != 0 && strcmp(o->device_name, "cuda") != 0) {
@@ -998,36 +413,25 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     if (cudaGetDeviceCount(&o->gpus) != cudaSuccess) { o->gpus = 0; }
     o->use_gpu = strcmp(o->device_name, "cuda") == 0 || (strcmp(o->device_name, "auto") == 0 && o->gpus > 0);
     if (o->use_gpu && o->gpus == 0) { fatal("--device cuda: no CUDA GPU is present"); }
-    if (o->analyze_pattern && strcmp(o->device_name, "cuda") == 0) { fatal("--analyze runs on the CPU reference path: drop --device cuda"); }
-    if (o->analyze_pattern) { o->use_gpu = false; }
+    if (o->analyze.pattern && strcmp(o->device_name, "cuda") == 0) { fatal("--analyze runs on the CPU reference path: drop --device cuda"); }
+    if (o->analyze.pattern) { o->use_gpu = false; }
     if (!o->use_gpu && cli_given(specs, num_specs, "ffn")) { fatal("--ffn chooses a GPU path; the CPU reference path is dense"); }
     if (o->use_gpu) {
         cudaDeviceProp prop;
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
         snprintf(o->gpu_name, sizeof(o->gpu_name), "%s", prop.name);
     }
-
-    // a directory (out when no -m is given) stands for its newest model file
-    struct stat model_stat;
-    int is_dir = o->model_path != NULL && stat(o->model_path, &model_stat) == 0 && S_ISDIR(model_stat.st_mode);
-    if (!(o->bench_on && o->preset_name) && (o->model_path == NULL || is_dir)) {
-        const char* dir = o->model_path ? o->model_path : "out";
-        int newest = checkpoint_latest(dir, 0);
-        if (newest < 0 && o->model_path == NULL) {
-            fatal("no -m given, and out/ holds no checkpoint (model_<step>.bin): train one with ./train_gpt_sparse "
-                  "(on a CPU a short first run, about 10 minutes), or give -m FILE");
-        }
-        if (newest < 0) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", dir); }
-        model_path(o->model_file, sizeof(o->model_file), dir, newest);
-        o->model_path = o->model_file;
-    }
+    o->model_path = checkpoint_model_file(o->model_path, o->model_file, sizeof(o->model_file));
+    // the analysis takes the model, the tokenizer and -q of infer's own flags
+    o->analyze.model_path = o->model_path;
+    o->analyze.tokenizer_path = o->tokenizer_path;
+    o->analyze.quiet = o->quiet;
 }
 
 int main(int argc, char** argv) {
     InferOptions o;
     parse_options(argc, argv, &o);
-    if (o.bench_on) { bench_main(&o); }
-    else if (o.analyze_pattern) { analyze_main(&o); }
+    if (o.analyze.pattern) { analyze_checkpoint(&o.analyze); }
     else { generate_main(&o); }
     return 0;
 }

@@ -7,7 +7,7 @@
  most time, with the GPU's idle time between kernels:
 
      CUDA_INJECTION64_PATH=build/dev/libkernel_trace.so KERNEL_TRACE_CSV=trace.csv \
-         ./infer --bench 1 --preset 1.5b --batch 1
+         build/dev/bench_infer --preset 1.5b --batch 1
 
  Times are the GPU's own timestamps; what the tracer costs is on the host side
  (a buffer callback now and then), not inside the kernels.

@@ -44,6 +44,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "llmc/model.h"
 #include "llmc/utils.h"
@@ -480,6 +481,23 @@ static inline int checkpoint_latest(const char* dir, int complete) {
     }
     closedir(d);
     return best;
+}
+
+// The model file a -m flag names: a file as it is; a directory (out/ when path is NULL) stands for its
+// newest model file, whose path is written to buf (len bytes)
+static inline const char* checkpoint_model_file(const char* path, char* buf, size_t len) {
+    struct stat st;
+    int is_dir = path != NULL && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (path != NULL && !is_dir) { return path; }
+    const char* dir = path ? path : "out";
+    int newest = checkpoint_latest(dir, 0);
+    if (newest < 0 && path == NULL) {
+        fatal("no -m given, and out/ holds no checkpoint (model_<step>.bin): train one with ./train_gpt_sparse "
+              "(on a CPU a short first run, about 10 minutes), or give -m FILE");
+    }
+    if (newest < 0) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", dir); }
+    model_path(buf, len, dir, newest);
+    return buf;
 }
 
 #endif // LLMC_CHECKPOINT_H

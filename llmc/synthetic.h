@@ -97,7 +97,7 @@ static inline void init_params_synthetic_sparse(float* params, const GPTConfig* 
 
 #ifdef __CUDACC__
 // ----------------------------------------------------------------------------
-// A synthetic-sparse model on the GPU, made and calibrated there (infer --bench
+// A synthetic-sparse model on the GPU, made and calibrated there (bench_infer
 // --preset: shapes too large for the host to make quickly). A constant feature
 // carries the biases: channel D-1 of the residual stream is set to e = 0.02 in
 // every embedding row, and nothing writes to it (row D-1 of Wo and column D-1

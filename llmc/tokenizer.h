@@ -959,6 +959,14 @@ static inline void tokenizer_load(Tokenizer* t, const char* path) {
     else { tokenizer_init(t, path); }
 }
 
+// tokenizer_load, for a model of vocab_size tokens (model: its file, for the error)
+static inline void tokenizer_load_for_model(Tokenizer* t, const char* path, int vocab_size, const char* model) {
+    tokenizer_load(t, path);
+    if (t->vocab_size != vocab_size) {
+        fatal("%s has %d tokens but the model %s has vocab_size %d", path, t->vocab_size, model, vocab_size);
+    }
+}
+
 // writes bytes s[0..n) in the byte-level alphabet, escaped for the inside of a JSON string
 static inline void tokenizer_write_byte_chars(FILE* fp, const unsigned char* s, size_t n, const uint32_t chars[256]) {
     for (size_t i = 0; i < n; i++) {

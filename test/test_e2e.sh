@@ -102,8 +102,6 @@ printf 'fine\nbad \xff byte\n' > "$work/bad_line.txt"
 expect_error "line 2) is not valid UTF-8 at byte 4" ./infer -m "$model" -f "$work/bad_line.txt"
 expect_error "--ffn chooses a GPU path" ./infer -m "$model" -p hi --device cpu --ffn dense
 expect_error "--device gpu: expected auto, cpu or cuda" ./infer -m "$model" -p hi --device gpu
-expect_error "--bench measures the GPU paths" ./infer -m "$model" --bench 1 --device cpu
-expect_error "--batch needs --bench" ./infer -m "$model" -p hi --batch 2
 
 # 5. tokenize: text files into llm.c shards, documents split across shard boundaries as llm.c does
 printf 'Hello world' > "$work/doc1.txt"; printf 'Hello world' > "$work/doc2.txt"

@@ -5,7 +5,8 @@
 # resumes to the same logs and checkpoints as an uninterrupted one, a longer
 # -x continues the runs; bad flags are one-line errors; the plots are valid
 # PNG files (when gnuplot is installed); infer --analyze reports L0 per layer,
-# per position and per token, and its CE matches the trainer's validation.
+# per position and per token, its CE matches the trainer's validation, and
+# ./analyze prints and writes the same bytes under its own flags.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 TEST_NAME=test_sweep
@@ -171,6 +172,21 @@ if command -v jq > /dev/null 2>&1; then
 else
     echo "SKIP sweep: the analysis JSON parsed by jq (jq is not installed: apt-get install jq)"
 fi
+# ./analyze is the same code: the same report (but the time it took and the JSON's path), JSON and model line
+./analyze -m "$model" "data/corpus_val_*.bin" --batches 2 -b 2 -t 32 --min-count 2 --top 5 -o "$work/an_tool.json" \
+    > "$work/an_tool.txt" 2> "$work/an_tool.err"
+check "./analyze exits 0" test $? -eq 0
+untimed() { sed -E 's/ \([0-9.]+ s\)$//; s/^wrote .*/wrote/' "$1"; }
+check "./analyze prints what infer --analyze prints" cmp -s <(untimed "$work/an.txt") <(untimed "$work/an_tool.txt")
+check "./analyze writes the JSON infer --analyze writes" cmp -s "$work/an.json" "$work/an_tool.json"
+check "./analyze names the model as infer --analyze does" cmp -s "$work/an.err" "$work/an_tool.err"
+./analyze --help > "$work/an_help.txt" 2>&1
+check "./analyze --help exits 0" test $? -eq 0
+check "./analyze --help lists --batches" grep -q -- "--batches" "$work/an_help.txt"
+expect_error "--seq-len 64: the model $model takes 2 to 32 tokens" ./analyze -m "$model" "data/corpus_val_*.bin" -t 64
+expect_error "one shard pattern, got 'data/corpus_val_000000.bin' and 'data/corpus_train_000001.bin'" \
+    ./analyze -m "$model" data/corpus_val_000000.bin data/corpus_train_000001.bin
+expect_error "no shards given" ./analyze -m "$model"
 expect_error "--analyze reads shards, not a prompt" ./infer -m "$model" --analyze "data/corpus_val_*.bin" -p hi
 expect_error "--analyze-out needs --analyze" ./infer -m "$model" -p hi --analyze-out "$work/x.json"
 expect_error "--analyze-seq-len 64: the model $model takes 2 to 32 tokens" \

@@ -4,8 +4,9 @@
 # --ffn twell (24 tokens; the TwELL prefill forced at any size) and as the CPU
 # path's (the first 8); a batch of prompts (a file, one per line) the same as
 # each prompt alone; stdin; seeded sampling reproducible; the stops; a bad
-# prompt's one-line error; --bench on the checkpoint and on a synthetic-sparse
-# random model, and a small prefill running the dense FFN by default.
+# prompt's one-line error; build/dev/bench_infer on the checkpoint and on a
+# synthetic-sparse random model, and a small prefill running the dense FFN by
+# default.
 set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=infer_e2e
@@ -16,7 +17,7 @@ TEST_NAME=infer_e2e
 check "GPU training exits 0" test $? -eq 0
 grep "step   600/600" "$work/train.txt"
 model="$work/a/model_00000600.bin"
-# on its training text; random token ids (--bench's prompts) make it several times more active
+# on its training text; random token ids (bench_infer's prompts) make it several times more active
 l0=$(sed -nE 's/^step   600\/600 .*\| l0 ([0-9.]+)\/512.*/\1/p' "$work/train.txt")
 check "the L1-trained model is sparse: $l0 of 512 units fire per token in training" awk -v a="${l0:-999}" 'BEGIN {exit !(a < 64)}'
 
@@ -73,24 +74,24 @@ printf 'fine\nbad \xff byte\n' > "$work/bad.txt"
 expect_error "line 2) is not valid UTF-8 at byte 4" ./infer -m "$model" -f "$work/bad.txt"
 expect_error "--ffn sparse: expected twell or dense" ./infer -m "$model" -p hi --ffn sparse
 
-./infer -m "$model" --bench 1 --batch 2 --length 64 -n 32 > "$work/bench.txt" 2>&1
-check "--bench on the checkpoint exits 0" test $? -eq 0
-check "--bench prints both paths and the ratio" grep -q "twell / dense: prefill" "$work/bench.txt"
+build/dev/bench_infer -m "$model" --batch 2 --length 64 -n 32 > "$work/bench.txt" 2>&1
+check "bench_infer on the checkpoint exits 0" test $? -eq 0
+check "bench_infer prints both paths and the ratio" grep -q "twell / dense: prefill" "$work/bench.txt"
 cat "$work/bench.txt"
 # (--hot 0: with hot units TwELL's count is the cold tail's)
-./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 --hot 0 \
+build/dev/bench_infer --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 --hot 0 \
     > "$work/bench_syn.txt" 2>&1
-check "--bench on a synthetic-sparse preset exits 0" test $? -eq 0
+check "bench_infer on a synthetic-sparse preset exits 0" test $? -eq 0
 check "the synthetic init is said" grep -q "SYNTHETIC-SPARSE" "$work/bench_syn.txt"
 active=$(sed -nE 's/^TwELL: ([0-9.]+) active.*/\1/p' "$work/bench_syn.txt")
 check "synthetic init: about k = 8 units fire ($active)" awk -v a="${active:-0}" 'BEGIN {exit !(a > 3 && a < 20)}'
 cat "$work/bench_syn.txt"
-./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 > "$work/bench_hot.txt" 2>&1
-check "--bench with hot units exits 0" test $? -eq 0
-check "--bench says the hot units or the active ones" \
+build/dev/bench_infer --preset default --sparse-k 8 --batch 1 --length 128 -n 32 --twell-min-rows 0 > "$work/bench_hot.txt" 2>&1
+check "bench_infer with hot units exits 0" test $? -eq 0
+check "bench_infer says the hot units or the active ones" \
     grep -qE "^TwELL: [0-9.]+ active FFN units per token (in the cold tail, [0-9]+ hot units a layer run dense|\(mean)" \
     "$work/bench_hot.txt"
-./infer --bench 1 --preset default --sparse-k 8 --batch 1 --length 128 -n 8 > "$work/bench_small.txt" 2>&1
+build/dev/bench_infer --preset default --sparse-k 8 --batch 1 --length 128 -n 8 > "$work/bench_small.txt" 2>&1
 check "a prefill below --twell-min-rows runs the dense FFN, and says so" grep -q "ran the dense FFN" "$work/bench_small.txt"
 
 finish
