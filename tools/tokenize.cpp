@@ -671,22 +671,6 @@ typedef struct {
     size_t fixed_len, fixed_cap;
 } Scratch;
 
-// length of the maximal subpart of a well-formed sequence at s[i] (which is ill-formed there): the
-// lead byte and the continuation bytes that fit it, at least 1 (Unicode's Table 3-7 ranges)
-static size_t utf8_ill_formed_length(const unsigned char* s, size_t len, size_t i) {
-    unsigned char c = s[i], lo = 0x80, hi = 0xBF;
-    size_t n;
-    if (c >= 0xC2 && c <= 0xDF) { n = 2; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 3; lo = c == 0xE0 ? 0xA0 : 0x80; hi = c == 0xED ? 0x9F : 0xBF; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 4; lo = c == 0xF0 ? 0x90 : 0x80; hi = c == 0xF4 ? 0x8F : 0xBF; }
-    else { return 1; }
-    size_t k = 1;
-    if (i + k < len && s[i + k] >= lo && s[i + k] <= hi) {
-        for (k = 2; k < n && i + k < len && (s[i + k] & 0xC0) == 0x80; k++) {}
-    }
-    return k;
-}
-
 // s[0..len) with each maximal ill-formed subsequence replaced by U+FFFD (EF BF BD), into *out;
 // returns how many were replaced
 static size_t utf8_replace_invalid(const char* s, size_t len, char** out, size_t* out_len, size_t* cap) {
