@@ -118,8 +118,9 @@ static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int
     bf16* const* param = model->param;
     double qkv = time_us([&] { decode_linear(m->qkv, m->normed, param[P_WQKV], B, QKV, D); });
     double att = time_us([&] {
-        attention_decode(m->att, m->dev.part_o, m->dev.part_ml, m->dev.splits_done, m->qkv, m->k_cache, m->v_cache, m->row_pos, B,
-                         c->num_heads, c->num_kv_heads, head_size(c), m->cache_len, c->rope_theta);
+        attention_decode(m->att, m->dev.part_o, m->dev.part_ml, m->dev.splits_done, m->qkv, m->k_cache, m->v_cache,
+                         m->row_slot, m->row_pos, B, c->num_heads, c->num_kv_heads, head_size(c), m->cache_len,
+                         c->rope_theta);
     });
     double gate = time_us([&] { decode_linear(m->gu, m->normed, param[P_WG], B, H, D); });
     double gate_cublas = time_us([&] { gemm(m->gu, m->normed, param[P_WG], B, H, D, 0, 1, 0); });

@@ -5,16 +5,21 @@
  RoPE's (llmc/cuda_rope.cuh); the CPU reference is attention_forward_cached of
  llmc/cpu_ops.h. One layer's cache is [slots, cache_len, NKV hd], keys after
  RoPE; row m of a call is position pos[m] of the sequence in cache slot
- slot[m] (a decode step: row b is sequence b).
+ slot[m] (device arrays, filled by the host before the call).
 
  Prefill: RoPE at each row's own position (the rope_kernel's angle and
  rounding), then the row's k and v into the cache of its sequence. One thread
  per (row, 8 consecutive pairs), as rope_kernel: the angles once, then those
  pairs of every q and k head, in 16-byte accesses (a thread per head computed
- each angle 64 times over; a thread per pair made 2-byte accesses). A prompt starts
- at position 0, so each prompt then attends causally over its own rows with
- the training kernels; consecutive prompts of one length go as one batch (one
- launch instead of one per prompt).
+ each angle 64 times over; a thread per pair made 2-byte accesses). A prompt
+ that starts at position 0 then attends causally over its own rows with the
+ training kernels; consecutive such prompts of one length go as one batch (one
+ launch instead of one per prompt). A chunk of a longer prompt (a server's
+ prefill in pieces: it starts past position 0) attends over its sequence's
+ cache instead, which now holds its own rows too: chunk_attention_kernel,
+ a block per head and CHUNK_ROWS consecutive rows, keys and values brought
+ into shared memory CHUNK_KEYS positions at a time for all of its rows, an
+ online softmax in fp32 per row (flash attention's order, on CUDA cores).
 
  Decode, split over the cache (flash-decoding), RoPE included: the new row's q
  and k (in qkv, not yet turned) are turned at position pos[b] here
@@ -26,7 +31,8 @@
  positions (the keys and values come into shared memory by cp.async before
  the wait: at 40 registers a thread, not 168 with them in registers, the
  blocks fit beside a block of the qkv GEMV, so they are resident with their
- cache loaded before it ends); the split leaves its max m_j, sum
+ cache loaded before it ends); the sequence's cache is that of slot[b], and
+ row b's split scratch is its own; the split leaves its max m_j, sum
  l_j = sum exp(s - m_j) and o_j = sum exp(s - m_j) v. The last of a head's
  splits to finish (a counter per head and sequence) combines them, in split
  order:
@@ -102,8 +108,8 @@ template <int HD> constexpr size_t decode_attention_smem() {
 template <int HD>
 __global__ void __launch_bounds__(DECODE_SPLIT)
 decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv,
-                              bf16* k_cache, bf16* v_cache, const int* pos, int NH, int NKV, int cache_len, int splits,
-                              float scale, float theta) {
+                              bf16* k_cache, bf16* v_cache, const int* slot, const int* pos, int NH, int NKV,
+                              int cache_len, int splits, float scale, float theta) {
     constexpr int VECS = HD / 8, GROUPS = DECODE_SPLIT / VECS, HALF = HD / 2, KS = decode_key_stride<HD>();
     __shared__ float q[HD];
     __shared__ float p[DECODE_SPLIT];
@@ -111,14 +117,15 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     extern __shared__ __align__(16) bf16 kv[];
     bf16 *ks = kv, *vs = kv + DECODE_SPLIT * KS; // [DECODE_SPLIT][KS], [DECODE_SPLIT][HD]
     const int h = blockIdx.x, b = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
-    // pos comes from the host before the step and the cache before the new position
-    // n - 1 from earlier steps: both are read before waiting for the kernels before
-    // this one (which write qkv), and so is the angle
+    // pos and slot come from the host before the step and the cache before the new
+    // position n - 1 from earlier steps: all are read before waiting for the kernels
+    // before this one (which write qkv), and so is the angle
     const int n = pos[b] + 1, t0 = j * DECODE_SPLIT, KVD = NKV * HD, kvh = h / (NH / NKV);
     if (t0 >= n) { return; } // the whole block: past this sequence's end
     const bool has_new = n - 1 < t0 + DECODE_SPLIT; // this split holds the new position
-    const bf16* kb = k_cache + (size_t)b * cache_len * KVD + kvh * HD;
-    const bf16* vb = v_cache + (size_t)b * cache_len * KVD + kvh * HD;
+    const size_t seq = (size_t)slot[b] * cache_len;
+    const bf16* kb = k_cache + seq * KVD + kvh * HD;
+    const bf16* vb = v_cache + seq * KVD + kvh * HD;
     const int v = tid % VECS, grp = tid / VECS;
     if (t0 + tid < n - 1) { // thread tid brings position t0 + tid
         #pragma unroll
@@ -146,7 +153,7 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
             v_new[tid] = v_row[tid];
             v_new[tid + HALF] = v_row[tid + HALF];
             if (h % (NH / NKV) == 0) {
-                const size_t c = ((size_t)b * cache_len + n - 1) * KVD + kvh * HD + tid;
+                const size_t c = (seq + n - 1) * KVD + kvh * HD + tid;
                 k_cache[c] = k_new[tid];
                 k_cache[c + HALF] = k_new[tid + HALF];
                 v_cache[c] = v_new[tid];
@@ -200,8 +207,8 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
 
 template <int HD>
 static void decode_attention_launch(dim3 grid, bf16* out, float* part_o, float* part_ml, int* splits_done,
-                                    const bf16* qkv, bf16* k_cache, bf16* v_cache, const int* pos, int NH, int NKV,
-                                    int cache_len, int splits, float theta) {
+                                    const bf16* qkv, bf16* k_cache, bf16* v_cache, const int* slot, const int* pos,
+                                    int NH, int NKV, int cache_len, int splits, float theta) {
     const size_t smem = decode_attention_smem<HD>(); // 68 KB at HD 128: past the default 48
     static bool configured = false;
     if (!configured) {
@@ -211,7 +218,103 @@ static void decode_attention_launch(dim3 grid, bf16* out, float* part_o, float* 
         configured = true;
     }
     launch_early(decode_attention_split_kernel<HD>, grid, DECODE_SPLIT, smem, out, part_o, part_ml, splits_done, qkv,
-                 k_cache, v_cache, pos, NH, NKV, cache_len, splits, 1.0f / sqrtf((float)HD), theta);
+                 k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, 1.0f / sqrtf((float)HD), theta);
+}
+
+// ----------------------------------------------------------------------------
+// a prefill chunk that starts past position 0 (see the top of the file)
+constexpr int CHUNK_ROWS = 16, CHUNK_KEYS = 32; // rows of a block; key positions per tile (a lane each)
+
+// Block (head h, rows row0 + CHUNK_ROWS y ..): rows of one chunk, so of one
+// sequence at consecutive positions; q already turned (rope_cache_kernel),
+// the cache already holding the chunk's own keys and values
+template <int HD>
+__global__ void __launch_bounds__(DECODE_SPLIT)
+chunk_attention_kernel(bf16* out, const bf16* qkv, const bf16* k_cache, const bf16* v_cache, const int* row_slot,
+                       const int* row_pos, int row0, int rows, int NH, int NKV, int cache_len, float scale) {
+    constexpr int KS = decode_key_stride<HD>(), VECS = HD / 8, WARPS = DECODE_SPLIT / 32;
+    __shared__ float q[CHUNK_ROWS][HD];
+    __shared__ float o[CHUNK_ROWS][HD];
+    __shared__ float p[CHUNK_ROWS][CHUNK_KEYS];
+    __shared__ __align__(16) bf16 ks[CHUNK_KEYS * KS];
+    __shared__ __align__(16) bf16 vs[CHUNK_KEYS * HD];
+    __shared__ float m_run[CHUNK_ROWS], l_run[CHUNK_ROWS], alpha[CHUNK_ROWS];
+    __shared__ int row_last[CHUNK_ROWS]; // each row's position: the last key it sees
+    const int h = blockIdx.x, r0 = row0 + blockIdx.y * CHUNK_ROWS, tid = threadIdx.x, lane = tid % 32;
+    const int nr = min(CHUNK_ROWS, row0 + rows - r0), KVD = NKV * HD, QKV = (NH + 2 * NKV) * HD, kvh = h / (NH / NKV);
+    const size_t seq = (size_t)row_slot[r0] * cache_len;
+    const bf16 *kb = k_cache + seq * KVD + kvh * HD, *vb = v_cache + seq * KVD + kvh * HD;
+    const int last = row_pos[r0 + nr - 1]; // the block's last key position
+    for (int i = tid; i < CHUNK_ROWS * HD; i += DECODE_SPLIT) {
+        const int r = i / HD, d = i % HD;
+        q[r][d] = r < nr ? __bfloat162float(qkv[(size_t)(r0 + r) * QKV + h * HD + d]) * scale : 0.0f;
+        o[r][d] = 0.0f;
+    }
+    if (tid < CHUNK_ROWS) {
+        m_run[tid] = -INFINITY;
+        l_run[tid] = 0.0f;
+        row_last[tid] = tid < nr ? row_pos[r0 + tid] : -1;
+    }
+    for (int t0 = 0; t0 <= last; t0 += CHUNK_KEYS) {
+        const int tile = min(CHUNK_KEYS, last + 1 - t0);
+        __syncthreads(); // the last tile's readers are done (the first time: q, o and the rows are set)
+        for (int i = tid; i < tile * VECS; i += DECODE_SPLIT) {
+            const int t = i / VECS, e = (i % VECS) * 8;
+            store_bf16x8(ks + t * KS + e, load_bf16x8(kb + (size_t)(t0 + t) * KVD + e));
+            store_bf16x8(vs + t * HD + e, load_bf16x8(vb + (size_t)(t0 + t) * KVD + e));
+        }
+        __syncthreads();
+        for (int i = tid; i < CHUNK_ROWS * CHUNK_KEYS; i += DECODE_SPLIT) { // the scores, causal per row
+            const int r = i / CHUNK_KEYS, t = i % CHUNK_KEYS;
+            float sc = -INFINITY;
+            if (t < tile && t0 + t <= row_last[r]) {
+                sc = 0.0f;
+                #pragma unroll
+                for (int c = 0; c < VECS; c++) {
+                    const Bf16x8 k = load_bf16x8(ks + t * KS + c * 8);
+                    #pragma unroll
+                    for (int e = 0; e < 8; e++) { sc += q[r][c * 8 + e] * __bfloat162float(k.v[e]); }
+                }
+            }
+            p[r][t] = sc;
+        }
+        __syncthreads();
+        for (int r = tid / 32; r < CHUNK_ROWS; r += WARPS) { // a warp per row: the running max and sum
+            const float sc = p[r][lane], mx = warp_reduce<Max>(sc), m_new = fmaxf(m_run[r], mx);
+            const float pe = sc == -INFINITY ? 0.0f : expf(sc - m_new);
+            p[r][lane] = pe;
+            const float sum = warp_reduce<Sum>(pe);
+            if (lane == 0) {
+                const float a = m_run[r] == -INFINITY ? 0.0f : expf(m_run[r] - m_new);
+                alpha[r] = a;
+                l_run[r] = l_run[r] * a + sum;
+                m_run[r] = m_new;
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < CHUNK_ROWS * HD; i += DECODE_SPLIT) { // o = alpha o + p v over the tile's keys
+            const int r = i / HD, d = i % HD;
+            float acc = o[r][d] * alpha[r];
+            for (int t = 0; t < tile; t++) { acc += p[r][t] * __bfloat162float(vs[t * HD + d]); }
+            o[r][d] = acc;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < nr * HD; i += DECODE_SPLIT) {
+        const int r = i / HD, d = i % HD;
+        out[(size_t)(r0 + r) * NH * HD + h * HD + d] = __float2bfloat16_rn(o[r][d] / l_run[r]);
+    }
+}
+
+template <int HD>
+static void chunk_attention_launch(bf16* out, const bf16* qkv, const bf16* k_cache, const bf16* v_cache,
+                                   const int* row_slot, const int* row_pos, int row0, int rows, int NH, int NKV,
+                                   int cache_len) {
+    const dim3 grid(NH, ceil_div(rows, CHUNK_ROWS));
+    chunk_attention_kernel<HD><<<grid, DECODE_SPLIT, 0, main_stream>>>(out, qkv, k_cache, v_cache, row_slot, row_pos,
+                                                                        row0, rows, NH, NKV, cache_len,
+                                                                        1.0f / sqrtf((float)HD));
+    cudaCheck(cudaGetLastError());
 }
 
 } // namespace attention_detail
@@ -237,37 +340,53 @@ static inline void attention_decode_alloc(float** part_o, float** part_ml, int**
 }
 
 // Prefill: out [M, NH hd] from qkv [M, QKV] (q and k turned here, in place);
-// prompt s is rows seq_rows[s] .. seq_rows[s] + seq_lens[s] - 1 (host arrays),
-// positions 0 .. seq_lens[s] - 1; lse [M, NH] is scratch
+// prompt s is rows seq_rows[s] .. seq_rows[s] + seq_lens[s] - 1 at positions
+// seq_starts[s] .. (host arrays; seq_starts NULL: all 0) of its sequence, whose
+// cache holds the positions before; lse [M, NH] is scratch
 void attention_prefill(bf16* out, float* lse, bf16* qkv, bf16* k_cache, bf16* v_cache, const int* slot, const int* pos,
-                       int M, const int* seq_rows, const int* seq_lens, int nseq, int NH, int NKV, int hd, int cache_len,
-                       float theta) {
+                       int M, const int* seq_rows, const int* seq_lens, const int* seq_starts, int nseq, int NH,
+                       int NKV, int hd, int cache_len, float theta) {
+    using namespace attention_detail;
     const int vec = rope_pairs_per_thread(hd);
-    auto rope_cache = vec == 8 ? attention_detail::rope_cache_kernel<8> : attention_detail::rope_cache_kernel<1>;
+    auto rope_cache = vec == 8 ? rope_cache_kernel<8> : rope_cache_kernel<1>;
     rope_cache<<<ceil_div(M * (hd / 2 / vec), 256), 256, 0, main_stream>>>(qkv, k_cache, v_cache, slot, pos, M, NH, NKV,
                                                                             hd, cache_len, theta);
     cudaCheck(cudaGetLastError());
     const int D = NH * hd, QKV = (NH + 2 * NKV) * hd;
+    auto starts_at_0 = [&](int s) { return seq_starts == NULL || seq_starts[s] == 0; };
     for (int s = 0, e; s < nseq; s = e) {
-        for (e = s + 1; e < nseq && seq_lens[e] == seq_lens[s]; e++) {}
+        e = s + 1;
+        if (!starts_at_0(s)) { // a chunk of a longer prompt: over its sequence's cache
+            switch (hd) {
+            case 16: chunk_attention_launch<16>(out, qkv, k_cache, v_cache, slot, pos, seq_rows[s], seq_lens[s], NH, NKV, cache_len); break;
+            case 32: chunk_attention_launch<32>(out, qkv, k_cache, v_cache, slot, pos, seq_rows[s], seq_lens[s], NH, NKV, cache_len); break;
+            case 64: chunk_attention_launch<64>(out, qkv, k_cache, v_cache, slot, pos, seq_rows[s], seq_lens[s], NH, NKV, cache_len); break;
+            case 128: chunk_attention_launch<128>(out, qkv, k_cache, v_cache, slot, pos, seq_rows[s], seq_lens[s], NH, NKV, cache_len); break;
+            default: fatal("prefill attention over a cache: head size %d, built for 16, 32, 64, 128", hd);
+            }
+            continue;
+        }
+        while (e < nseq && seq_lens[e] == seq_lens[s] && starts_at_0(e)) { e++; }
         attention_forward(out + (size_t)seq_rows[s] * D, lse, qkv + (size_t)seq_rows[s] * QKV, e - s, seq_lens[s], NH,
                           NKV, hd);
     }
 }
 
 // Decode: out [B, NH hd] from the new rows qkv [B, QKV] (q and k not yet
-// turned) and the cache, where the new k and v go (position pos[b] of
-// sequence b); part_o, part_ml, splits_done: attention_decode_alloc's
+// turned) and the cache, where the new k and v go (position pos[b] of the
+// sequence in cache slot slot[b]); part_o, part_ml, splits_done:
+// attention_decode_alloc's
 void attention_decode(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv, bf16* k_cache,
-                      bf16* v_cache, const int* pos, int B, int NH, int NKV, int hd, int cache_len, float theta) {
+                      bf16* v_cache, const int* slot, const int* pos, int B, int NH, int NKV, int hd, int cache_len,
+                      float theta) {
     using namespace attention_detail;
     const int splits = attention_decode_splits(cache_len);
     const dim3 grid(NH, B, splits);
     switch (hd) {
-    case 16: decode_attention_launch<16>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
-    case 32: decode_attention_launch<32>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
-    case 64: decode_attention_launch<64>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
-    case 128: decode_attention_launch<128>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, pos, NH, NKV, cache_len, splits, theta); break;
+    case 16: decode_attention_launch<16>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, theta); break;
+    case 32: decode_attention_launch<32>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, theta); break;
+    case 64: decode_attention_launch<64>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, theta); break;
+    case 128: decode_attention_launch<128>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, theta); break;
     default: fatal("decode attention: head size %d, built for 16, 32, 64, 128", hd);
     }
 }

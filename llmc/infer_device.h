@@ -1,7 +1,9 @@
 /*
  What inference (llmc/inference.h) keeps and does that only the GPU has,
  behind calls both backends answer, so that the engine never asks which one
- runs: a decode step's CUDA graph, the decode attention's split scratch, and
+ runs: a decode step's CUDA graph (one per batch size, so that a server whose
+ batch changes as requests come and go captures each size once), the decode
+ attention's split scratch, and
  the pinned buffer the logits take to the host. On the CPU path a step runs
  as plain calls and the logits are read in place. The CUDA half exists only
  when the file is compiled by nvcc, as in llmc/memory.h.
@@ -21,8 +23,9 @@
 typedef struct {
     Device device;
 #ifdef __CUDACC__
-    CudaGraph graph;          // the decode step, for one batch size and FFN
+    CudaGraph* graphs;        // [max_seqs] the decode step of each batch size, for the key it was captured with
 #endif
+    int max_seqs;
     int use_graph;            // 1 (the GPU's default): a decode step is one CUDA graph
     uint16_t* logits_pinned;  // [max_seqs, Vp] bf16 bits: the logits' way to the host
     // the decode attention's splits (llmc/cuda_attention_cached.cuh); NULL on the CPU
@@ -44,6 +47,8 @@ static inline void infer_device_init(InferDevice* d, const GPTConfig* c, int max
     if (main_stream == 0) { cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking)); }
     cudaCheck(cudaMallocHost(&d->logits_pinned, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
     attention_decode_alloc(&d->part_o, &d->part_ml, &d->splits_done, max_seqs, c->num_heads, hd, cache_len);
+    d->graphs = (CudaGraph*)callocCheck((size_t)max_seqs, sizeof(CudaGraph));
+    d->max_seqs = max_seqs;
     d->use_graph = 1;
 #endif
 }
@@ -51,7 +56,8 @@ static inline void infer_device_init(InferDevice* d, const GPTConfig* c, int max
 static inline void infer_device_free(InferDevice* d) {
 #ifdef __CUDACC__
     if (d->device == DEVICE_CUDA) {
-        cuda_graph_free(&d->graph);
+        for (int b = 0; b < d->max_seqs; b++) { cuda_graph_free(&d->graphs[b]); }
+        free(d->graphs);
         cudaCheck(cudaFreeHost(d->logits_pinned));
         for (void* p : {(void*)d->part_o, (void*)d->part_ml, (void*)d->splits_done}) { cuda_free(p); }
     }
@@ -59,12 +65,13 @@ static inline void infer_device_free(InferDevice* d) {
     memset(d, 0, sizeof(*d));
 }
 
-// runs a decode step: the work step() queues, on the GPU as one CUDA graph captured again when key changes
+// runs a decode step of B rows: the work step() queues, on the GPU as batch size B's CUDA graph, captured
+// again when key changes
 template <typename F>
-void infer_device_step(InferDevice* d, long long key, F step) {
+void infer_device_step(InferDevice* d, int B, long long key, F step) {
 #ifdef __CUDACC__
     if (d->device == DEVICE_CUDA && d->use_graph) {
-        cuda_graph_launch(&d->graph, key, step);
+        cuda_graph_launch(&d->graphs[B - 1], key, step);
         return;
     }
 #endif

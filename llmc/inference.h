@@ -11,12 +11,19 @@
  A prefill's prompts are the rows of one [M, D] batch (M = the sum of their
  lengths): the products, norms and the FFN do not care where a sequence ends;
  RoPE and the cache take each row's sequence and position from arrays on the
- device, and attention runs per prompt over its own rows. A decode step has a
- row per sequence; on the GPU its linear layers are a GEMV of our own for up to
- 8 rows (llmc/cuda_matmul.cuh), its attention splits a long cache over many
- SMs (llmc/cuda_attention_cached.cuh), and the step is queued as one CUDA graph
- (tokens and positions live in device memory: no allocation and no wait for
- the host inside it), so its launches cost the GPU's time, not the host's.
+ device, and attention runs per prompt over its own rows. A prompt may also
+ be a chunk of a longer one (gpt_prefill_chunks: any cache slot, from any
+ position): its rows then attend to what the chunks before it left in the
+ cache too, so a server can prefill a long prompt a piece at a time between
+ decode steps. A decode step has a row per sequence, each in its own cache
+ slot (gpt_decode_slots: any slots, so sequences come and go); on the GPU its
+ linear layers are a GEMV of our own for up to 8 rows (llmc/cuda_matmul.cuh),
+ its attention splits a long cache over many SMs
+ (llmc/cuda_attention_cached.cuh), and the step is queued as one CUDA graph
+ per batch size (tokens, positions and slots live in device memory: no
+ allocation and no wait for the host inside it), so its launches cost the
+ GPU's time, not the host's. The decode steps can count the FFN's units that
+ fire (infer_state_count_fired), for the server's metrics.
  The FFN of a layer is llmc/ffn/ffn.h's (ffn_forward_cached), what only the
  GPU has is llmc/infer_device.h's: this file never asks which backend runs.
 */
@@ -44,6 +51,8 @@ struct InferState {
     T* logits;         // [max_seqs, Vp]
     int *tokens, *row_slot, *row_pos; // [rows]: each row's token, sequence (cache slot) and position
     int* last_row;     // [max_seqs] each prompt's last row
+    unsigned long long* fired; // [L] FFN units that fired in the decode steps since gpt_fired_read (NULL: not
+                               // counted; infer_state_count_fired turns it on)
     float* lse;        // [max_rows, NH] the prefill attention's log-sum-exp (the GPU's; NULL on the CPU)
     // called before layer l's FFN of a prefill of M rows (the synthetic-sparse
     // benchmark model sets its gates there, llmc/synthetic.h); NULL: nothing
@@ -88,11 +97,30 @@ void infer_state_alloc(InferState<T>* s, const GPT<T, G>* model, int max_seqs, i
 template <typename T, typename G>
 void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
     void* bufs[] = {s->k_cache, s->v_cache, s->x, s->x_mid, s->normed, s->qkv, s->att, s->proj, s->gu, s->last,
-                    s->logits, s->lse, s->tokens, s->row_slot, s->row_pos, s->last_row};
+                    s->logits, s->lse, s->tokens, s->row_slot, s->row_pos, s->last_row, s->fired};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { device_free(bufs[i], model->device); }
     ffn_cache_free(&s->ffn);
     infer_device_free(&s->dev);
     memset(s, 0, sizeof(*s));
+}
+
+// From now on the decode steps count each layer's FFN units that fire (g > 0),
+// summed over the rows (the server's metrics; an atomic add per fired unit)
+template <typename T, typename G>
+void infer_state_count_fired(InferState<T>* s, const GPT<T, G>* model) {
+    size_t bytes = (size_t)model->config.num_layers * sizeof(unsigned long long);
+    s->fired = (unsigned long long*)device_malloc(bytes, model->device);
+    device_zero(s->fired, bytes, model->device);
+}
+
+// adds the counts since the last read to add[L], and starts them again from 0
+template <typename T, typename G>
+void gpt_fired_read(const GPT<T, G>* model, InferState<T>* s, uint64_t* add) {
+    int L = model->config.num_layers;
+    std::vector<unsigned long long> counts(L);
+    device_copy(counts.data(), s->fired, L * sizeof(unsigned long long), model->device);
+    device_zero(s->fired, L * sizeof(unsigned long long), model->device);
+    for (int l = 0; l < L; l++) { add[l] += counts[l]; }
 }
 
 // y = x W^T of the cached forward: a decode step's few rows by decode_linear (the GPU's GEMV)
@@ -103,11 +131,12 @@ static void linear_cached(T* y, const T* x, const T* w, int M, int K, int N, int
 
 // The layers over M rows whose tokens, cache slots and positions are in s;
 // leaves the final norm of every row in s->normed. A prefill (decode 0) names
-// its prompts' rows: prompt i is rows seq_rows[i] .. seq_rows[i] + seq_lens[i] - 1
-// (host arrays, nseq prompts); a decode step has row b in slot b.
+// its prompts' rows: prompt i is rows seq_rows[i] .. seq_rows[i] + seq_lens[i] - 1,
+// from position seq_starts[i] (host arrays, nseq prompts); a decode step has a
+// row per sequence. A counted decode step adds the FFN's fired units to s->fired.
 template <typename T, typename G>
 static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const int* seq_rows, const int* seq_lens,
-                               int nseq, int decode) {
+                               const int* seq_starts, int nseq, int decode) {
     const GPTConfig* c = &model->config;
     int L = c->num_layers, D = c->channels, QKV = qkv_dim(c), hd = head_size(c), NH = c->num_heads;
     int NKV = c->num_kv_heads;
@@ -119,17 +148,18 @@ static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const 
         T* vc = s->v_cache + l * cache_layer;
         linear_cached(s->qkv, s->normed, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV, decode);
         if (decode) {
-            attention_decode(s->att, s->dev.part_o, s->dev.part_ml, s->dev.splits_done, s->qkv, kc, vc, s->row_pos, M, NH, NKV,
-                             hd, s->cache_len, c->rope_theta);
+            attention_decode(s->att, s->dev.part_o, s->dev.part_ml, s->dev.splits_done, s->qkv, kc, vc, s->row_slot,
+                             s->row_pos, M, NH, NKV, hd, s->cache_len, c->rope_theta);
         } else {
-            attention_prefill(s->att, s->lse, s->qkv, kc, vc, s->row_slot, s->row_pos, M, seq_rows, seq_lens, nseq,
-                              NH, NKV, hd, s->cache_len, c->rope_theta);
+            attention_prefill(s->att, s->lse, s->qkv, kc, vc, s->row_slot, s->row_pos, M, seq_rows, seq_lens, seq_starts,
+                              nseq, NH, NKV, hd, s->cache_len, c->rope_theta);
         }
         linear_cached(s->proj, s->att, model->param[P_WO] + (size_t)l * D * D, M, D, D, decode);
         fused_residual_rmsnorm_forward(s->x_mid, s->normed, (G*)NULL, s->x, s->proj,
                                        model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps, decode);
         if (s->before_ffn) { s->before_ffn(s->before_ffn_ctx, l, M); }
-        ffn_forward_cached(&s->ffn, &model->ffn, l, s->proj, s->normed, M, decode, s->gu);
+        ffn_forward_cached(&s->ffn, &model->ffn, l, s->proj, s->normed, M, decode, s->gu,
+                           decode && s->fired ? s->fired + l : NULL);
         int last = l == L - 1;
         fused_residual_rmsnorm_forward(s->x, s->normed, (G*)NULL, s->x_mid, s->proj,
                                        last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,
@@ -137,47 +167,60 @@ static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const 
     }
 }
 
+// Prefill of nseq chunks: chunk i (tokens[first_i .. first_i + lens[i]), the
+// chunks concatenated) goes into cache slot slots[i] at positions starts[i] ..
+// starts[i] + lens[i] - 1 and attends to the positions before starts[i] that
+// the slot's cache holds (slots NULL: slot i; starts NULL: every chunk at 0, a
+// whole prompt). logits (host, [nseq, Vp], may be NULL) gets the next-token
+// logits after each chunk's last token.
+template <typename T, typename G>
+void gpt_prefill_chunks(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* lens, const int* slots,
+                        const int* starts, int nseq, float* logits) {
+    const GPTConfig* c = &model->config;
+    ffn_check_activation(&model->ffn);
+    if (nseq < 1 || nseq > s->max_seqs) { fatal("prefill of %d prompts, the model holds 1 to %d", nseq, s->max_seqs); }
+    int M = 0;
+    std::vector<int> seq_rows(nseq), seq_starts(nseq), slot_of(nseq), last(nseq);
+    for (int i = 0; i < nseq; i++) {
+        seq_starts[i] = starts ? starts[i] : 0;
+        slot_of[i] = slots ? slots[i] : i;
+        if (lens[i] < 1 || seq_starts[i] < 0 || (long long)seq_starts[i] + lens[i] > s->cache_len) {
+            fatal("prompt %d has %d tokens from position %d, the cache holds positions 0 to %d", i, lens[i],
+                  seq_starts[i], s->cache_len - 1);
+        }
+        if (slot_of[i] < 0 || slot_of[i] >= s->max_seqs) { fatal("prefill into cache slot %d of %d", slot_of[i], s->max_seqs); }
+        seq_rows[i] = M;
+        M += lens[i];
+        last[i] = M - 1;
+    }
+    if (M > s->max_rows) { fatal("prefill of %d tokens, the model was sized for %d", M, s->max_rows); }
+    std::vector<int> slot(M), pos(M);
+    for (int i = 0; i < nseq; i++) {
+        for (int t = 0; t < lens[i]; t++) { slot[seq_rows[i] + t] = slot_of[i]; pos[seq_rows[i] + t] = seq_starts[i] + t; }
+    }
+    device_upload(s->tokens, tokens, M * sizeof(int), model->device);
+    device_upload(s->row_slot, slot.data(), M * sizeof(int), model->device);
+    device_upload(s->row_pos, pos.data(), M * sizeof(int), model->device);
+    device_upload(s->last_row, last.data(), nseq * sizeof(int), model->device);
+    gpt_forward_cached(model, s, M, seq_rows.data(), lens, seq_starts.data(), nseq, 0);
+    gather_rows(s->last, s->normed, s->last_row, nseq, c->channels);
+    linear_forward(s->logits, s->last, model->param[output_head(c)], nseq, c->channels, c->padded_vocab_size);
+    infer_device_logits(&s->dev, logits, s->logits, (size_t)nseq * c->padded_vocab_size);
+}
+
 // Prefill: prompt i (tokens[first_i .. first_i + lens[i]), the prompts
 // concatenated) fills cache slot i from position 0. logits (host, [nseq, Vp],
 // may be NULL) gets each prompt's last-token logits.
 template <typename T, typename G>
 void gpt_prefill(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* lens, int nseq, float* logits) {
-    const GPTConfig* c = &model->config;
-    ffn_check_activation(&model->ffn);
-    if (nseq < 1 || nseq > s->max_seqs) { fatal("prefill of %d prompts, the model holds 1 to %d", nseq, s->max_seqs); }
-    int M = 0;
-    int* seq_rows = (int*)mallocCheck(nseq * sizeof(int));
-    for (int i = 0; i < nseq; i++) {
-        if (lens[i] < 1 || lens[i] > s->cache_len) {
-            fatal("prompt %d has %d tokens, the cache holds 1 to %d", i, lens[i], s->cache_len);
-        }
-        seq_rows[i] = M;
-        M += lens[i];
-    }
-    if (M > s->max_rows) { fatal("prefill of %d tokens, the model was sized for %d", M, s->max_rows); }
-    int* host = (int*)mallocCheck((size_t)2 * M * sizeof(int) + nseq * sizeof(int));
-    int *slot = host, *pos = host + M, *last = host + 2 * M;
-    for (int i = 0; i < nseq; i++) {
-        for (int t = 0; t < lens[i]; t++) { slot[seq_rows[i] + t] = i; pos[seq_rows[i] + t] = t; }
-        last[i] = seq_rows[i] + lens[i] - 1;
-    }
-    device_upload(s->tokens, tokens, M * sizeof(int), model->device);
-    device_upload(s->row_slot, slot, M * sizeof(int), model->device);
-    device_upload(s->row_pos, pos, M * sizeof(int), model->device);
-    device_upload(s->last_row, last, nseq * sizeof(int), model->device);
-    gpt_forward_cached(model, s, M, seq_rows, lens, nseq, 0);
-    gather_rows(s->last, s->normed, s->last_row, nseq, c->channels);
-    linear_forward(s->logits, s->last, model->param[output_head(c)], nseq, c->channels, c->padded_vocab_size);
-    infer_device_logits(&s->dev, logits, s->logits, (size_t)nseq * c->padded_vocab_size);
-    free(host);
-    free(seq_rows);
+    gpt_prefill_chunks(model, s, tokens, lens, (const int*)NULL, (const int*)NULL, nseq, logits);
 }
 
 // one decode step of B sequences as queued work (what the graph holds)
 template <typename T, typename G>
 static void gpt_decode_step(GPT<T, G>* model, InferState<T>* s, int B) {
     const GPTConfig* c = &model->config;
-    gpt_forward_cached(model, s, B, (const int*)NULL, (const int*)NULL, B, 1);
+    gpt_forward_cached(model, s, B, (const int*)NULL, (const int*)NULL, (const int*)NULL, B, 1);
     decode_linear(s->logits, s->normed, model->param[output_head(c)], B, c->padded_vocab_size, c->channels);
 }
 
@@ -240,23 +283,38 @@ void infer_hot_calibrate(GPT<T, G>* model, InferState<T>* s, const int* tokens, 
     ffn_cache_stale(&s->ffn); // the gates' rows moved
 }
 
+// Decode: row b feeds tokens[b] at position pos[b] to the sequence in cache
+// slot slots[b] (NULL: slot b; its cache holds positions 0..pos[b]-1); logits
+// (host, [B, Vp], may be NULL) gets the next-token logits. Each row is its
+// own: on the CPU path its logits do not depend on the other rows or on the
+// slot it sits in.
+template <typename T, typename G>
+void gpt_decode_slots(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* pos, const int* slots, int B,
+                      float* logits) {
+    if (B < 1 || B > s->max_seqs) { fatal("decode of %d sequences, the model holds 1 to %d", B, s->max_seqs); }
+    std::vector<int> slot(B);
+    for (int b = 0; b < B; b++) {
+        if (pos[b] < 0 || pos[b] >= s->cache_len) {
+            fatal("decode at position %d, the cache holds 0 to %d", pos[b], s->cache_len - 1);
+        }
+        slot[b] = slots ? slots[b] : b;
+        if (slot[b] < 0 || slot[b] >= s->max_seqs) { fatal("decode in cache slot %d of %d", slot[b], s->max_seqs); }
+    }
+    device_upload(s->tokens, tokens, B * sizeof(int), model->device);
+    device_upload(s->row_pos, pos, B * sizeof(int), model->device);
+    device_upload(s->row_slot, slot.data(), B * sizeof(int), model->device);
+    ffn_decode_prepare(&s->ffn, &model->ffn, B);
+    // one graph per batch size, captured again when the FFN mode changes
+    infer_device_step(&s->dev, B, model->ffn.mode, [&] { gpt_decode_step(model, s, B); });
+    infer_device_logits(&s->dev, logits, s->logits, (size_t)B * model->config.padded_vocab_size);
+}
+
 // Decode: sequence b (cache slot b) gets tokens[b] at position pos[b] (its
 // cache holds 0..pos[b]-1); logits (host, [B, Vp], may be NULL) gets the
 // next-token logits.
 template <typename T, typename G>
 void gpt_decode(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* pos, int B, float* logits) {
-    if (B < 1 || B > s->max_seqs) { fatal("decode of %d sequences, the model holds 1 to %d", B, s->max_seqs); }
-    for (int b = 0; b < B; b++) {
-        if (pos[b] < 0 || pos[b] >= s->cache_len) {
-            fatal("decode at position %d, the cache holds 0 to %d", pos[b], s->cache_len - 1);
-        }
-    }
-    device_upload(s->tokens, tokens, B * sizeof(int), model->device);
-    device_upload(s->row_pos, pos, B * sizeof(int), model->device);
-    ffn_decode_prepare(&s->ffn, &model->ffn, B);
-    // one graph per batch size and FFN mode (captured again when either changes)
-    infer_device_step(&s->dev, 4LL * B + model->ffn.mode, [&] { gpt_decode_step(model, s, B); });
-    infer_device_logits(&s->dev, logits, s->logits, (size_t)B * model->config.padded_vocab_size);
+    gpt_decode_slots(model, s, tokens, pos, (const int*)NULL, B, logits);
 }
 
 #endif // LLMC_INFERENCE_H

@@ -12,7 +12,7 @@
    prefills and batched decodes, admission order, the chunk budget, max_tokens,
    end-of-text and stop strings, a full queue, cancellation and deadlines
    freeing slots;
- - the engine of llmc/gpt.h on the CPU path (tiny random model): a prompt
+ - the engine of llmc/inference.h on the CPU path (tiny random model): a prompt
    prefilled in chunks into any slot, then decoded among other sequences in
    other slots, gives the logits of a one-shot prefill and a lone decode in
    slot 0 bit for bit; and greedy requests through the scheduler give the
@@ -21,6 +21,8 @@
 */
 #include <string>
 #include <vector>
+#include "llmc/inference.h"
+#include "llmc/serve/engine.h"
 #include "llmc/serve/metrics.h"
 #include "llmc/serve/protocol.h"
 #include "llmc/serve/scheduler.h"
@@ -463,11 +465,180 @@ static void test_scheduler(void) {
     tokenizer_free(&tok);
 }
 
+// ----------------------------------------------------------------------------
+// the engine on the CPU path
+
+static GPTConfig serve_test_config(int vocab) {
+    GPTConfig c = {vocab, (vocab + 127) / 128 * 128, 2, 64, 4, 2, 128, 64, 10000.0f, 1e-5f, ACT_RELU, 0};
+    return c;
+}
+
+// Three sequences alone (one slot, the prompt in one prefill, decode steps of
+// one row) and together (slots 2, 0, 3 of 4; prefill calls of at most 6
+// tokens, chunks of two prompts in one call; after each, a decode step of
+// every sequence whose prompt is in, rows in changing order): the same logits
+// bit for bit at every step
+static void test_engine_slots(void) {
+    GPTConfig c = serve_test_config(300);
+    GPT<float, float> model;
+    gpt_build(&model, &c, DEVICE_CPU);
+    init_params_random(model.params, &c, 11);
+    const int Vp = c.padded_vocab_size, lens[3] = {19, 3, 11}, slots[3] = {2, 0, 3}, steps = 6;
+    uint64_t rng = 12;
+    std::vector<int> prompt[3], next[3];
+    for (int i = 0; i < 3; i++) {
+        for (int t = 0; t < lens[i]; t++) { prompt[i].push_back((int)rng_below(&rng, c.vocab_size)); }
+        for (int t = 0; t < steps; t++) { next[i].push_back((int)rng_below(&rng, c.vocab_size)); }
+    }
+    std::vector<float> alone[3]; // [1 + steps][Vp]: after the prompt, after each step
+    InferState<float> one;
+    infer_state_alloc(&one, &model, 1, 19, c.max_seq_len);
+    std::vector<float> logits(4 * (size_t)Vp);
+    for (int i = 0; i < 3; i++) {
+        gpt_prefill(&model, &one, prompt[i].data(), &lens[i], 1, logits.data());
+        alone[i].insert(alone[i].end(), logits.begin(), logits.begin() + Vp);
+        for (int t = 0; t < steps; t++) {
+            int pos = lens[i] + t;
+            gpt_decode(&model, &one, &next[i][t], &pos, 1, logits.data());
+            alone[i].insert(alone[i].end(), logits.begin(), logits.begin() + Vp);
+        }
+    }
+    InferState<float> four;
+    infer_state_alloc(&four, &model, 4, 6, c.max_seq_len);
+    int prefilled[3] = {0, 0, 0}, taken[3] = {0, 0, 0}, compared = 0, same = 1, round = 0;
+    while (taken[0] < steps || taken[1] < steps || taken[2] < steps) {
+        std::vector<int> toks, clens, cslots, cstarts, cseq;
+        int budget = 6;
+        for (int i = 0; i < 3 && budget > 0; i++) {
+            int n = std::min(lens[i] - prefilled[i], budget);
+            if (n == 0) { continue; }
+            toks.insert(toks.end(), prompt[i].begin() + prefilled[i], prompt[i].begin() + prefilled[i] + n);
+            clens.push_back(n);
+            cslots.push_back(slots[i]);
+            cstarts.push_back(prefilled[i]);
+            cseq.push_back(i);
+            budget -= n;
+        }
+        if (!clens.empty()) {
+            gpt_prefill_chunks(&model, &four, toks.data(), clens.data(), cslots.data(), cstarts.data(), (int)clens.size(),
+                               logits.data());
+            for (size_t k = 0; k < clens.size(); k++) {
+                int i = cseq[k];
+                prefilled[i] += clens[k];
+                if (prefilled[i] == lens[i]) {
+                    same &= memcmp(logits.data() + k * Vp, alone[i].data(), Vp * sizeof(float)) == 0;
+                    compared++;
+                }
+            }
+        }
+        std::vector<int> rows, dtok, dpos, dslot;
+        for (int k = 0; k < 3; k++) {
+            int i = (k + round) % 3; // the rows' order changes from step to step
+            if (prefilled[i] < lens[i] || taken[i] == steps) { continue; }
+            rows.push_back(i);
+            dtok.push_back(next[i][taken[i]]);
+            dpos.push_back(lens[i] + taken[i]);
+            dslot.push_back(slots[i]);
+        }
+        if (!rows.empty()) {
+            gpt_decode_slots(&model, &four, dtok.data(), dpos.data(), dslot.data(), (int)rows.size(), logits.data());
+            for (size_t b = 0; b < rows.size(); b++) {
+                int i = rows[b];
+                same &= memcmp(logits.data() + b * Vp, alone[i].data() + (size_t)(1 + taken[i]) * Vp, Vp * sizeof(float)) == 0;
+                taken[i]++;
+                compared++;
+            }
+        }
+        round++;
+    }
+    CHECK(same && compared == 3 * (1 + steps), "chunked prefills and decodes in slots 2, 0, 3 differ from one-shot "
+          "prefills and lone decodes in slot 0 (%d logits rows compared)", compared);
+    infer_state_free(&one, &model);
+    infer_state_free(&four, &model);
+    gpt_free(&model);
+}
+
+// greedy tokens of ids alone, as infer makes them: one prefill, then decode steps of one row
+static std::vector<int> greedy_alone(GPT<float, float>* model, const int* ids, int n, int max_tokens, int eot) {
+    const int Vp = model->config.padded_vocab_size, V = model->config.vocab_size;
+    InferState<float> s;
+    infer_state_alloc(&s, model, 1, n, model->config.max_seq_len);
+    std::vector<float> logits(Vp);
+    std::vector<int> out;
+    SamplerConfig greedy = {0.0f, 0, 1.0f};
+    uint64_t rng = 0;
+    gpt_prefill(model, &s, ids, &n, 1, logits.data());
+    for (int pos = n;; pos++) {
+        int t = sample_token(logits.data(), V, &greedy, &rng, (ProbIndex*)NULL);
+        out.push_back(t);
+        if (t == eot || (int)out.size() == max_tokens) { break; }
+        gpt_decode(model, &s, &t, &pos, 1, logits.data());
+    }
+    infer_state_free(&s, model);
+    return out;
+}
+
+// Greedy requests through the scheduler and the engine, 3 slots, prefill chunks
+// of 8 tokens (the long prompts take several steps): each one's text and token
+// count as alone; the fired units counted over the decoded tokens
+static void test_scheduler_model(void) {
+    Tokenizer tok;
+    tokenizer_init(&tok, TOKENIZER_DEFAULT_PATH);
+    GPTConfig c = serve_test_config(tok.vocab_size);
+    GPT<float, float> model;
+    gpt_build(&model, &c, DEVICE_CPU);
+    init_params_random(model.params, &c, 21);
+    InferState<float> state;
+    infer_state_alloc(&state, &model, 3, 8, c.max_seq_len);
+    ServeModel<float, float> sm = {&model, &state};
+    ServeEngine e = serve_engine(&sm);
+    Metrics m;
+    metrics_init(&m, e.slots, c.num_layers, c.hidden);
+    Scheduler s;
+    scheduler_init(&s, &e, &tok, &m, 8, 1);
+    const char* prompts[] = {"The sea", "It is a truth universally acknowledged, that a single man in possession",
+                             "x", "Once upon a time there was", "1 2 3 4 5 6 7 8 9 10 11 12", "Hello"};
+    const int n = 6;
+    ServeRequest* reqs[n];
+    const RequestLimits lim = {"tiny", 40};
+    for (int i = 0; i < n; i++) {
+        char body[256];
+        snprintf(body, sizeof(body), "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0}", prompts[i], 10 + 3 * i);
+        CompletionRequest p;
+        ServeError err;
+        CHECK(completion_request_parse(body, strlen(body), &lim, &p, &err) == 0 &&
+              completion_request_encode(&p, &tok, e.context, &err) == 0, "request %d: %s", i, err.message);
+        reqs[i] = serve_request_new(&p, now_seconds(), now_seconds() + 100);
+        CHECK(scheduler_submit(&s, reqs[i], &err) == 0, "submit %d", i);
+    }
+    while (scheduler_step(&s)) {}
+    for (int i = 0; i < n; i++) {
+        ServeRequest* r = reqs[i];
+        std::vector<int> want = greedy_alone(&model, r->params.ids, r->params.n_ids, r->params.max_tokens, tok.eot_token);
+        std::string got = taken(&s, r);
+        const char* finish = want.back() == tok.eot_token ? "stop" : "length";
+        CHECK(got == text_of(&tok, want) && r->completion_tokens == (int)want.size() && strcmp(r->finish_reason, finish) == 0,
+              "request %d (%d prompt tokens): '%s' (%d tokens, %s) vs alone '%s' (%zu tokens, %s)", i, r->params.n_ids,
+              got.c_str(), r->completion_tokens, r->finish_reason, text_of(&tok, want).c_str(), want.size(), finish);
+        scheduler_release(&s, r);
+    }
+    CHECK(m.fired_tokens == m.decode_rows && m.fired[0] > 0 && m.fired[1] > 0,
+          "fired units counted over %llu of %llu decoded rows", (unsigned long long)m.fired_tokens,
+          (unsigned long long)m.decode_rows);
+    scheduler_free(&s);
+    metrics_free(&m);
+    infer_state_free(&state, &model);
+    gpt_free(&model);
+    tokenizer_free(&tok);
+}
+
 int main(void) {
     test_utf8();
     test_text_out();
     test_requests();
     test_metrics();
     test_scheduler();
+    test_engine_slots();
+    test_scheduler_model();
     return test_summary("test_serve");
 }

@@ -82,11 +82,13 @@ __device__ int list_units(int* list, float* values, int H, Values values_of) {
 
 // B <= 8 sequences, the epilogue of the GEMV g = f Wg^T: g_b = bf16(acc_b) (the
 // GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
-// a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is written)
+// a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is
+// written); active (if not NULL) gets the number of g_b > 0, an atomic per unit that fired
 struct GateUpRow {
     float* a;
     const bf16* wu;
     int D, H;
+    unsigned long long* active;
     template <int B>
     __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
         float g[B];
@@ -94,6 +96,12 @@ struct GateUpRow {
         #pragma unroll
         for (int b = 0; b < B; b++) { g[b] = __bfloat162float(__float2bfloat16_rn(acc[b])); any |= g[b] > 0.0f; }
         float h[B] = {};
+        if (any && active && lane == 0) {
+            int fired = 0;
+            #pragma unroll
+            for (int b = 0; b < B; b++) { fired += g[b] > 0.0f; }
+            atomicAdd(active, (unsigned long long)fired);
+        }
         if (any) { // the same for every lane of the warp
             float u[B] = {};
             RowPrefetch r;
@@ -124,15 +132,20 @@ __device__ int list_active_units(int* list, const bf16* g_row, int H) {
 
 // a_bi = bf16(g_{b, n_i} bf16(f_b . Wu[n_i])) for the active units n_i of sequence b =
 // blockIdx.y; a warp per unit. Every block lists the units itself (a few us of
-// L2 reads, no extra launch); block 0 also stores the list for the down kernel.
+// L2 reads, no extra launch); block 0 also stores the list for the down kernel
+// (and adds their number to active, if not NULL).
 __global__ void __launch_bounds__(SPARSE_THREADS)
-sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const bf16* f, const bf16* wu, int D, int H) {
+sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const bf16* f, const bf16* wu, int D, int H,
+                 unsigned long long* active) {
     extern __shared__ int list[];
     const int b = blockIdx.y, lane = threadIdx.x % 32;
     const int count = list_active_units(list, g + (size_t)b * H, H);
     if (blockIdx.x == 0) {
         for (int i = threadIdx.x; i < count; i += SPARSE_THREADS) { list_out[(size_t)b * H + i] = list[i]; }
-        if (threadIdx.x == 0) { count_out[b] = count; }
+        if (threadIdx.x == 0) {
+            count_out[b] = count;
+            if (active) { atomicAdd(active, (unsigned long long)count); }
+        }
     }
     const bf16* fb = f + (size_t)b * D;
     for (int i = blockIdx.x * SPARSE_WARPS + threadIdx.x / 32; i < count; i += SPARSE_UP_BLOCKS * SPARSE_WARPS) {
@@ -260,25 +273,26 @@ static inline void sparse_decode_free(SparseDecode* s) {
 
 // y [B, D] = the FFN of f [B, D] over each row's active units (see the top of the
 // file); screen: the int8 copy of this layer's Wg (or NULL); g_scratch: [B, H]
-// for the path above 8 sequences (cuBLASLt's gate)
+// for the path above 8 sequences (cuBLASLt's gate); active (if not NULL) gets
+// the number of units that fired, summed over the rows
 static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int B, int D, int H, const ScreenedGate* screen,
-                                     bf16* g_scratch) {
+                                     bf16* g_scratch, unsigned long long* active = NULL) {
     using namespace sparse_decode_detail;
     dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
     if (screen && ffn_policy_decode_screened(B) && screened_gate_fits(B, D)) {
-        screened_gate(GateUpRow{s->a, wu, D, H}, *screen, wg, f, B, (int*)NULL);
+        screened_gate(GateUpRow{s->a, wu, D, H, active}, *screen, wg, f, B, (int*)NULL);
         launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
     }
     if (gemv_fits(B, D)) {
-        gemv(GateUpRow{s->a, wu, D, H}, f, wg, B, H, D);
+        gemv(GateUpRow{s->a, wu, D, H, active}, f, wg, B, H, D);
         launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
     }
     gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);
     sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
-        s->a, s->list, s->count, g_scratch, f, wu, D, H);
+        s->a, s->list, s->count, g_scratch, f, wu, D, H, active);
     cudaCheck(cudaGetLastError());
     sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(y, s->a, s->list, s->count,
                                                                                         wdT, D, H);

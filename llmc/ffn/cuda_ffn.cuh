@@ -53,13 +53,13 @@ static inline int ffn_prefill_sparse(const FfnCache<bf16>* cache, const Ffn<bf16
 }
 
 static inline void ffn_forward_cached(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int l, bf16* y, const bf16* f, int M,
-                                      int decode, bf16* scratch) {
+                                      int decode, bf16* scratch, unsigned long long* fired = NULL) {
     const FfnLayer<bf16>* fl = &ffn->layer[l];
     const int D = ffn->D, H = ffn->H;
     if (ffn->mode == FFN_SPARSE && decode) {
         ScreenedGate rows = cache->screen.q ? screen_gate_rows(&cache->screen, l * H, H) : cache->screen;
         ffn_sparse_decode(y, &cache->decode, f, fl->wg, fl->wu, fl->wdT, M, D, H, cache->screen.q ? &rows : NULL,
-                          scratch);
+                          scratch, fired);
         return;
     }
     if (!decode && ffn_prefill_sparse(cache, ffn, M)) {
@@ -76,8 +76,8 @@ static inline void ffn_forward_cached(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int
         }
         return;
     }
-    ffn_dense_forward(y, scratch, scratch + (size_t)M * H, f, fl->wg, fl->wu, fl->wdT, M, D, H,
-                      (unsigned long long*)NULL, decode, 0, ffn->activation);
+    ffn_dense_forward(y, scratch, scratch + (size_t)M * H, f, fl->wg, fl->wu, fl->wdT, M, D, H, fired,
+                      decode, 0, ffn->activation);
 }
 
 static inline void ffn_prefill_sparse_layer(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int l, bf16* y, const bf16* f,

@@ -446,12 +446,14 @@ void ffn_decode_prepare(FfnCache<T>* cache, Ffn<T>* ffn, int B) {}
 template <typename T>
 int ffn_prefill_sparse(const FfnCache<T>* cache, const Ffn<T>* ffn, int M) { return 0; }
 
-// y [M, D] = layer l's FFN of f [M, D] for a prefill (decode 0) or a decode step's rows; scratch: [M, 2H]
+// y [M, D] = layer l's FFN of f [M, D] for a prefill (decode 0) or a decode step's rows; scratch: [M, 2H];
+// fired (if not NULL) gets the number of units that fire (g > 0), summed over the rows
 template <typename T>
-void ffn_forward_cached(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, int decode, T* scratch) {
+void ffn_forward_cached(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, int decode, T* scratch,
+                        unsigned long long* fired = NULL) {
     const FfnLayer<T>* fl = &ffn->layer[l];
-    ffn_dense_forward(y, scratch, scratch + (size_t)M * ffn->H, f, fl->wg, fl->wu, fl->wdT, M, ffn->D, ffn->H,
-                      (unsigned long long*)NULL, decode, 0, ffn->activation);
+    ffn_dense_forward(y, scratch, scratch + (size_t)M * ffn->H, f, fl->wg, fl->wu, fl->wdT, M, ffn->D, ffn->H, fired,
+                      decode, 0, ffn->activation);
 }
 
 // layer l of a prefill by its sparse path (the GPU's TwELL) over all its units, hot ones too; the CPU path has

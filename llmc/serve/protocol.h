@@ -207,7 +207,7 @@ static inline int completion_request_parse(const char* body, size_t n, const Req
         const JsonMember* m = &root.members[k];
         const JsonValue* v = &m->value;
         const char* key = m->key;
-        int64_t i64;
+        int64_t i64 = 0;
         int known;
         if (strlen(key) != m->key_length) { // a \u0000 in the name: no field of ours
             serve_error(e, 400, "invalid_request_error", "unknown_parameter", NULL, "a field's name holds a NUL byte");

@@ -15,7 +15,7 @@
  went away, or whose request passed its deadline leaves its slot at once: the
  slot's cache is simply overwritten by the next sequence admitted there.
 
- The model is behind ServeEngine (llmc/serve/engine.h puts llmc/gpt.h's
+ The model is behind ServeEngine (llmc/serve/engine.h puts llmc/inference.h's
  cached forward there; the tests put a fake one). On the CPU reference path a
  row's numbers do not depend on the other rows of its call or on how its
  prompt was cut into chunks (test_serve checks it bit for bit), so a greedy

@@ -6,9 +6,14 @@
  - decode attention (RoPE of q and the new k inside) against the CPU RoPE and
    an fp64 softmax over each sequence's cache (positions 0, 17, 128, 299: one
    key, one split, just past a split, the whole cache of 300), head sizes 16,
-   32, 64, 128, and the new k, v it stores in the cache (poisoned before);
+   32, 64, 128, and the new k, v it stores in the cache (poisoned before); the
+   rows' sequences in slots 4, 0, 5, 2 of 6 give the bits of slots 0..3, and
+   the slots no row names are left as they were;
  - the prefill's RoPE and cache writes against rope_forward, bit for bit
    (head sizes 24, 64, 128: both widths of the kernel), nothing else written;
+ - prompts prefilled in chunks (a server's), past position 0 over the cache:
+   every row's attention against an fp64 softmax, the cache the bits of a
+   one-shot prefill;
  - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
@@ -16,6 +21,7 @@
    256 columns: g given, then up (which lists g > 0) and down, batches 1, 3,
    8, 9, 64, the active counts exact; and for 1, 3, 8 the GEMV with the gate +
    up epilogue (every h written, poisoned before), then down from the nonzero h;
+   both count the fired units exactly;
  - the whole model: a batch of prompts of different lengths (1, 5, 17 tokens)
    prefilled at once, then decode steps, logits of every step against the CPU
    path, FFN dense and TwELL (sparse forced, and auto), on random weights
@@ -23,7 +29,10 @@
    and on the synthetic-sparse init (few units fire); TwELL with blocks of
    one slot and one record, grown until exact; the decode step as a graph
    and launched directly, bit-identical; a SiLU model with an untied head
-   (Llama's) on the dense FFN, its logits from lm_head.
+   (Llama's) on the dense FFN, its logits from lm_head; continuous batching
+   (sequences in any slots, chunked prefills, decode batches that change)
+   against the CPU path doing the same, dense and sparse, graphs per batch
+   size = direct launches, and the fired units counted as the CPU counts them.
  Logits are bf16 after two bf16 layers: max|gpu - cpu| / max|cpu| < 3e-2 (a
  wrong index or a missing unit is O(1)). Every output is poisoned (0xFF, NaN)
  before each run, and a NaN fails.
@@ -56,41 +65,82 @@ static void test_decode_attention(void) {
     uint64_t rng = 101;
     const float theta = 10000.0f;
     for (int hd : {16, 32, 64, 128}) {
-        const int NH = 4, NKV = 2, B = 4, cache_len = 300, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
+        const int NH = 4, NKV = 2, B = 4, S = 6, cache_len = 300, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
+        const size_t seq_size = (size_t)cache_len * KVD;
         std::vector<int> pos = {0, 17, 128, 299}; // one key; one split; just past a split; the whole cache
+        std::vector<int> slots = {4, 0, 5, 2};    // row b's cache slot (1 and 3 are other sequences')
         std::vector<bf16> qkv = random_bf16((size_t)B * QKV, 1.0, &rng);
-        std::vector<bf16> kc = random_bf16((size_t)B * cache_len * KVD, 1.0, &rng);
-        std::vector<bf16> vc = random_bf16((size_t)B * cache_len * KVD, 1.0, &rng);
+        std::vector<bf16> seq_k = random_bf16((size_t)B * seq_size, 1.0, &rng); // row b's sequence, [cache_len, KVD]
+        std::vector<bf16> seq_v = random_bf16((size_t)B * seq_size, 1.0, &rng);
         for (int b = 0; b < B; b++) { // the new position's entries are the kernel's to write
             for (int i = 0; i < KVD; i++) {
-                kc[((size_t)b * cache_len + pos[b]) * KVD + i] = __float2bfloat16(NAN);
-                vc[((size_t)b * cache_len + pos[b]) * KVD + i] = __float2bfloat16(NAN);
+                seq_k[b * seq_size + (size_t)pos[b] * KVD + i] = __float2bfloat16(NAN);
+                seq_v[b * seq_size + (size_t)pos[b] * KVD + i] = __float2bfloat16(NAN);
             }
         }
-        bf16 *qkv_d = upload(qkv), *kc_d = upload(kc), *vc_d = upload(vc);
-        int* pos_d = upload(pos);
-        bf16* out_d = (bf16*)cuda_malloc((size_t)B * NH * hd * sizeof(bf16));
-        size_t splits = (size_t)B * NH * attention_decode_splits(cache_len);
-        float* part_o = (float*)cuda_malloc(splits * hd * sizeof(float));
-        float* part_ml = (float*)cuda_malloc(splits * 2 * sizeof(float));
-        cudaCheck(cudaMemset(out_d, 0xFF, (size_t)B * NH * hd * sizeof(bf16)));
-        cudaCheck(cudaMemset(part_o, 0xFF, splits * hd * sizeof(float)));
-        cudaCheck(cudaMemset(part_ml, 0xFF, splits * 2 * sizeof(float)));
-        int* splits_done = (int*)cuda_malloc((size_t)B * NH * sizeof(int));
-        cudaCheck(cudaMemset(splits_done, 0, (size_t)B * NH * sizeof(int)));
-        attention_decode(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, pos_d, B, NH, NKV, hd, cache_len, theta);
-        std::vector<int> left = download(splits_done, (size_t)B * NH);
-        CHECK(std::count(left.begin(), left.end(), 0) == B * NH, "decode attention hd %d: the split counters end at zero", hd);
-        std::vector<float> out = to_float(download(out_d, (size_t)B * NH * hd));
-        std::vector<float> kc_gpu = to_float(download(kc_d, kc.size())), vc_gpu = to_float(download(vc_d, vc.size()));
+        // the decode of the B rows with row b's sequence in slot at[b] of a cache of S slots (the others random);
+        // out, and the cache of each row's slot afterwards
+        auto run = [&](const std::vector<int>& at, std::vector<float>* out, std::vector<float>* kc_rows,
+                       std::vector<float>* vc_rows, bool* others_kept) {
+            std::vector<bf16> kc = random_bf16((size_t)S * seq_size, 1.0, &rng), vc = random_bf16((size_t)S * seq_size, 1.0, &rng);
+            for (int b = 0; b < B; b++) {
+                std::copy(seq_k.begin() + b * seq_size, seq_k.begin() + (b + 1) * seq_size, kc.begin() + at[b] * seq_size);
+                std::copy(seq_v.begin() + b * seq_size, seq_v.begin() + (b + 1) * seq_size, vc.begin() + at[b] * seq_size);
+            }
+            bf16 *qkv_d = upload(qkv), *kc_d = upload(kc), *vc_d = upload(vc);
+            int *pos_d = upload(pos), *slot_d = upload(at);
+            bf16* out_d = (bf16*)cuda_malloc((size_t)B * NH * hd * sizeof(bf16));
+            size_t splits = (size_t)B * NH * attention_decode_splits(cache_len);
+            float* part_o = (float*)cuda_malloc(splits * hd * sizeof(float));
+            float* part_ml = (float*)cuda_malloc(splits * 2 * sizeof(float));
+            cudaCheck(cudaMemset(out_d, 0xFF, (size_t)B * NH * hd * sizeof(bf16)));
+            cudaCheck(cudaMemset(part_o, 0xFF, splits * hd * sizeof(float)));
+            cudaCheck(cudaMemset(part_ml, 0xFF, splits * 2 * sizeof(float)));
+            int* splits_done = (int*)cuda_malloc((size_t)B * NH * sizeof(int));
+            cudaCheck(cudaMemset(splits_done, 0, (size_t)B * NH * sizeof(int)));
+            attention_decode(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, slot_d, pos_d, B, NH, NKV, hd,
+                             cache_len, theta);
+            std::vector<int> left = download(splits_done, (size_t)B * NH);
+            CHECK(std::count(left.begin(), left.end(), 0) == B * NH, "decode attention hd %d: the split counters end at zero", hd);
+            *out = to_float(download(out_d, (size_t)B * NH * hd));
+            std::vector<bf16> kc_gpu = download(kc_d, kc.size()), vc_gpu = download(vc_d, vc.size());
+            kc_rows->clear();
+            vc_rows->clear();
+            *others_kept = true;
+            for (int sl = 0; sl < S; sl++) {
+                int row = (int)(std::find(at.begin(), at.end(), sl) - at.begin());
+                if (row == B) { // no row's: untouched
+                    *others_kept &= memcmp(kc_gpu.data() + sl * seq_size, kc.data() + sl * seq_size, seq_size * sizeof(bf16)) == 0 &&
+                                    memcmp(vc_gpu.data() + sl * seq_size, vc.data() + sl * seq_size, seq_size * sizeof(bf16)) == 0;
+                }
+            }
+            for (int b = 0; b < B; b++) {
+                std::vector<float> k = to_float(std::vector<bf16>(kc_gpu.begin() + at[b] * seq_size, kc_gpu.begin() + (at[b] + 1) * seq_size));
+                std::vector<float> v = to_float(std::vector<bf16>(vc_gpu.begin() + at[b] * seq_size, vc_gpu.begin() + (at[b] + 1) * seq_size));
+                kc_rows->insert(kc_rows->end(), k.begin(), k.end());
+                vc_rows->insert(vc_rows->end(), v.begin(), v.end());
+            }
+            cuda_free(qkv_d); cuda_free(kc_d); cuda_free(vc_d); cuda_free(pos_d); cuda_free(slot_d); cuda_free(out_d);
+            cuda_free(part_o); cuda_free(part_ml); cuda_free(splits_done);
+        };
+        std::vector<float> out, kc_gpu, vc_gpu, out_b, kc_b, vc_b;
+        bool others_kept = false, others_kept_b = false;
+        run(slots, &out, &kc_gpu, &vc_gpu, &others_kept);
+        run({0, 1, 2, 3}, &out_b, &kc_b, &vc_b, &others_kept_b);
+        CHECK(others_kept && others_kept_b, "decode attention hd %d: a slot no row names was written", hd);
+        auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+            return x.size() == y.size() && memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+        };
+        CHECK(same_bits(out, out_b) && same_bits(kc_gpu, kc_b) && same_bits(vc_gpu, vc_b),
+              "decode attention hd %d: rows in slots 4, 0, 5, 2 differ from the same rows in slots 0..3", hd);
         // the reference: q and the new k turned at pos[b] (the CPU RoPE), the new k and v at pos[b]
-        std::vector<float> q = to_float(qkv), k = to_float(kc), v = to_float(vc);
+        std::vector<float> q = to_float(qkv), k = to_float(seq_k), v = to_float(seq_v);
         double cache_err = 0;
         for (int b = 0; b < B; b++) {
             float* row = q.data() + (size_t)b * QKV;
             rope_forward(row, 1, 1, pos[b], NH, NKV, hd, theta);
             for (int i = 0; i < KVD; i++) {
-                size_t c = ((size_t)b * cache_len + pos[b]) * KVD + i;
+                size_t c = b * seq_size + (size_t)pos[b] * KVD + i;
                 k[c] = __bfloat162float(__float2bfloat16(row[NH * hd + i]));
                 v[c] = row[(NH + NKV) * hd + i];
                 cache_err = fmax(cache_err, fabs(kc_gpu[c] - k[c]) + fabs(vc_gpu[c] - v[c]));
@@ -101,20 +151,20 @@ static void test_decode_attention(void) {
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 int kvh = h / (NH / NKV), n = pos[b] + 1;
-                std::vector<double> s(n);
+                std::vector<double> sc(n);
                 double mx = -INFINITY, sum = 0;
                 for (int t = 0; t < n; t++) {
                     double dot = 0;
                     for (int d = 0; d < hd; d++) {
-                        dot += (double)q[(size_t)b * QKV + h * hd + d] * k[((size_t)b * cache_len + t) * KVD + kvh * hd + d];
+                        dot += (double)q[(size_t)b * QKV + h * hd + d] * k[b * seq_size + (size_t)t * KVD + kvh * hd + d];
                     }
-                    s[t] = dot / sqrt((double)hd);
-                    mx = fmax(mx, s[t]);
+                    sc[t] = dot / sqrt((double)hd);
+                    mx = fmax(mx, sc[t]);
                 }
-                for (int t = 0; t < n; t++) { s[t] = exp(s[t] - mx); sum += s[t]; }
+                for (int t = 0; t < n; t++) { sc[t] = exp(sc[t] - mx); sum += sc[t]; }
                 for (int d = 0; d < hd; d++) {
                     double o = 0;
-                    for (int t = 0; t < n; t++) { o += s[t] * v[((size_t)b * cache_len + t) * KVD + kvh * hd + d]; }
+                    for (int t = 0; t < n; t++) { o += sc[t] * v[b * seq_size + (size_t)t * KVD + kvh * hd + d]; }
                     ref[(size_t)b * NH * hd + h * hd + d] = o / sum;
                 }
             }
@@ -122,10 +172,8 @@ static void test_decode_attention(void) {
         double e = max_rel_err(out.data(), ref.data(), ref.size());
         CHECK(e < 1e-2, "decode attention hd %d: rel err %g", hd, e);
         CHECK(cache_err < 3e-2, "decode attention hd %d: the new k, v in the cache differ by %g", hd, cache_err);
-        printf("  decode attention + RoPE hd %3d, positions 0/17/128/299: rel err %.2e, new cache entries within %.1e\n",
-               hd, e, cache_err);
-        cuda_free(qkv_d); cuda_free(kc_d); cuda_free(vc_d); cuda_free(pos_d); cuda_free(out_d);
-        cuda_free(part_o); cuda_free(part_ml); cuda_free(splits_done);
+        printf("  decode attention + RoPE hd %3d, positions 0/17/128/299 in slots 4/0/5/2: rel err %.2e, new cache "
+               "entries within %.1e, the same bits in slots 0..3\n", hd, e, cache_err);
     }
 }
 
@@ -151,8 +199,8 @@ static void test_prefill_rope_cache(void) {
         cudaCheck(cudaMemset(vc_d, 0xFF, cache_n * sizeof(bf16)));
         bf16* out_d = (bf16*)cuda_malloc((size_t)T * NH * hd * sizeof(bf16));
         float* lse_d = (float*)cuda_malloc((size_t)T * NH * sizeof(float));
-        attention_prefill(out_d, lse_d, qkv_d, kc_d, vc_d, slot_d, pos_d, T, seq_rows.data(), seq_lens.data(), 1, NH,
-                          NKV, hd, cache_len, theta);
+        attention_prefill(out_d, lse_d, qkv_d, kc_d, vc_d, slot_d, pos_d, T, seq_rows.data(), seq_lens.data(), NULL, 1,
+                          NH, NKV, hd, cache_len, theta);
         std::vector<bf16> got = download(qkv_d, qkv.size()), want = download(turned_d, qkv.size());
         std::vector<bf16> kc = download(kc_d, cache_n), vc = download(vc_d, cache_n);
         auto bits = [](bf16 x) { return __bfloat16_as_ushort(x); };
@@ -179,6 +227,102 @@ static void test_prefill_rope_cache(void) {
 }
 
 // the decode linear layer: the GEMV for 1..8 rows, cuBLASLt above
+// Prompts prefilled in chunks, as a server does, two sequences in slots 2 and
+// 0 of three: chunks that start at position 0 (the training kernel) and past
+// it (chunk_attention_kernel over the cache), of 1 to 79 rows, chunks of both
+// sequences in one call; every row's attention against an fp64 softmax over
+// its sequence's turned keys up to its position (out poisoned before), and the
+// cache the same bits as a one-shot prefill of the whole prompts leaves
+static void test_chunk_attention(void) {
+    uint64_t rng = 303;
+    const float theta = 10000.0f;
+    for (int hd : {16, 32, 64, 128}) {
+        const int NH = 4, NKV = 2, S = 3, cache_len = 256, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd, D = NH * hd;
+        const int lens[2] = {150, 40}, slot_of[2] = {2, 0};
+        struct Chunk { int seq, start, len; };
+        const std::vector<std::vector<Chunk>> calls = {{{0, 0, 70}, {1, 0, 17}}, {{0, 70, 1}, {1, 17, 23}}, {{0, 71, 79}}};
+        std::vector<bf16> seq_qkv[2] = {random_bf16((size_t)lens[0] * QKV, 1.0, &rng),
+                                        random_bf16((size_t)lens[1] * QKV, 1.0, &rng)};
+        size_t cache_n = (size_t)S * cache_len * KVD;
+        bf16 *kc_d = (bf16*)cuda_malloc(cache_n * sizeof(bf16)), *vc_d = (bf16*)cuda_malloc(cache_n * sizeof(bf16));
+        float* lse_d = (float*)cuda_malloc((size_t)cache_len * NH * sizeof(float));
+        // one call of chunks (or, for the cache check, of whole prompts); the turned q and out of each row land
+        // in q_turned / out at the row's sequence and position
+        std::vector<float> out[2] = {std::vector<float>((size_t)lens[0] * D), std::vector<float>((size_t)lens[1] * D)};
+        std::vector<float> q_turned[2] = {std::vector<float>((size_t)lens[0] * QKV), std::vector<float>((size_t)lens[1] * QKV)};
+        auto call = [&](const std::vector<Chunk>& chunks, bool starts_given) {
+            std::vector<bf16> qkv;
+            std::vector<int> slot, pos, rows, clens, starts;
+            for (const Chunk& c : chunks) {
+                rows.push_back((int)pos.size());
+                clens.push_back(c.len);
+                starts.push_back(c.start);
+                qkv.insert(qkv.end(), seq_qkv[c.seq].begin() + (size_t)c.start * QKV,
+                           seq_qkv[c.seq].begin() + (size_t)(c.start + c.len) * QKV);
+                for (int t = 0; t < c.len; t++) { slot.push_back(slot_of[c.seq]); pos.push_back(c.start + t); }
+            }
+            int M = (int)pos.size();
+            bf16* qkv_d = upload(qkv);
+            int *slot_d = upload(slot), *pos_d = upload(pos);
+            bf16* out_d = (bf16*)cuda_malloc((size_t)M * D * sizeof(bf16));
+            cudaCheck(cudaMemset(out_d, 0xFF, (size_t)M * D * sizeof(bf16)));
+            attention_prefill(out_d, lse_d, qkv_d, kc_d, vc_d, slot_d, pos_d, M, rows.data(), clens.data(),
+                              starts_given ? starts.data() : NULL, (int)chunks.size(), NH, NKV, hd, cache_len, theta);
+            std::vector<float> o = to_float(download(out_d, (size_t)M * D)), q = to_float(download(qkv_d, qkv.size()));
+            for (size_t i = 0; i < chunks.size(); i++) {
+                const Chunk& c = chunks[i];
+                std::copy(o.begin() + (size_t)rows[i] * D, o.begin() + (size_t)(rows[i] + c.len) * D,
+                          out[c.seq].begin() + (size_t)c.start * D);
+                std::copy(q.begin() + (size_t)rows[i] * QKV, q.begin() + (size_t)(rows[i] + c.len) * QKV,
+                          q_turned[c.seq].begin() + (size_t)c.start * QKV);
+            }
+            cuda_free(qkv_d); cuda_free(slot_d); cuda_free(pos_d); cuda_free(out_d);
+        };
+        cudaCheck(cudaMemset(kc_d, 0xFF, cache_n * sizeof(bf16)));
+        cudaCheck(cudaMemset(vc_d, 0xFF, cache_n * sizeof(bf16)));
+        for (const auto& chunks : calls) { call(chunks, true); }
+        std::vector<bf16> kc = download(kc_d, cache_n), vc = download(vc_d, cache_n);
+        double e = 0;
+        for (int sq = 0; sq < 2; sq++) {
+            std::vector<double> ref((size_t)lens[sq] * D);
+            for (int p = 0; p < lens[sq]; p++) {
+                for (int h = 0; h < NH; h++) {
+                    const size_t base = (size_t)slot_of[sq] * cache_len * KVD + (h / (NH / NKV)) * hd;
+                    std::vector<double> sc(p + 1);
+                    double mx = -INFINITY, sum = 0;
+                    for (int t = 0; t <= p; t++) {
+                        double dot = 0;
+                        for (int d = 0; d < hd; d++) {
+                            dot += (double)q_turned[sq][(size_t)p * QKV + h * hd + d] *
+                                   __bfloat162float(kc[base + (size_t)t * KVD + d]);
+                        }
+                        sc[t] = dot / sqrt((double)hd);
+                        mx = fmax(mx, sc[t]);
+                    }
+                    for (int t = 0; t <= p; t++) { sc[t] = exp(sc[t] - mx); sum += sc[t]; }
+                    for (int d = 0; d < hd; d++) {
+                        double o = 0;
+                        for (int t = 0; t <= p; t++) { o += sc[t] * __bfloat162float(vc[base + (size_t)t * KVD + d]); }
+                        ref[(size_t)p * D + h * hd + d] = o / sum;
+                    }
+                }
+            }
+            e = fmax(e, max_rel_err(out[sq].data(), ref.data(), ref.size()));
+        }
+        CHECK(e < 1e-2, "chunked prefill attention hd %d: rel err %g", hd, e);
+        cudaCheck(cudaMemset(kc_d, 0xFF, cache_n * sizeof(bf16)));
+        cudaCheck(cudaMemset(vc_d, 0xFF, cache_n * sizeof(bf16)));
+        call({{0, 0, lens[0]}, {1, 0, lens[1]}}, false);
+        std::vector<bf16> kc_one = download(kc_d, cache_n), vc_one = download(vc_d, cache_n);
+        CHECK(memcmp(kc_one.data(), kc.data(), cache_n * sizeof(bf16)) == 0 &&
+              memcmp(vc_one.data(), vc.data(), cache_n * sizeof(bf16)) == 0,
+              "chunked prefill hd %d: the cache differs from a one-shot prefill's", hd);
+        printf("  chunked prefill attention hd %3d, chunks of 1 to 79 rows past position 0: rel err %.2e, the cache "
+               "as a one-shot prefill's\n", hd, e);
+        cuda_free(kc_d); cuda_free(vc_d); cuda_free(lse_d);
+    }
+}
+
 static void test_decode_linear(void) {
     uint64_t rng = 505;
     const int N = 300, K = 328; // N not a multiple of the block's 8 warps
@@ -243,9 +387,11 @@ static void test_sparse_decode_ffn(void) {
                 int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
                 int* count_d = (int*)cuda_malloc(B * sizeof(int));
                 float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
+                unsigned long long* fired_d = (unsigned long long*)cuda_malloc(sizeof(unsigned long long));
                 dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
                 double mean_active = 0;
-                for (int b = 0; b < B; b++) { mean_active += (double)active[b] / B; }
+                unsigned long long fired = 0;
+                for (int b = 0; b < B; b++) { mean_active += (double)active[b] / B; fired += active[b]; }
                 auto error = [&](const char* path) {
                     std::vector<float> y = to_float(download(y_d, (size_t)B * D));
                     double e = 0;
@@ -262,9 +408,12 @@ static void test_sparse_decode_ffn(void) {
                 cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                 cudaCheck(cudaMemset(count_d, 0xFF, B * sizeof(int)));
                 cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
+                cudaCheck(cudaMemset(fired_d, 0, sizeof(unsigned long long)));
                 sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int)>>>(a_d, list_d, count_d, g_d,
-                                                                                                 f_d, wu_d, D, H);
+                                                                                                 f_d, wu_d, D, H, fired_d);
                 cudaCheck(cudaGetLastError());
+                CHECK(download(fired_d, 1)[0] == fired, "sparse up B %d p %g: counted %llu fired units, not %llu", B,
+                      pt[0], download(fired_d, 1)[0], fired);
                 sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, list_d, count_d, wdT_d, D, H);
                 cudaCheck(cudaGetLastError());
                 CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
@@ -272,14 +421,17 @@ static void test_sparse_decode_ffn(void) {
                 if (B <= GEMV_MAX_ROWS) { // the fused gate + up (every a written), then down from a != 0
                     cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                     cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
-                    gemv(GateUpRow{a_d, wu_d, D, H}, f_d, wg_d, B, H, D);
+                    cudaCheck(cudaMemset(fired_d, 0, sizeof(unsigned long long)));
+                    gemv(GateUpRow{a_d, wu_d, D, H, fired_d}, f_d, wg_d, B, H, D);
                     cudaCheck(cudaGetLastError());
+                    CHECK(download(fired_d, 1)[0] == fired, "gate + up B %d p %g: counted %llu fired units, not %llu", B,
+                          pt[0], download(fired_d, 1)[0], fired);
                     sparse_down_active_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, wdT_d, D, H);
                     cudaCheck(cudaGetLastError());
                     error("(fused gate)");
                 }
                 cuda_free(f_d); cuda_free(wg_d); cuda_free(wu_d); cuda_free(wdT_d); cuda_free(g_d); cuda_free(y_d);
-                cuda_free(list_d); cuda_free(count_d); cuda_free(a_d);
+                cuda_free(list_d); cuda_free(count_d); cuda_free(a_d); cuda_free(fired_d);
             }
         }
     }
@@ -471,16 +623,126 @@ static void test_model_silu(void) {
     gpt_free(&model);
 }
 
+// Continuous batching as the server runs it: sequences in slots 3, 0 and 2 of
+// 4, prompts prefilled in chunks (two sequences' chunks in one call), decode
+// batches of 2 and 3 rows in any slot order, a sequence leaving; every call's
+// logits against the CPU path doing the same, FFN dense and sparse; the decode
+// steps as graphs (one per batch size) and launched directly, the same bits;
+// the FFN's fired units counted on the GPU (relu_mul for dense, the sparse
+// decode's gate for sparse) against the CPU's count of the same steps.
+struct SlotOp {
+    bool decode;
+    std::vector<int> slot, start, len, tokens; // prefill: chunks; decode: start = position, len 1
+};
+
+template <typename T, typename G>
+static std::vector<std::vector<float>> run_slot_ops(GPT<T, G>* model, InferState<T>* s, const std::vector<SlotOp>& ops,
+                                                    std::vector<uint64_t>* fired) {
+    std::vector<std::vector<float>> out;
+    const int Vp = model->config.padded_vocab_size;
+    for (const SlotOp& op : ops) {
+        int n = (int)op.slot.size();
+        std::vector<float> logits((size_t)n * Vp, NAN);
+        if (op.decode) {
+            gpt_decode_slots(model, s, op.tokens.data(), op.start.data(), op.slot.data(), n, logits.data());
+        } else {
+            gpt_prefill_chunks(model, s, op.tokens.data(), op.len.data(), op.slot.data(), op.start.data(), n, logits.data());
+        }
+        out.push_back(logits);
+    }
+    fired->assign(model->config.num_layers, 0);
+    gpt_fired_read(model, s, fired->data());
+    return out;
+}
+
+static void test_model_slots(void) {
+    GPTConfig c = {300, 384, 2, 128, 4, 2, 512, 64, 10000.0f, 1e-5f, ACT_RELU, 0};
+    uint64_t rng = 606;
+    std::vector<float> params(num_parameters(&c));
+    init_params_random(params.data(), &c, 44);
+    for (float& p : params) { p = __bfloat162float(__float2bfloat16(p)); }
+    auto tokens = [&](int n) {
+        std::vector<int> t(n);
+        for (int& x : t) { x = (int)rng_below(&rng, c.vocab_size); }
+        return t;
+    };
+    auto prefill = [&](std::vector<int> slot, std::vector<int> start, std::vector<int> len) {
+        SlotOp op = {false, slot, start, len, {}};
+        for (int l : len) { std::vector<int> t = tokens(l); op.tokens.insert(op.tokens.end(), t.begin(), t.end()); }
+        return op;
+    };
+    auto decode = [&](std::vector<int> slot, std::vector<int> pos) {
+        return SlotOp{true, slot, pos, std::vector<int>(slot.size(), 1), tokens((int)slot.size())};
+    };
+    // A (slot 3): 30 prompt tokens; B (slot 0): 5; C (slot 2): 20
+    std::vector<SlotOp> ops = {prefill({3, 0}, {0, 0}, {16, 5}), prefill({3, 2}, {16, 0}, {14, 10}),
+                               decode({0, 3}, {5, 30}), prefill({2}, {10}, {10}), decode({2, 3, 0}, {20, 31, 6}),
+                               decode({3, 2}, {32, 21}), decode({3, 2}, {33, 22}), decode({2, 0, 3}, {23, 7, 34})};
+    GPT<float, float> cpu;
+    gpt_build(&cpu, &c, DEVICE_CPU);
+    gpt_load_params(&cpu, params.data());
+    InferState<float> cs;
+    infer_state_alloc(&cs, &cpu, 4, 24, c.max_seq_len);
+    infer_state_count_fired(&cs, &cpu);
+    std::vector<uint64_t> cpu_fired, gpu_fired;
+    std::vector<std::vector<float>> ref = run_slot_ops(&cpu, &cs, ops, &cpu_fired);
+    GPT<bf16, float> model;
+    gpt_build(&model, &c, DEVICE_CUDA);
+    gpt_load_params(&model, params.data());
+    for (int mode : {FFN_DENSE, FFN_SPARSE}) {
+        InferState<bf16> m;
+        infer_state_alloc(&m, &model, 4, 24, c.max_seq_len);
+        infer_state_count_fired(&m, &model);
+        model.ffn.mode = mode;
+        const char* name = mode == FFN_DENSE ? "dense" : "sparse";
+        std::vector<std::vector<float>> got = run_slot_ops(&model, &m, ops, &gpu_fired);
+        double worst = 0;
+        for (size_t k = 0; k < ops.size(); k++) {
+            for (size_t i = 0; i < ops[k].slot.size(); i++) {
+                const float* a = got[k].data() + i * c.padded_vocab_size;
+                std::vector<double> b(ref[k].begin() + i * c.padded_vocab_size, ref[k].begin() + (i + 1) * c.padded_vocab_size);
+                worst = fmax(worst, max_rel_err(a, b.data(), c.vocab_size));
+            }
+        }
+        CHECK(worst < 3e-2, "slots, chunks, %s FFN: GPU logits vs CPU rel err %g", name, worst);
+        double fired_err = 0;
+        for (int l = 0; l < c.num_layers; l++) {
+            fired_err = fmax(fired_err, fabs((double)gpu_fired[l] - cpu_fired[l]) / fmax((double)cpu_fired[l], 1.0));
+        }
+        CHECK(cpu_fired[0] > 0 && fired_err < 0.05, "slots, %s FFN: fired units counted on the GPU differ from the "
+              "CPU's by %.1f%% (layer 0: %llu vs %llu)", name, 100 * fired_err, (unsigned long long)gpu_fired[0],
+              (unsigned long long)cpu_fired[0]);
+        infer_state_free(&m, &model);
+        infer_state_alloc(&m, &model, 4, 24, c.max_seq_len);
+        infer_state_count_fired(&m, &model);
+        m.dev.use_graph = 0;
+        std::vector<std::vector<float>> direct = run_slot_ops(&model, &m, ops, &gpu_fired);
+        bool same = true;
+        for (size_t k = 0; k < ops.size(); k++) {
+            same &= memcmp(direct[k].data(), got[k].data(), got[k].size() * sizeof(float)) == 0;
+        }
+        CHECK(same, "slots, %s FFN: decode graphs per batch size and direct launches differ", name);
+        printf("  slots 3/0/2 of 4, chunked prefills, decode batches of 2 and 3, %s FFN: logits rel err %.2e, fired "
+               "units within %.1f%% of the CPU's count\n", name, worst, 100 * fired_err);
+        infer_state_free(&m, &model);
+    }
+    infer_state_free(&cs, &cpu);
+    gpt_free(&cpu);
+    gpt_free(&model);
+}
+
 int main(void) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("test_infer on %s\n", prop.name);
     test_decode_attention();
     test_prefill_rope_cache();
+    test_chunk_attention();
     test_decode_linear();
     test_sparse_decode_ffn();
     test_model("random weights", false);
     test_model("synthetic-sparse", true);
     test_model_silu();
+    test_model_slots();
     return test_summary("test_infer");
 }
