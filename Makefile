@@ -18,11 +18,26 @@ NVCC_FLAGS += -DUSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(MPI_CFLAGS)
 NVCC_LIBS += $(shell mpicc --showme:link 2>/dev/null)
 endif
 
+# The inference server (infer --serve) needs libmicrohttpd: the system's (pkg-config), else the copy that
+# dev/carry_microhttpd.sh unpacks into .deps/ (a machine without a package manager; the rpath finds it at run
+# time). Without either, infer builds without the server and --serve says what to install.
+PKG_CONFIG ?= pkg-config
+MHD_LIBS := $(shell $(PKG_CONFIG) --libs libmicrohttpd 2>/dev/null)
+MHD_CFLAGS := $(shell $(PKG_CONFIG) --cflags libmicrohttpd 2>/dev/null)
+MHD_DEPS_LIB := $(patsubst %/libmicrohttpd.so,%,$(firstword $(wildcard $(CURDIR)/.deps/usr/lib/*/libmicrohttpd.so)))
+ifeq ($(MHD_LIBS),)
+ifneq ($(MHD_DEPS_LIB),)
+MHD_CFLAGS := -I$(CURDIR)/.deps/usr/include
+MHD_LIBS := -L$(MHD_DEPS_LIB) -lmicrohttpd -Xlinker --disable-new-dtags,-rpath,$(MHD_DEPS_LIB)
+endif
+endif
+SERVE_FLAGS := $(if $(MHD_LIBS),-DUSE_MICROHTTPD $(MHD_CFLAGS))
+
 # tests are plain C++ over the same headers, also built with the sanitizers
 TEST_FLAGS = -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
-HEADERS = $(wildcard llmc/*.h llmc/ffn/*.h)
+HEADERS = $(wildcard llmc/*.h llmc/ffn/*.h llmc/serve/*.h)
 BINARIES = train_gpt_sparse infer tokenize hf_convert analyze
 CPU_TESTS = $(patsubst test/%.cpp,build/%,$(wildcard test/test_*.cpp))
 SAN_TESTS = $(patsubst build/%,build/san/%,$(CPU_TESTS))
@@ -37,7 +52,7 @@ train_gpt_sparse: train_gpt_sparse.cu $(HEADERS) $(CUDA_HEADERS)
 	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
 
 infer: infer.cu $(HEADERS) $(CUDA_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $< -o $@ $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(SERVE_FLAGS) $< -o $@ $(NVCC_LIBS) $(MHD_LIBS)
 
 # the tools that ship beside the two binaries (tools/; dev/ holds benchmarks and development aids)
 tokenize: tools/tokenize.cpp $(HEADERS)

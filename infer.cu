@@ -27,8 +27,12 @@
  ./analyze instead (llmc/analyze.h; its flags here are --analyze-NAME). The
  GPU paths' timing is build/dev/bench_infer (dev/bench_infer.cu).
 
- The file reads in the same order: the flags, generation, then parse_options
- and main.
+ --serve serves the model over HTTP instead: OpenAI's completions API, the
+ requests batched continuously (llmc/serve/, docs/SERVE.md); built when
+ libmicrohttpd is found.
+
+ The file reads in the same order: the flags, generation, --serve, then
+ parse_options and main.
 */
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -39,6 +43,10 @@
 #include "llmc/inference.h"
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
+#ifdef USE_MICROHTTPD
+#include "llmc/serve/engine.h"
+#include "llmc/serve/http.h"
+#endif
 
 // ----------------------------------------------------------------------------
 // the flags (parse_options has each one's meaning)
@@ -48,6 +56,9 @@ typedef struct {
     int max_tokens, top_k, seed, quiet, graph, twell_min_rows, max_batch;
     float temperature, top_p;
     AnalyzeOptions analyze; // --analyze PATTERN and its flags (pattern NULL: generate)
+    int serve_on, port, slots, queue, chunk, max_body; // --serve and its flags
+    const char* host;
+    float timeout;
     // from the flags and the machine
     int ffn_mode;        // FFN_DENSE or FFN_SPARSE (--ffn)
     int ffn_given;       // --ffn was given (else a SiLU model runs dense by itself)
@@ -361,6 +372,65 @@ static void generate_main(const InferOptions* opt) {
 }
 
 // ----------------------------------------------------------------------------
+// --serve: the model behind an HTTP server (llmc/serve/http.h), on either path
+
+#ifdef USE_MICROHTTPD
+// the model on its device with a cache of --slots sequences of the whole context, prefill calls of --chunk tokens
+template <typename T, typename G>
+static int serve_model(const InferOptions* opt, const GPTConfig* config, float* params, const Tokenizer* tok,
+                       int ffn_mode, Device device) {
+    GPT<T, G> model;
+    InferState<T> state;
+    gpt_build(&model, config, device);
+    model.ffn.mode = ffn_mode;
+    infer_state_alloc(&state, &model, opt->slots, opt->chunk, config->max_seq_len);
+    state.dev.use_graph = opt->graph;
+    if constexpr (std::is_same<T, bf16>::value) { state.ffn.twell.min_rows = opt->twell_min_rows; }
+    gpt_load_params(&model, params);
+    free(params);
+    ServeModel<T, G> sm = {&model, &state};
+    ServeEngine engine = serve_engine(&sm);
+    const char* slash = strrchr(opt->model_path, '/');
+    char model_id[256];
+    snprintf(model_id, sizeof(model_id), "%s", slash ? slash + 1 : opt->model_path);
+    char* dot = strrchr(model_id, '.');
+    if (dot && strcmp(dot, ".bin") == 0) { *dot = '\0'; }
+    ServeOptions so = {opt->host, opt->port, opt->queue, opt->timeout, (size_t)opt->max_body, opt->max_tokens, model_id,
+                       (uint64_t)opt->seed};
+    int rc = serve_run(&so, &engine, tok);
+    infer_state_free(&state, &model);
+    gpt_free(&model);
+    return rc;
+}
+#endif
+
+static int serve_main(const InferOptions* opt) {
+#ifndef USE_MICROHTTPD
+    fatal("--serve needs libmicrohttpd, which this build of infer did not find: apt-get install libmicrohttpd-dev "
+          "(or, without a package manager, bash dev/carry_microhttpd.sh), then make infer again");
+#else
+    GPTConfig config;
+    int step = 0;
+    Tokenizer tok;
+    float* params = checkpoint_load_model(opt->model_path, &config, &step);
+    tokenizer_load_for_model(&tok, opt->tokenizer_path, config.vocab_size, opt->model_path);
+    int ffn_mode = opt->use_gpu ? ffn_mode_for(opt, &config) : FFN_DENSE;
+    if (opt->use_gpu) {
+        fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d, %s) on the GPU (%s), FFN %s, bf16\n", opt->model_path,
+                step, config.num_layers, config.channels, config.hidden, activation_names[config.activation],
+                opt->gpu_name, ffn_mode == FFN_SPARSE ? "twell" : "dense");
+    } else {
+        fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d) on the CPU reference path%s\n", opt->model_path, step,
+                config.num_layers, config.channels, config.hidden, opt->gpus ? "" : " (no CUDA GPU present)");
+    }
+    int rc = opt->use_gpu ? serve_model<bf16, float>(opt, &config, params, &tok, ffn_mode, DEVICE_CUDA)
+                          : serve_model<float, float>(opt, &config, params, &tok, ffn_mode, DEVICE_CPU);
+    tokenizer_free(&tok);
+    return rc;
+#endif
+}
+
+// ----------------------------------------------------------------------------
 
 // the flags into o, checked, and the machine's GPUs; a bad flag is a one-line error
 static void parse_options(int argc, char** argv, InferOptions* o) {
@@ -370,16 +440,18 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     o->ffn_name = "twell";
     o->max_tokens = 256, o->seed = 42, o->graph = 1, o->twell_min_rows = TWELL_PREFILL_MIN_ROWS, o->max_batch = 64;
     o->temperature = 1.0f, o->top_p = 1.0f;
+    o->host = "127.0.0.1", o->port = 8080, o->slots = 16, o->queue = 64, o->chunk = 256, o->max_body = 1 << 20;
+    o->timeout = 600.0f;
     analyze_defaults(&o->analyze, "analyze-");
     ArgSpec specs[] = {
         {'m', "model", ARG_STRING, &o->model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest (default: out)", 0},
         {'p', "prompt", ARG_STRING, &o->prompt, 0, 0, "prompt text (default: stdin if it is not a terminal, else none)", 0},
         {'f', "prompt-file", ARG_STRING, &o->prompt_file, 0, 0, "one prompt per line, a batch ('-' = stdin; empty lines skipped)", 0},
-        {'n', "max-tokens", ARG_INT, &o->max_tokens, 1, 1 << 24, "most tokens to generate per prompt", 0},
+        {'n', "max-tokens", ARG_INT, &o->max_tokens, 1, 1 << 24, "most tokens to generate per prompt (--serve: the most a request may ask for)", 0},
         {'t', "temperature", ARG_FLOAT, &o->temperature, 0, 100, "sampling temperature (0 = greedy)", 0},
         {'k', "top-k", ARG_INT, &o->top_k, 0, 1 << 24, "sample among the k likeliest tokens (0 = all)", 0},
         {0, "top-p", ARG_FLOAT, &o->top_p, 1e-6, 1, "sample within the smallest set of probability >= p", 0},
-        {'s', "seed", ARG_INT, &o->seed, 0, 2147483647, "sampling seed (prompt i of a batch uses seed + i)", 0},
+        {'s', "seed", ARG_INT, &o->seed, 0, 2147483647, "sampling seed (prompt i of a batch uses seed + i; --serve: of the requests that give none)", 0},
         {0, "tokenizer", ARG_STRING, &o->tokenizer_path, 0, 0, "tiktoken rank file or Hugging Face tokenizer.json", 0},
         {0, "dump-logits", ARG_STRING, &o->dump_logits, 0, 0, "write each sampled token's id (int32) and its V logits (fp32) here", 0},
         {'q', "quiet", ARG_INT, &o->quiet, 0, 1, "1 = print only the generated text, no prompt or statistics", 0},
@@ -390,13 +462,36 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
         {0, "max-batch", ARG_INT, &o->max_batch, 1, 4096, "most prompts of one run", 0},
         {0, "analyze", ARG_STRING, &o->analyze.pattern, 0, 0, "instead of generating, measure FFN sparsity on these shards (a glob; as ./analyze)", 0},
         ANALYZE_FLAGS(&o->analyze, "analyze-", 0),
+        {0, "serve", ARG_SWITCH, &o->serve_on, 0, 0, "serve the model over HTTP (OpenAI's /v1/completions; docs/SERVE.md)", 0},
+        {0, "host", ARG_STRING, &o->host, 0, 0, "--serve: the address to listen on (0.0.0.0: every interface)", 0},
+        {0, "port", ARG_INT, &o->port, 0, 65535, "--serve: the port (0: any free one, printed)", 0},
+        {0, "slots", ARG_INT, &o->slots, 1, 4096, "--serve: sequences generated at once (each a cache of the whole context)", 0},
+        {0, "queue", ARG_INT, &o->queue, 1, 1 << 20, "--serve: requests that may wait for a slot (more get 429)", 0},
+        {0, "timeout", ARG_FLOAT, &o->timeout, 0.1, 1e6, "--serve: seconds a request may take, from its first byte to its last token (408 after)", 0},
+        {0, "chunk", ARG_INT, &o->chunk, 1, 1 << 20, "--serve: prompt tokens prefilled per step (a longer prompt takes several steps)", 0},
+        {0, "max-body", ARG_INT, &o->max_body, 1024, 1 << 30, "--serve: bytes of a request body (more get 413)", 0},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
-    cli_parse(argc, argv, "usage: ./infer [flags]\nGenerates text with a train_gpt_sparse checkpoint, or with --analyze measures\n"
-              "the sparsity of its FFN activations on shards of text (as ./analyze does).", specs, num_specs);
+    cli_parse(argc, argv, "usage: ./infer [flags]\nGenerates text with a train_gpt_sparse checkpoint, serves it over HTTP with --serve,\n"
+              "or with --analyze measures the sparsity of its FFN activations on shards of text (as ./analyze does).",
+              specs, num_specs);
     if (o->prompt && o->prompt_file) { fatal("give the prompt with --prompt or --prompt-file, not both"); }
     if (o->analyze.pattern && (o->prompt || o->prompt_file)) { fatal("--analyze reads shards, not a prompt: drop --prompt/--prompt-file"); }
     if (o->analyze.pattern && o->dump_logits) { fatal("--dump-logits writes the logits of generation: drop --analyze"); }
+    if (o->serve_on) {
+        const char* per_request[] = {"prompt", "prompt-file", "dump-logits", "temperature", "top-k", "top-p", "quiet",
+                                     "max-batch", "analyze"};
+        for (size_t i = 0; i < sizeof(per_request) / sizeof(per_request[0]); i++) {
+            if (cli_given(specs, num_specs, per_request[i])) {
+                fatal("--serve takes its prompts and sampling settings per request: drop --%s", per_request[i]);
+            }
+        }
+    } else {
+        const char* needs[] = {"host", "port", "slots", "queue", "timeout", "chunk", "max-body"};
+        for (size_t i = 0; i < sizeof(needs) / sizeof(needs[0]); i++) {
+            if (cli_given(specs, num_specs, needs[i])) { fatal("--%s needs --serve", needs[i]); }
+        }
+    }
     if (o->analyze.pattern == NULL) {
         const char* needs[] = {"analyze-batches", "analyze-batch", "analyze-seq-len", "analyze-min-count", "analyze-top", "analyze-out"};
         for (size_t i = 0; i < sizeof(needs) / sizeof(needs[0]); i++) {
@@ -432,6 +527,7 @@ int main(int argc, char** argv) {
     InferOptions o;
     parse_options(argc, argv, &o);
     if (o.analyze.pattern) { analyze_checkpoint(&o.analyze); }
+    else if (o.serve_on) { return serve_main(&o); }
     else { generate_main(&o); }
     return 0;
 }

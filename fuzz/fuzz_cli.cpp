@@ -10,7 +10,7 @@ static void fuzz_one(const uint8_t* data, size_t size) {
     int argc = 0;
     argv[argc++] = (char*)"prog";
     for (char* p = args; argc < 64 && p <= args + size; p += strlen(p) + 1) { argv[argc++] = p; }
-    int batch = 8, steps = 100;
+    int batch = 8, steps = 100, serve = 0;
     float lr = 3e-4f, eps = 1e-5f;
     const char* out = "out";
     const char* none = NULL;
@@ -21,10 +21,14 @@ static void fuzz_one(const uint8_t* data, size_t size) {
         {0, "norm-eps", ARG_FLOAT, &eps, 1e-12, 1, "epsilon", 0},
         {'o', "output", ARG_STRING, &out, 0, 0, "output directory", 0},
         {0, "tokenizer", ARG_STRING, &none, 0, 0, "tokenizer file", 0},
+        {'S', "serve", ARG_SWITCH, &serve, 0, 0, "a switch", 0},
     };
     int n = (int)(sizeof(specs) / sizeof(specs[0]));
     cli_parse(argc, argv, "usage: prog [flags]", specs, n);
-    if (batch < 1 || batch > (1 << 16) || steps < -1 || !(lr >= 0 && lr <= 10) || !(eps >= 1e-12f && eps <= 1)) { abort(); }
+    if (batch < 1 || batch > (1 << 16) || steps < -1 || !(lr >= 0 && lr <= 10) || !(eps >= 1e-12f && eps <= 1) ||
+        (serve != 0 && serve != 1)) {
+        abort();
+    }
     cli_given(specs, n, "lr");
     free(args);
 }

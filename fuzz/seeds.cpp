@@ -270,6 +270,26 @@ static void cli_seeds(void) {
     put("cli", "flags", buf, len - 1);
     put("cli", "help", "--help", 6);
     put("cli", "twice", "-b\0" "2\0" "--batch=3", 13);
+    put("cli", "switch", "--serve\0" "-b\0" "4\0" "--serve=1", 22);
+}
+
+static void serve_request_seeds(void) {
+    const char* bodies[] = {
+        "{\"prompt\": \"The sea\"}",
+        "{\"model\":\"model_00000001\",\"prompt\":\"a\\u0000b\\ud83d\\ude00\",\"max_tokens\":64,\"temperature\":0,"
+        "\"top_p\":0.5,\"top_k\":3,\"seed\":-5,\"stop\":[\"x\",\"yz\"],\"stream\":true,\"stream_options\":"
+        "{\"include_usage\":true},\"n\":1,\"best_of\":null,\"echo\":false,\"logprobs\":null,\"suffix\":null,"
+        "\"frequency_penalty\":0,\"presence_penalty\":0.0,\"logit_bias\":{},\"user\":\"u\"}",
+        "{\"prompt\":\"x\",\"stop\":\"end\",\"max_tokens\":null,\"seed\":null}",
+        "{\"prompt\": [\"a\"], \"max_tokens\": 0}",
+        "{\"prompt\":\"x\",\"model\":\"gpt-4\"}",
+        "{\"prompt\":\"x\",\"temperature\":2.5e0,\"unknown\":[1,{}]}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "body%zu.json", i);
+        put("serve_request", name, bodies[i], strlen(bodies[i]));
+    }
 }
 
 int main(void) {
@@ -282,6 +302,7 @@ int main(void) {
     json_seeds();
     safetensors_seeds();
     cli_seeds();
+    serve_request_seeds();
     printf("fuzz seeds written to %s/\n", seed_dir);
     return 0;
 }

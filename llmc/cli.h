@@ -1,8 +1,10 @@
 /*
  Command-line flags, llm.c style: every flag has a short form (-b 8), a long
- form (--batch 8 or --batch=8), a type, a range and a help line. Anything else
+ form (--batch 8 or --batch=8), a type, a range and a help line; a switch
+ (ARG_SWITCH, --serve) takes no value and turns its int to 1. Anything else
  is a one-line error: an unknown flag, a missing value, a value that does not
- parse completely or lies outside its range. -h/--help prints the table.
+ parse completely or lies outside its range, a value given to a switch.
+ -h/--help prints the table.
 */
 #ifndef LLMC_CLI_H
 #define LLMC_CLI_H
@@ -14,13 +16,13 @@
 #include <string.h>
 #include "llmc/utils.h"
 
-typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING } ArgType;
+typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_SWITCH } ArgType;
 
 typedef struct {
     char short_name;        // 0 when the flag has only a long name
     const char* long_name;
     ArgType type;
-    void* dest;             // int*, float* or const char**, holding the default
+    void* dest;             // int* (ARG_INT, ARG_SWITCH), float* or const char**, holding the default
     double min, max;        // allowed range of numeric values
     const char* help;
     int given;              // set by cli_parse when the flag appears
@@ -36,6 +38,7 @@ static inline void cli_print_help(const char* usage, ArgSpec* specs, int n) {
             snprintf(names, sizeof(names), "    --%s", specs[i].long_name);
         }
         if (specs[i].type == ARG_INT) { snprintf(def, sizeof(def), "%d", *(int*)specs[i].dest); }
+        else if (specs[i].type == ARG_SWITCH) { snprintf(def, sizeof(def), "%s", *(int*)specs[i].dest ? "on" : "off"); }
         else if (specs[i].type == ARG_FLOAT) { snprintf(def, sizeof(def), "%g", *(float*)specs[i].dest); }
         else {
             const char* value = *(const char**)specs[i].dest;
@@ -89,6 +92,13 @@ static inline void cli_parse(int argc, char** argv, const char* usage, ArgSpec* 
             }
         }
         if (spec == NULL) { fatal("unknown flag '%s' (see --help)", arg); }
+        if (spec->type == ARG_SWITCH) {
+            if (value) { fatal("--%s takes no value (it is a switch)", spec->long_name); }
+            if (spec->given) { fatal("%s is given twice", arg); }
+            *(int*)spec->dest = 1;
+            spec->given = 1;
+            continue;
+        }
         if (value == NULL) {
             if (i + 1 >= argc) { fatal("%s needs a value", arg); }
             value = argv[++i];

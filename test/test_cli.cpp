@@ -5,7 +5,7 @@
 #include "llmc/sampler.h"
 #include "test/test.h"
 
-static int batch;
+static int batch, verbose;
 static float lr;
 static const char* name;
 
@@ -18,8 +18,9 @@ static void parse(const void* args) {
         {'b', "batch", ARG_INT, &batch, 1, 64, "micro-batch", 0},
         {'l', "lr", ARG_FLOAT, &lr, 0, 1, "learning rate", 0},
         {0, "name", ARG_STRING, &name, 0, 0, "a name", 0},
+        {'v', "verbose", ARG_SWITCH, &verbose, 0, 0, "a switch", 0},
     };
-    cli_parse(argc, argv, "usage", specs, 3);
+    cli_parse(argc, argv, "usage", specs, 4);
 }
 
 static void expect_error(const char** args, const char* want) {
@@ -30,9 +31,16 @@ static void expect_error(const char** args, const char* want) {
 
 static void test_cli(void) {
     const char* ok[] = {"prog", "-b", "8", "--lr=0.5", "--name", "x", NULL};
-    batch = 1; lr = 0; name = "default";
+    batch = 1; lr = 0; name = "default"; verbose = 0;
     parse(ok);
-    CHECK(batch == 8 && lr == 0.5f && strcmp(name, "x") == 0, "parsed %d %g %s", batch, lr, name);
+    CHECK(batch == 8 && lr == 0.5f && strcmp(name, "x") == 0 && verbose == 0, "parsed %d %g %s", batch, lr, name);
+    const char* with_switch[] = {"prog", "--verbose", "-b", "2", NULL};
+    parse(with_switch);
+    CHECK(verbose == 1 && batch == 2, "a switch takes no value: %d %d", verbose, batch);
+    const char* switch_value[] = {"prog", "--verbose=1", NULL};
+    expect_error(switch_value, "--verbose takes no value");
+    const char* switch_twice[] = {"prog", "-v", "--verbose", NULL};
+    expect_error(switch_twice, "--verbose is given twice");
     const char* unknown[] = {"prog", "--bogus", "1", NULL};
     expect_error(unknown, "unknown flag '--bogus'");
     const char* range[] = {"prog", "-b", "65", NULL};

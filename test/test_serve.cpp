@@ -391,9 +391,21 @@ static void test_scheduler(void) {
     CHECK(scheduler_submit(&s, reqs[4], &err) == 0, "4 queued");
     while (scheduler_step(&s)) {}
     CHECK(f.max_batch == 3 && s.active == 0 && s.queued == 0, "all ran, 3 at a time (max batch %d)", f.max_batch);
+    size_t ends[10];
+    int pieces = 0;
+    StrBuf first = {};
+    scheduler_poll(&s, reqs[1], 0, &first, ends, &pieces);
+    int pieces_ok = pieces == 9 && ends[8] == first.len;
+    for (int k = 0; k < pieces; k++) {
+        size_t len = 0;
+        tokenizer_decode(&tok, fake_alone(prompts[1], 9, tok.eot_token, 0)[k], &len);
+        pieces_ok &= ends[k] - (k ? ends[k - 1] : 0) == len;
+    }
+    CHECK(pieces_ok, "a stream's pieces: one a token (%d)", pieces);
+    buf_free(&first);
     for (int i = 0; i < 5; i++) {
         std::vector<int> want = fake_alone(prompts[i], max_tokens[i], tok.eot_token, 0);
-        std::string got = taken(&s, reqs[i]);
+        std::string got = i == 1 ? text_of(&tok, want) : taken(&s, reqs[i]);
         CHECK(reqs[i]->state == REQ_DONE && got == text_of(&tok, want) && reqs[i]->completion_tokens == max_tokens[i] &&
                   strcmp(reqs[i]->finish_reason, "length") == 0, "request %d: '%s' vs '%s'", i, got.c_str(),
               text_of(&tok, want).c_str());
@@ -447,6 +459,8 @@ static void test_scheduler(void) {
     struct timespec pause = {0, 60 * 1000 * 1000};
     nanosleep(&pause, NULL);
     scheduler_step(&s);
+    CHECK(m.cancelled[0] == 2 && m.cancelled[1] == 1, "cancelled: %llu by the client, %llu by the deadline",
+          (unsigned long long)m.cancelled[0], (unsigned long long)m.cancelled[1]);
     CHECK(a->state == REQ_DONE && a->finish_reason == NULL && b->state == REQ_DONE && b->cancel == CANCEL_TIMEOUT &&
               c->state == REQ_DONE && s.active == 0 && s.queued == 0 && s.running[0] == NULL && s.running[1] == NULL,
           "cancelled, past the deadline and cancelled while queued: all gone, the slots free (states %d %d %d, b's "

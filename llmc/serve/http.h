@@ -77,6 +77,7 @@ typedef struct {
     ServeRequest* req;       // once submitted
     char id[40];
     StrBuf text, out;        // a stream's new text, and its events not yet handed to libmicrohttpd
+    size_t* ends;            // [max_tokens + 1] where each token's text ends in `text`: an event each
     int ended;               // a stream's last event is in out
 } Conn;
 
@@ -90,6 +91,7 @@ static inline void conn_release(Conn* conn) {
     buf_free(&conn->body);
     buf_free(&conn->text);
     buf_free(&conn->out);
+    free(conn->ends);
     free(conn);
 }
 
@@ -152,19 +154,23 @@ static inline int stream_events(Conn* conn) {
     ServeRequest* r = conn->req;
     const char* model = srv->opt.model_id;
     while (conn->out.len == 0 && !conn->ended) {
-        int done = scheduler_poll(&srv->sched, r, POLL_SECONDS, &conn->text);
-        if (!done && conn->text.len == 0 && client_gone(conn->c)) { return -1; }
-        if (!done && conn->text.len == 0) { continue; }
+        int pieces = 0;
+        int done = scheduler_poll(&srv->sched, r, POLL_SECONDS, &conn->text, conn->ends, &pieces);
+        if (!done && pieces == 0 && client_gone(conn->c)) { return -1; }
+        if (!done && pieces == 0) { continue; }
         pthread_mutex_lock(&srv->sched.lock);
         const char* finish = r->finish_reason;
         int cancel = r->cancel, completion_tokens = r->completion_tokens;
         pthread_mutex_unlock(&srv->sched.lock);
         if (done && finish == NULL && cancel == CANCEL_CLIENT) { return -1; }
-        if (conn->text.len > 0 || (done && finish)) {
-            completion_chunk_sse(&conn->out, conn->id, srv->created, model, conn->text.data ? conn->text.data : "",
-                                 conn->text.len, done ? finish : NULL);
-            conn->text.len = 0;
+        // an event per token's text, the last one with the finish reason (alone if the last token had no text)
+        for (int i = 0; i < pieces; i++) {
+            size_t from = i > 0 ? conn->ends[i - 1] : 0;
+            completion_chunk_sse(&conn->out, conn->id, srv->created, model, conn->text.data + from, conn->ends[i] - from,
+                                 done && i == pieces - 1 ? finish : NULL);
         }
+        if (done && finish && pieces == 0) { completion_chunk_sse(&conn->out, conn->id, srv->created, model, "", 0, finish); }
+        conn->text.len = 0;
         if (!done) { continue; }
         if (finish && r->params.include_usage) {
             completion_usage_sse(&conn->out, conn->id, srv->created, model, r->params.n_ids, completion_tokens);
@@ -226,6 +232,7 @@ static inline enum MHD_Result completions(Conn* conn) {
     if (scheduler_submit(&srv->sched, conn->req, &e) != 0) { return respond_error(conn, &e); }
     snprintf(conn->id, sizeof(conn->id), "cmpl-%llu", __atomic_add_fetch(&srv->ids, 1, __ATOMIC_RELAXED));
     if (stream) {
+        conn->ends = (size_t*)mallocCheck(((size_t)conn->req->params.max_tokens + 1) * sizeof(size_t));
         struct MHD_Response* resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, conn,
                                                                       stream_free);
         if (resp == NULL) { fprintf(stderr, "serve: cannot create a stream response\n"); return MHD_NO; }

@@ -1,7 +1,7 @@
 /*
  The server's metrics, kept under one lock and written in the Prometheus text
- format for GET /metrics (docs/SERVE.md lists them): requests by status,
- prompt and generated tokens, the queue and the active sequences, histograms of
+ format for GET /metrics (docs/SERVE.md lists them): requests by status, and
+ those cancelled by why, prompt and generated tokens, the queue and the active sequences, histograms of
  the time to the first token and of the time between output tokens, the decode
  steps and their rows, and the FFN's firing units per decoded token in each
  layer, the number the sparse decode's cost follows.
@@ -16,6 +16,10 @@
 // the statuses the server answers with; anything else counts as the last, 500
 static const int METRIC_STATUSES[] = {200, 400, 404, 405, 408, 413, 429, 503, 500};
 #define METRIC_N_STATUSES ((int)(sizeof(METRIC_STATUSES) / sizeof(METRIC_STATUSES[0])))
+
+// why a request ended before its completion did, in the order of llmc/serve/scheduler.h's CANCEL_* (from 1)
+static const char* const METRIC_CANCEL_REASONS[] = {"client", "timeout", "shutdown", "error"};
+#define METRIC_N_CANCEL_REASONS 4
 
 // seconds, upper bounds of the histograms' buckets (and +Inf)
 static const double METRIC_BUCKETS[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
@@ -38,6 +42,7 @@ static inline void histogram_add(Histogram* h, double x) {
 typedef struct {
     pthread_mutex_t lock;
     uint64_t requests[METRIC_N_STATUSES];
+    uint64_t cancelled[METRIC_N_CANCEL_REASONS]; // requests that ended early, by why
     uint64_t prompt_tokens, generated_tokens;
     int queued, active, slots;        // gauges
     Histogram ttft, tpot;             // time to first token; time between two output tokens of a sequence
@@ -90,6 +95,12 @@ static inline void metrics_text(Metrics* m, StrBuf* b) {
     buf_puts(b, "# HELP serve_requests_total Requests answered, by HTTP status.\n# TYPE serve_requests_total counter\n");
     for (int i = 0; i < METRIC_N_STATUSES; i++) {
         buf_printf(b, "serve_requests_total{code=\"%d\"} %llu\n", METRIC_STATUSES[i], (unsigned long long)m->requests[i]);
+    }
+    buf_puts(b, "# HELP serve_requests_cancelled_total Requests that ended before their completion did, by why (the "
+                "client went away, --timeout, shutdown, non-finite logits).\n# TYPE serve_requests_cancelled_total counter\n");
+    for (int i = 0; i < METRIC_N_CANCEL_REASONS; i++) {
+        buf_printf(b, "serve_requests_cancelled_total{reason=\"%s\"} %llu\n", METRIC_CANCEL_REASONS[i],
+                   (unsigned long long)m->cancelled[i]);
     }
     metric_text(b, "serve_prompt_tokens_total", "counter", "Prompt tokens of admitted requests (with the start token).",
                 (double)m->prompt_tokens);

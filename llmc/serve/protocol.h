@@ -91,13 +91,15 @@ static inline void completion_request_free(CompletionRequest* r) {
     memset(r, 0, sizeof(*r));
 }
 
-// a 400 for field `name`: "<name> must be <want>, got <what v is>"
-static inline int request_bad_value(ServeError* e, const char* name, const JsonValue* v, const char* want) {
+// a 400 for field `name`: "<name> must be <want>, got <what v is>"; its code says whether v's type
+// was wrong (wrong_type) or its value
+static inline int request_bad_value(ServeError* e, const char* name, const JsonValue* v, const char* want,
+                                    int wrong_type) {
     char got[96];
     if (v->type == JSON_NUMBER) { snprintf(got, sizeof(got), "%.17g", v->number); }
     else if (v->type == JSON_STRING) { snprintf(got, sizeof(got), "a string"); }
     else { snprintf(got, sizeof(got), "%s", json_type_name(v->type)); }
-    serve_error(e, 400, "invalid_request_error", v->type == JSON_NUMBER ? "invalid_value" : "invalid_type", name,
+    serve_error(e, 400, "invalid_request_error", wrong_type ? "invalid_type" : "invalid_value", name,
                 "%s must be %s, got %s", name, want, got);
     return -1;
 }
@@ -106,7 +108,7 @@ static inline int request_bad_value(ServeError* e, const char* name, const JsonV
 static inline int request_int(const JsonValue* v, const char* name, int64_t lo, int64_t hi, const char* want,
                               int64_t* out, ServeError* e) {
     if (v->type != JSON_NUMBER || !v->is_integer || v->integer < lo || v->integer > hi) {
-        return request_bad_value(e, name, v, want);
+        return request_bad_value(e, name, v, want, v->type != JSON_NUMBER || !v->is_integer);
     }
     *out = v->integer;
     return 0;
@@ -116,7 +118,7 @@ static inline int request_int(const JsonValue* v, const char* name, int64_t lo, 
 static inline int request_number(const JsonValue* v, const char* name, double lo, double hi, int open_lo,
                                  const char* want, float* out, ServeError* e) {
     if (v->type != JSON_NUMBER || v->number < lo || v->number > hi || (open_lo && v->number == lo)) {
-        return request_bad_value(e, name, v, want);
+        return request_bad_value(e, name, v, want, v->type != JSON_NUMBER);
     }
     *out = (float)v->number;
     return 0;
@@ -125,7 +127,7 @@ static inline int request_number(const JsonValue* v, const char* name, double lo
 // one stop string into r
 static inline int request_stop_string(const JsonValue* v, CompletionRequest* r, ServeError* e) {
     if (v->type != JSON_STRING || v->length == 0) {
-        return request_bad_value(e, "stop", v, "a non-empty string or an array of up to 4 of them");
+        return request_bad_value(e, "stop", v, "a non-empty string or an array of up to 4 of them", v->type != JSON_STRING);
     }
     r->stop[r->n_stop] = (char*)mallocCheck(v->length + 1);
     memcpy(r->stop[r->n_stop], v->string, v->length + 1);
@@ -135,7 +137,7 @@ static inline int request_stop_string(const JsonValue* v, CompletionRequest* r, 
 
 // stream_options: {"include_usage": bool}
 static inline int request_stream_options(const JsonValue* v, CompletionRequest* r, ServeError* e) {
-    if (v->type != JSON_OBJECT) { return request_bad_value(e, "stream_options", v, "an object or null"); }
+    if (v->type != JSON_OBJECT) { return request_bad_value(e, "stream_options", v, "an object or null", 1); }
     for (size_t k = 0; k < v->length; k++) {
         const JsonMember* m = &v->members[k];
         if (strcmp(m->key, "include_usage") != 0) {
@@ -144,7 +146,7 @@ static inline int request_stream_options(const JsonValue* v, CompletionRequest* 
             return -1;
         }
         if (m->value.type != JSON_TRUE && m->value.type != JSON_FALSE) {
-            return request_bad_value(e, "stream_options.include_usage", &m->value, "true or false");
+            return request_bad_value(e, "stream_options.include_usage", &m->value, "true or false", 1);
         }
         r->include_usage = m->value.type == JSON_TRUE;
     }
@@ -213,7 +215,7 @@ static inline int completion_request_parse(const char* body, size_t n, const Req
             serve_error(e, 400, "invalid_request_error", "unknown_parameter", NULL, "a field's name holds a NUL byte");
             rc = -1;
         } else if (strcmp(key, "model") == 0) {
-            if (v->type != JSON_STRING) { rc = request_bad_value(e, "model", v, "a string"); }
+            if (v->type != JSON_STRING) { rc = request_bad_value(e, "model", v, "a string", 1); }
             else if (!json_string_is(v, lim->model_id)) {
                 serve_error(e, 404, "invalid_request_error", "model_not_found", "model",
                             "the model '%.200s' does not exist: this server serves '%.200s' (GET /v1/models)",
@@ -222,7 +224,7 @@ static inline int completion_request_parse(const char* body, size_t n, const Req
             }
         } else if (strcmp(key, "prompt") == 0) {
             if (v->type != JSON_STRING) {
-                rc = request_bad_value(e, "prompt", v, "a string (batches and token arrays are not supported)");
+                rc = request_bad_value(e, "prompt", v, "a string (batches and token arrays are not supported)", 1);
             } else {
                 r->prompt = (char*)mallocCheck(v->length + 1);
                 memcpy(r->prompt, v->string, v->length + 1);
@@ -259,7 +261,7 @@ static inline int completion_request_parse(const char* body, size_t n, const Req
             }
         } else if (strcmp(key, "stream") == 0) {
             if (v->type != JSON_TRUE && v->type != JSON_FALSE && v->type != JSON_NULL) {
-                rc = request_bad_value(e, key, v, "true, false or null");
+                rc = request_bad_value(e, key, v, "true, false or null", 1);
             }
             r->stream = v->type == JSON_TRUE;
         } else if (strcmp(key, "stream_options") == 0) {

@@ -56,7 +56,7 @@ typedef struct {
 } ServeEngine;
 
 enum { REQ_NEW, REQ_QUEUED, REQ_RUNNING, REQ_DONE };
-enum { CANCEL_NONE, CANCEL_CLIENT, CANCEL_TIMEOUT, CANCEL_SHUTDOWN, CANCEL_ERROR };
+enum { CANCEL_NONE, CANCEL_CLIENT, CANCEL_TIMEOUT, CANCEL_SHUTDOWN, CANCEL_ERROR }; // metrics.h names them in this order
 
 typedef struct {
     CompletionRequest params; // read-only once submitted
@@ -66,6 +66,8 @@ typedef struct {
     int cancel;               // CANCEL_*: set by either side; the sequence leaves at the next step
     int refs;                 // 1 for the connection, 1 more for the scheduler once submitted
     StrBuf text;              // text the connection has not taken yet
+    size_t* piece_end;        // [max_tokens + 1] where each token's text ends in `text` (a stream's events)
+    int pieces;
     const char* finish_reason; // "stop" or "length" once it ended by itself
     int completion_tokens;
     pthread_cond_t changed;   // text came, or the request ended
@@ -134,6 +136,7 @@ static inline ServeRequest* serve_request_new(CompletionRequest* params, double 
     memset(params, 0, sizeof(*params));
     r->arrival = arrival;
     r->deadline = deadline;
+    r->piece_end = (size_t*)mallocCheck(((size_t)r->params.max_tokens + 1) * sizeof(size_t));
     r->refs = 1;
     pthread_cond_init(&r->changed, NULL);
     r->out.n_stop = r->params.n_stop;
@@ -149,6 +152,7 @@ static inline void request_release_locked(ServeRequest* r) {
     if (--r->refs > 0) { return; }
     completion_request_free(&r->params);
     buf_free(&r->text);
+    free(r->piece_end);
     buf_free(&r->out.raw);
     pthread_cond_destroy(&r->changed);
     free(r);
@@ -193,8 +197,11 @@ static inline void scheduler_cancel(Scheduler* s, ServeRequest* r, int why) {
 }
 
 // Waits up to `seconds` for r to have new text or to end; moves the new text
-// to out; returns 1 once r has ended (then all its text is in out)
-static inline int scheduler_poll(Scheduler* s, ServeRequest* r, double seconds, StrBuf* out) {
+// to out, and where each token's text ends in out to ends (room for max_tokens
+// + 1; NULL: not wanted), *n_ends of them; returns 1 once r has ended (then all
+// its text is in out)
+static inline int scheduler_poll(Scheduler* s, ServeRequest* r, double seconds, StrBuf* out, size_t* ends = NULL,
+                                 int* n_ends = NULL) {
     pthread_mutex_lock(&s->lock);
     if (r->text.len == 0 && r->state != REQ_DONE) {
         struct timespec until;
@@ -206,18 +213,31 @@ static inline int scheduler_poll(Scheduler* s, ServeRequest* r, double seconds, 
             if (pthread_cond_timedwait(&r->changed, &s->lock, &until) == ETIMEDOUT) { break; }
         }
     }
+    for (int i = 0; ends && i < r->pieces; i++) { ends[i] = out->len + r->piece_end[i]; }
+    if (n_ends) { *n_ends = r->pieces; }
     buf_put(out, r->text.data, r->text.len);
     r->text.len = 0;
+    r->pieces = 0;
     int done = r->state == REQ_DONE;
     pthread_mutex_unlock(&s->lock);
     return done;
+}
+
+// r->text grew from `before` (the lock held): one more piece for a stream
+static inline void request_text(ServeRequest* r, size_t before) {
+    if (r->text.len > before) { r->piece_end[r->pieces++] = r->text.len; }
 }
 
 // r has ended (the lock held): the rest of its text if it ended by itself, its slot free, the waiter woken.
 // The scheduler's reference goes at the end of the step (a step's rows stay valid until then).
 static inline void request_end_locked(Scheduler* s, ServeRequest* r, const char* finish_reason) {
     r->finish_reason = finish_reason;
-    if (finish_reason) { text_finish(&r->out, &r->text); }
+    if (finish_reason) { request_text(r, text_finish(&r->out, &r->text)); }
+    else {
+        pthread_mutex_lock(&s->metrics->lock);
+        s->metrics->cancelled[r->cancel - 1]++;
+        pthread_mutex_unlock(&s->metrics->lock);
+    }
     if (r->state == REQ_RUNNING) {
         s->running[r->slot] = NULL;
         s->active--;
@@ -287,7 +307,9 @@ static inline void scheduler_take_token(Scheduler* s, ServeRequest* r, const flo
     size_t before = r->text.len, len = 0;
     if (token == s->tok->eot_token) { request_end_locked(s, r, "stop"); return; }
     const unsigned char* bytes = tokenizer_decode(s->tok, token, &len);
-    if (text_push(&r->out, bytes, len, &r->text)) { request_end_locked(s, r, "stop"); return; }
+    int stopped = text_push(&r->out, bytes, len, &r->text);
+    request_text(r, before);
+    if (stopped) { request_end_locked(s, r, "stop"); return; }
     if (r->completion_tokens == r->params.max_tokens) { request_end_locked(s, r, "length"); return; }
     r->next_token = token;
     if (r->text.len > before) { pthread_cond_signal(&r->changed); }

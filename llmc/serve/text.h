@@ -165,10 +165,13 @@ static inline int text_push(TextOut* t, const unsigned char* bytes, size_t n, St
 }
 
 // the rest of the text, once the completion ended for another reason (a held
-// back partial character becomes U+FFFD, a partial stop string is text)
-static inline void text_finish(TextOut* t, StrBuf* out) {
+// back partial character becomes U+FFFD, a partial stop string is text);
+// returns out's length before it
+static inline size_t text_finish(TextOut* t, StrBuf* out) {
+    size_t before = out->len;
     utf8_put_replacing(out, t->raw.data + t->sent, t->raw.len - t->sent);
     t->sent = t->raw.len;
+    return before;
 }
 
 #endif // LLMC_SERVE_TEXT_H
