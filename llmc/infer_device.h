@@ -3,10 +3,10 @@
  behind calls both backends answer, so that the engine never asks which one
  runs: a decode step's CUDA graph (one per batch size, so that a server whose
  batch changes as requests come and go captures each size once), the decode
- attention's split scratch, and
- the pinned buffer the logits take to the host. On the CPU path a step runs
- as plain calls and the logits are read in place. The CUDA half exists only
- when the file is compiled by nvcc, as in llmc/memory.h.
+ attention's split scratch, and the pinned buffer the logits take to the host.
+ On the CPU path a step runs as plain calls and the logits are read in place.
+ The CUDA half exists only when the file is compiled by nvcc, as in
+ llmc/memory.h.
 */
 #ifndef LLMC_INFER_DEVICE_H
 #define LLMC_INFER_DEVICE_H
@@ -25,7 +25,7 @@ typedef struct {
 #ifdef __CUDACC__
     CudaGraph* graphs;        // [max_seqs] the decode step of each batch size, for the key it was captured with
 #endif
-    int max_seqs;
+    int max_seqs;             // the batch sizes there are graphs for
     int use_graph;            // 1 (the GPU's default): a decode step is one CUDA graph
     uint16_t* logits_pinned;  // [max_seqs, Vp] bf16 bits: the logits' way to the host
     // the decode attention's splits (llmc/cuda_attention_cached.cuh); NULL on the CPU
