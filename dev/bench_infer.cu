@@ -9,6 +9,15 @@
  prompts are random token ids; by default a calibration prefill of them picks
  each layer's hot units first (--hot).
 
+ The decode step's bytes model: what a step must read at least, by part (the
+ attention's and the head's weights; the FFN's: all three matrices dense, or
+ the gate (bf16, or its int8 copy where the screen runs) and the rows of W_u
+ and W_d^T of the units that fired, once per step for the union of the rows
+ up to 8 sequences, once per row beyond; the K and V of every position the
+ step attends to), beside the fraction of the GPU's bandwidth the step
+ reaches, that bandwidth measured in the same run by a streaming read of 2
+ GiB. The fired and union counts come from an extra pass of counted steps.
+
    build/dev/bench_infer --preset 1.5b --batch 1 --length 128 -n 128
    build/dev/bench_infer -m out --batch 8 --length 512 -n 64
 */
@@ -131,6 +140,107 @@ static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int
            logits, (double)(QKV + D + 3 * H) * D * 2 / 1e6);
 }
 
+// ----------------------------------------------------------------------------
+// the bytes model
+
+// what one read of n 16-byte words gives the device to do (a value the compiler cannot drop)
+__global__ void stream_read_kernel(const uint4* x, size_t n, unsigned int* sink) {
+    unsigned int acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(x + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) { atomicAdd(sink, 1u); }
+}
+
+// the GPU's streaming read bandwidth in bytes/s: the best of 5 reads of 2 GiB
+static double measure_read_bandwidth(void) {
+    const size_t bytes = (size_t)2 << 30;
+    uint4* x = (uint4*)cuda_malloc(bytes);
+    unsigned int* sink = (unsigned int*)cuda_malloc(sizeof(unsigned int));
+    cudaCheck(cudaMemset(x, 1, bytes));
+    const int blocks = 4 * device_attribute(cudaDevAttrMultiProcessorCount);
+    double best = 0;
+    for (int i = 0; i < 6; i++) {
+        double us = time_us([&] { stream_read_kernel<<<blocks, 1024, 0, main_stream>>>(x, bytes / 16, sink); });
+        if (i > 0) { best = fmax(best, bytes / (us * 1e-6)); }
+        cudaCheck(cudaGetLastError());
+    }
+    cuda_free(x);
+    cuda_free(sink);
+    return best;
+}
+
+// the bytes one decode step of B rows must read, by part (per step, all layers)
+typedef struct {
+    double attention, ffn, head, kv;
+} StepBytes;
+
+// rows: units whose W_u and W_d^T rows a step reads per layer (the dense path: H); gate_bytes: what its gate
+// reads per layer; context: the positions a row attends to (mean over the steps)
+static StepBytes step_bytes(const GPTConfig* c, int B, double context, double gate_bytes, double rows) {
+    const double D = c->channels, L = c->num_layers, QKV = qkv_dim(c), KVD = kv_dim(c);
+    StepBytes b;
+    b.attention = L * (QKV + D) * D * 2;
+    b.ffn = L * (gate_bytes + 2 * rows * D * 2);
+    b.head = (double)c->padded_vocab_size * D * 2;
+    b.kv = L * B * context * KVD * 2 * 2;
+    return b;
+}
+
+// the bytes model of both paths beside their measured step times
+static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double dense_s,
+                         double twell_s, double fired_per_layer, double union_per_layer) {
+    const GPTConfig* c = &model->config;
+    const double D = c->channels, H = c->hidden, context = T + (steps + 1) / 2.0, bw = measure_read_bandwidth();
+    const int screened = ffn_policy_decode_screened(B) && screened_gate_fits(B, c->channels);
+    const double screen_bytes = H * D + H * ceil_div(c->channels, SCREEN_GROUP) * 4 + H * 4;
+    const double sparse_rows = B <= GEMV_MAX_ROWS ? union_per_layer : fired_per_layer;
+    StepBytes dense = step_bytes(c, B, context, H * D * 2, H);
+    StepBytes twell = step_bytes(c, B, context, screened ? screen_bytes : H * D * 2, sparse_rows);
+    printf("bytes model per decode step (batch %d, mean context %.0f; the GPU reads %.2f TB/s, measured here):
+", B,
+           context, bw / 1e12);
+    const StepBytes* bs[2] = {&dense, &twell};
+    const double secs[2] = {dense_s / steps, twell_s / steps};
+    const char* names[2] = {"dense", "twell"};
+    for (int i = 0; i < 2; i++) {
+        const StepBytes* b = bs[i];
+        double total = b->attention + b->ffn + b->head + b->kv;
+        printf("  %-5s %8.1f MB: attention weights %.1f, FFN %.1f, head %.1f, K and V %.1f | %7.1f us a step = "
+               "%.2f TB/s, %.0f%% of the bandwidth
+", names[i], total / 1e6, b->attention / 1e6, b->ffn / 1e6,
+               b->head / 1e6, b->kv / 1e6, secs[i] * 1e6, total / secs[i] / 1e12, 100 * total / secs[i] / bw);
+    }
+    printf("  twell's FFN per layer: the gate %s, then the rows of %.1f units (%s; %.1f fired per row)
+",
+           screened ? "from its int8 copy" : "in bf16", sparse_rows,
+           B <= GEMV_MAX_ROWS ? "the union of the rows, each read once a step" : "each row's own",
+           fired_per_layer / B);
+}
+
+// the fired units per layer and step (summed over the rows) and the union's units per layer and step of
+// the sparse path, from `steps` counted decode steps (the counting is not part of the timed steps)
+static void decode_counts(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, int B, int T, int steps,
+                          double* fired, double* union_units) {
+    const int L = model->config.num_layers;
+    model->ffn.mode = FFN_SPARSE;
+    infer_state_count_fired(s, model);
+    cuda_graph_free(&s->dev.graph); // captured again with the counters
+    ffn_cache_take_union_units(&s->ffn);
+    std::vector<int> next(B), pos(B);
+    for (int i = 0; i < steps; i++) {
+        for (int b = 0; b < B; b++) { pos[b] = T + i; next[b] = (int)((tokens[b * T + i % T] + i) % model->config.vocab_size); }
+        gpt_decode(model, s, next.data(), pos.data(), B, NULL);
+    }
+    std::vector<uint64_t> counts(L, 0);
+    gpt_fired_read(model, s, counts.data());
+    double all = 0;
+    for (uint64_t n : counts) { all += (double)n; }
+    *fired = all / ((double)L * steps);
+    *union_units = (double)ffn_cache_take_union_units(&s->ffn) / ((double)L * steps);
+}
+
 // both paths on B random prompts of T tokens (and the synthetic gates' calibration, the hot units), the report
 static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double synthetic_k,
                   int skewed, int hot, const char* what, uint64_t seed) {
@@ -183,6 +293,9 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     }
     printf("twell / dense: prefill %.2fx, decode %.2fx%s\n", dense.prefill_ms / twell.prefill_ms,
            dense.decode_s / twell.decode_s, have_nvml ? "" : " (energy: NVML unavailable)");
+    double fired = 0, union_units = 0;
+    decode_counts(model, s, tokens, B, T, steps, &fired, &union_units);
+    report_bytes(model, s, B, T, steps, dense.decode_s, twell.decode_s, fired, union_units);
     bench_decode_parts(model, s, B);
     free(lens);
     free(tokens);
