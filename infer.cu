@@ -72,7 +72,7 @@ typedef struct {
     int gpus;            // CUDA GPUs present
     bool use_gpu;
     char gpu_name[256];
-    char model_file[4096]; // the newest model file of the directory -m names (or out/)
+    char model_file[4096]; // -m's file, or the newest model file of the directory it names (out/ by default)
 } InferOptions;
 
 // ----------------------------------------------------------------------------
@@ -249,6 +249,9 @@ static Sequence* read_prompts(const InferOptions* opt, const Tokenizer* tok, int
     } else if (opt->prompt == NULL && !isatty(STDIN_FILENO)) {
         source = "stdin";
         *buf = read_all(stdin, source, &buf_len);
+        // the line end that `echo` and a text file put after the prompt is not part of it
+        if (buf_len > 0 && (*buf)[buf_len - 1] == '\n') { buf_len--; }
+        if (buf_len > 0 && (*buf)[buf_len - 1] == '\r') { buf_len--; }
         texts[0] = *buf;
         text_lens[0] = buf_len;
     } else {
@@ -289,6 +292,7 @@ static void report(const InferOptions* opt, const Sequence* seqs, int nseq, int 
     for (int i = 0; i < nseq; i++) { generated += seqs[i].generated; prompt_tokens += (int)seqs[i].n_ids; }
     if (stream) {
         printf("\n");
+        fflush(stdout); // before the statistics on stderr, which may go to the same terminal
     } else {
         for (int i = 0; i < nseq; i++) {
             printf("[%d] ", i + 1);
@@ -931,6 +935,7 @@ static void bench_main(const InferOptions* opt) {
 // the flags into o, checked, and the machine's GPUs; a bad flag is a one-line error
 static void parse_options(int argc, char** argv, InferOptions* o) {
     memset(o, 0, sizeof(*o));
+    o->model_path = "out";
     o->tokenizer_path = TOKENIZER_DEFAULT_PATH;
     o->device_name = "auto";
     o->ffn_name = "twell";
@@ -939,7 +944,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     o->analyze_batches = 16, o->analyze_batch = 4, o->analyze_min_count = 10, o->analyze_top = 20;
     o->bench_batch = 1, o->bench_length = 512, o->sparse_k = 30.0f;
     ArgSpec specs[] = {
-        {'m', "model", ARG_STRING, &o->model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest (default: out)", 0},
+        {'m', "model", ARG_STRING, &o->model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest", 0},
         {'p', "prompt", ARG_STRING, &o->prompt, 0, 0, "prompt text (default: stdin if it is not a terminal, else none)", 0},
         {'f', "prompt-file", ARG_STRING, &o->prompt_file, 0, 0, "one prompt per line, a batch ('-' = stdin; empty lines skipped)", 0},
         {'n', "max-tokens", ARG_INT, &o->max_tokens, 1, 1 << 24, "most tokens to generate per prompt (--bench: decode steps)", 0},
@@ -1010,22 +1015,21 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     }
 
     // a directory (out when no -m is given) stands for its newest model file
-    struct stat model_stat;
-    int is_dir = o->model_path != NULL && stat(o->model_path, &model_stat) == 0 && S_ISDIR(model_stat.st_mode);
-    if (!(o->bench_on && o->preset_name) && (o->model_path == NULL || is_dir)) {
-        const char* dir = o->model_path ? o->model_path : "out";
-        int newest = checkpoint_latest(dir, 0);
-        if (newest < 0 && o->model_path == NULL) {
+    if (!(o->bench_on && o->preset_name)) {
+        int found = checkpoint_model_file(o->model_path, o->model_file, sizeof(o->model_file));
+        if (!cli_given(specs, num_specs, "model") && (!found || access(o->model_file, F_OK) != 0)) {
             fatal("no -m given, and out/ holds no checkpoint (model_<step>.bin): train one with ./train_gpt_sparse "
-                  "(on a CPU a short first run, about 10 minutes), or give -m FILE");
+                  "(on a CPU a short first run, 10 to 15 minutes), or give -m FILE");
         }
-        if (newest < 0) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", dir); }
-        model_path(o->model_file, sizeof(o->model_file), dir, newest);
+        if (!found) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", o->model_path); }
         o->model_path = o->model_file;
+        // the default tokenizer is found from the working directory or from the binary's
+        if (!cli_given(specs, num_specs, "tokenizer")) { o->tokenizer_path = default_input(o->tokenizer_path, "--tokenizer"); }
     }
 }
 
 int main(int argc, char** argv) {
+    omp_wait_passively(argv);
     InferOptions o;
     parse_options(argc, argv, &o);
     if (o.bench_on) { bench_main(&o); }

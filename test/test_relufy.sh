@@ -13,7 +13,7 @@ TEST_NAME=relufy
 params() { tail -c +1025 "$1"; } # a model file without its header
 
 shape=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 256)
-run=(-t 64 -b 4 -u 5 -l 3e-3 -s 0 -m 4 -v 0)
+run=(-t 64 -b 4 -u 5 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0)
 
 # 1. a dense SiLU model with an untied head, from scratch
 ./train_gpt_sparse "${shape[@]}" "${run[@]}" --activation silu --untied-head 1 -x 40 -n 40 -o "$work/silu" \
