@@ -38,7 +38,7 @@ check "CPU checkpoint resumes on the GPU" grep -q "step    36/36" "$work/d.txt"
 check "--recompute 1 gives the same steps" cmp -s <(strip_timing "$work/r0/log.jsonl") <(strip_timing "$work/r1/log.jsonl")
 
 # ReLUfication on the GPU: a dense SiLU model with an untied head, then its weights with ReLU and a lambda
-# ramped from 0 (--ffn auto: layers turn sparse as they sparsify); L0 falls, the loss stays finite, a
+# ramped up (--ffn auto: layers turn sparse as they sparsify); L0 falls, the loss stays finite, a
 # resume in the middle of the ramp repeats the run bit for bit, and --recompute changes nothing there
 shape=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256)
 run=(-b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0)
