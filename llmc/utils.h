@@ -1,9 +1,10 @@
 /*
  Small helpers shared by every binary and test: checked versions of the libc
  calls that can fail (they print the file, what was expected and what failed,
- then exit), and a one-line fatal error for bad input. Files written through
- atomic_open are registered until atomic_commit, so that a fatal error (a full
- disk, say) removes their partial "<path>.tmp" instead of leaving it behind.
+ then exit), a one-line fatal error for bad input, where the default data is
+ found, and OpenMP's wait policy. Files written through atomic_open are
+ registered until atomic_commit, so that a fatal error (a full disk, say)
+ removes their partial "<path>.tmp" instead of leaving it behind.
 */
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
@@ -218,8 +219,8 @@ static inline const char* default_input(const char* path, const char* flag) {
 
 // OpenMP threads that reach a barrier first spin while they wait (libgomp: up to 300000 polls), which on
 // a CPU shared with busy processes takes the time of the very threads they wait for: generation on 2
-// cores beside two busy processes fell from ~220 to ~4 tok/s (dev/RESULTS.md). Passive waiting sleeps
-// instead. libgomp reads OMP_WAIT_POLICY once, before main, so a binary started without it (or
+// cores beside two busy processes ran at 2-6 tok/s, and at 190-250 with passive waits, which sleep
+// (dev/RESULTS.md). libgomp reads OMP_WAIT_POLICY once, before main, so a binary started without it (or
 // GOMP_SPINCOUNT) sets it and runs itself again; a policy that the user set is kept.
 static inline void omp_wait_passively(char** argv) {
     if (getenv("OMP_WAIT_POLICY") != NULL || getenv("GOMP_SPINCOUNT") != NULL) { return; }
