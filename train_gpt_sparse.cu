@@ -907,7 +907,7 @@ int main(int argc, char** argv) {
         {'g', "sample-tokens", ARG_INT, &sample_tokens, 1, 1 << 20, "tokens per text sample", 0},
         {'n', "ckpt-every", ARG_INT, &ckpt_every, -1, 1 << 30, "steps between checkpoints (0 = only at the end, -1 = never)", 0},
         {'y', "resume", ARG_INT, &resume, 0, 1, "1 = continue from the newest checkpoint in the output dir", 0},
-        {0, "resume-step", ARG_INT, &resume_step, 0, 1 << 30, "continue from the checkpoint of this step instead of the newest, whose files are deleted (-1 = the newest)", 0},
+        {0, "resume-step", ARG_INT, &resume_step, -1, 1 << 30, "continue from the checkpoint of this step, not the newest, deleting the later checkpoints' files (-1 = with --resume 1, the newest)", 0},
         {0, "lr-schedule", ARG_STRING, &lr_schedule, 0, 0, "on resume with another -x, -u, -l or -q: keep (the checkpoint's schedule) or new (this run's)", 0},
         {0, "overwrite", ARG_INT, &overwrite, 0, 1, "1 = delete the checkpoints and log of another run in the output dir and start over", 0},
         {0, "max-nonfinite", ARG_INT, &max_nonfinite, 1, 1 << 30, "steps in a row skipped for a NaN/inf loss or gradient norm before the run stops", 0},
