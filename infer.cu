@@ -65,7 +65,7 @@ typedef struct {
     int gpus;            // CUDA GPUs present
     bool use_gpu;
     char gpu_name[256];
-    char model_file[4096]; // the newest model file of the directory -m names (or out/)
+    char model_file[4096]; // -m's file, or the newest model file of the directory it names (out/ by default)
 } InferOptions;
 
 // ----------------------------------------------------------------------------
@@ -231,6 +231,9 @@ static Sequence* read_prompts(const InferOptions* opt, const Tokenizer* tok, int
     } else if (opt->prompt == NULL && !isatty(STDIN_FILENO)) {
         source = "stdin";
         *buf = read_all(stdin, source, &buf_len);
+        // the line end that `echo` and a text file put after the prompt is not part of it
+        if (buf_len > 0 && (*buf)[buf_len - 1] == '\n') { buf_len--; }
+        if (buf_len > 0 && (*buf)[buf_len - 1] == '\r') { buf_len--; }
         texts[0] = *buf;
         text_lens[0] = buf_len;
     } else {
@@ -271,6 +274,7 @@ static void report(const InferOptions* opt, const Sequence* seqs, int nseq, int 
     for (int i = 0; i < nseq; i++) { generated += seqs[i].generated; prompt_tokens += (int)seqs[i].n_ids; }
     if (stream) {
         printf("\n");
+        fflush(stdout); // before the statistics on stderr, which may go to the same terminal
     } else {
         for (int i = 0; i < nseq; i++) {
             printf("[%d] ", i + 1);
@@ -435,6 +439,7 @@ static int serve_main(const InferOptions* opt) {
 // the flags into o, checked, and the machine's GPUs; a bad flag is a one-line error
 static void parse_options(int argc, char** argv, InferOptions* o) {
     memset(o, 0, sizeof(*o));
+    o->model_path = "out";
     o->tokenizer_path = TOKENIZER_DEFAULT_PATH;
     o->device_name = "auto";
     o->ffn_name = "twell";
@@ -444,7 +449,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     o->timeout = 600.0f;
     analyze_defaults(&o->analyze, "analyze-");
     ArgSpec specs[] = {
-        {'m', "model", ARG_STRING, &o->model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest (default: out)", 0},
+        {'m', "model", ARG_STRING, &o->model_path, 0, 0, "train_gpt_sparse checkpoint, or a directory: its newest", 0},
         {'p', "prompt", ARG_STRING, &o->prompt, 0, 0, "prompt text (default: stdin if it is not a terminal, else none)", 0},
         {'f', "prompt-file", ARG_STRING, &o->prompt_file, 0, 0, "one prompt per line, a batch ('-' = stdin; empty lines skipped)", 0},
         {'n', "max-tokens", ARG_INT, &o->max_tokens, 1, 1 << 24, "most tokens to generate per prompt (--serve: the most a request may ask for)", 0},
@@ -516,7 +521,11 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
         snprintf(o->gpu_name, sizeof(o->gpu_name), "%s", prop.name);
     }
-    o->model_path = checkpoint_model_file(o->model_path, o->model_file, sizeof(o->model_file));
+    // a directory (out when no -m is given) stands for its newest model file; the default tokenizer is found
+    // from the working directory or from the binary's
+    o->model_path = checkpoint_model_arg(o->model_path, cli_given(specs, num_specs, "model"), o->model_file,
+                                         sizeof(o->model_file));
+    if (!cli_given(specs, num_specs, "tokenizer")) { o->tokenizer_path = default_input(o->tokenizer_path, "--tokenizer"); }
     // the analysis takes the model, the tokenizer and -q of infer's own flags
     o->analyze.model_path = o->model_path;
     o->analyze.tokenizer_path = o->tokenizer_path;
@@ -524,6 +533,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
 }
 
 int main(int argc, char** argv) {
+    omp_wait_passively(argv);
     InferOptions o;
     parse_options(argc, argv, &o);
     if (o.analyze.pattern) { analyze_checkpoint(&o.analyze); }

@@ -38,8 +38,10 @@
 #include "llmc/tokenizer.h"
 #include "llmc/watchdog.h"
 
-// steps of the default run on the CPU when -x is not given (about 10 minutes on two cores)
+// steps of the default run on the CPU when -x is not given (10 to 15 minutes on two cores)
 #define CPU_SHORT_STEPS 150
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 // number of CUDA GPUs; 0 when there is no GPU or no usable driver
 static int cuda_device_count(void) {
@@ -130,18 +132,20 @@ static void stop_vote_free(StopVote* v) {
     cuda_free(v->device);
 }
 
-// a checkpoint file of a run (model_<step>.bin, state_<step>_<rank>.bin, or either
-// with .tmp) or its log (log.jsonl, or with .tmp)
-static int is_run_file(const char* name) {
+// the step of a checkpoint file of a run (model_<step>.bin, state_<step>_<rank>.bin, or either with .tmp);
+// RUN_LOG for its log (log.jsonl, or with .tmp); NOT_RUN for anything else
+enum { RUN_LOG = -1, NOT_RUN = -2 };
+static int run_file_step(const char* name) {
     int step, rank, end = 0;
     if (sscanf(name, "model_%d.bin%n", &step, &end) == 1 || sscanf(name, "state_%d_%d.bin%n", &step, &rank, &end) == 2) {
-        return end > 0 && (name[end] == '\0' || strcmp(name + end, ".tmp") == 0);
+        return end > 0 && (name[end] == '\0' || strcmp(name + end, ".tmp") == 0) ? step : NOT_RUN;
     }
-    return strcmp(name, "log.jsonl") == 0 || strcmp(name, "log.jsonl.tmp") == 0;
+    return strcmp(name, "log.jsonl") == 0 || strcmp(name, "log.jsonl.tmp") == 0 ? RUN_LOG : NOT_RUN;
 }
 
-// the number of files of a run in dir (an empty log.jsonl is none); with remove = 1 they are deleted
-static int run_files(const char* dir, int remove) {
+// the number of files of a run in dir whose step is above `after` (NOT_RUN: every file of the run, the log
+// too; an empty log.jsonl is none); with remove = 1 they are deleted
+static int run_files(const char* dir, int after, int remove) {
     DIR* d = opendir(dir);
     if (d == NULL) { return 0; }
     int count = 0;
@@ -151,7 +155,8 @@ static int run_files(const char* dir, int remove) {
         struct stat st;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         int empty_log = strcmp(e->d_name, "log.jsonl") == 0 && stat(path, &st) == 0 && st.st_size == 0;
-        if (!is_run_file(e->d_name) || empty_log) { continue; }
+        int step = run_file_step(e->d_name);
+        if (step == NOT_RUN || step <= after || empty_log) { continue; }
         count++;
         if (remove && unlink(path) != 0) { fatal("cannot delete %s: %s", path, strerror(errno)); }
     }
@@ -161,7 +166,7 @@ static int run_files(const char* dir, int remove) {
 
 // "the newest complete checkpoint is <path>" or "<dir> holds no complete checkpoint", for messages
 static void describe_newest(char* out, size_t len, const char* dir) {
-    int newest = checkpoint_latest(dir, 1);
+    int newest = checkpoint_newest(dir, CKPT_COMPLETE, INT_MAX);
     if (newest < 0) { snprintf(out, len, "%s holds no complete checkpoint", dir); return; }
     char path[4096];
     model_path(path, sizeof(path), dir, newest);
@@ -177,14 +182,17 @@ typedef struct {
     OptimConfig optim;
     int B, T, total_batch, grad_accum;
     int val_every, val_batches, sample_every, sample_tokens, ckpt_every;
+    int final_val_batches;     // micro-batches of the last validation (0: the whole val set)
     int resume, seed, recompute;
+    int resume_step;           // with resume: the checkpoint to continue (-1: the newest)
+    int keep_schedule;         // on resume: 1 = the lr schedule the checkpoint was trained with, 0 = this run's
     int overwrite;             // 1: delete the run in out_dir and start over
     int max_nonfinite;         // steps in a row with a non-finite loss or gradient norm before the run stops
     int inject_nan;            // tests: a NaN at this step (0 = never) in the gradients, or in a moment with
                                // inject_nan_moment
     int inject_nan_moment;
     float lambda;
-    int l1_ramp;               // lambda grows linearly to its value over this many steps (0: none)
+    int l1_ramp;               // lambda grows linearly from lambda / l1_ramp to lambda over this many steps (0: none)
     const char* init_from;     // a model file whose weights start the run (NULL: a random init)
     int ffn_mode;              // FfnMode (llmc/ffn/ffn.h)
     int dead_reinit;           // 1: docs/MODEL.md's dead-neuron re-initialisation after each step
@@ -332,21 +340,41 @@ static void save_checkpoint(const Options* o, int step, const float* params, con
     if (o->proc.rank == 0) { printf("checkpoint: %s\n", model); }
 }
 
+// what to do when the checkpoint of `step` cannot be resumed: continue from the complete one before it
+static void older_checkpoint_hint(char* out, size_t len, const char* dir, int step) {
+    int older = checkpoint_newest(dir, CKPT_COMPLETE, step);
+    if (older < 0) {
+        snprintf(out, len, "no complete checkpoint comes before it (--overwrite 1 starts over)");
+    } else {
+        snprintf(out, len, "--resume-step %d continues from the complete checkpoint before it (and deletes the files of "
+                 "the later steps)", older);
+    }
+}
+
 // What the run does with its output directory, said in one line: continue the
-// newest complete checkpoint (--resume 1), start a new run where there is no
-// other, or delete the other and start over (--overwrite 1); otherwise it is
-// refused, so that two runs never mix. Returns the step to resume, or -1.
+// newest checkpoint (--resume 1) or the one --resume-step names, start a new run
+// where there is no other, or delete the other and start over (--overwrite 1);
+// otherwise it is refused, so that two runs never mix. A newest checkpoint that
+// is incomplete is an error, never a silent step back to an older one. Returns
+// the step to resume, or -1.
 static int choose_start(const Options* o) {
     int master = o->proc.rank == 0;
     if (o->resume) {
-        int newest = checkpoint_latest(o->out_dir, 1);
+        int newest = checkpoint_newest(o->out_dir, CKPT_ANY_FILE, INT_MAX);
         if (newest < 0) {
-            fatal("--resume 1, but %s holds no complete checkpoint (model_<step>.bin and its state files): leave out "
-                  "--resume to start a new run there", o->out_dir);
+            fatal("--resume 1, but %s holds no checkpoint (model_<step>.bin and its state files): leave out --resume to "
+                  "start a new run there", o->out_dir);
         }
-        return newest;
+        int step = o->resume_step >= 0 ? o->resume_step : newest;
+        char why[4200], hint[256];
+        if (checkpoint_incomplete(o->out_dir, step, why, sizeof(why))) {
+            if (o->resume_step >= 0) { fatal("--resume-step %d: the checkpoint is incomplete: %s", step, why); }
+            older_checkpoint_hint(hint, sizeof(hint), o->out_dir, step);
+            fatal("the newest checkpoint in %s, step %d, is incomplete: %s; %s", o->out_dir, step, why, hint);
+        }
+        return step;
     }
-    int files = run_files(o->out_dir, 0);
+    int files = run_files(o->out_dir, NOT_RUN, 0);
     if (files > 0 && !o->overwrite) {
         char newest[4200];
         describe_newest(newest, sizeof(newest), o->out_dir);
@@ -355,7 +383,7 @@ static int choose_start(const Options* o) {
     }
     if (master) {
         if (files > 0) {
-            run_files(o->out_dir, 1);
+            run_files(o->out_dir, NOT_RUN, 1);
             printf("output: %s, a new run (--overwrite 1: deleted the %d checkpoint and log files of the run there)\n",
                    o->out_dir, files);
         } else {
@@ -402,6 +430,10 @@ static void print_sparsity(const GPT<T, G>* model) {
     printf("sparsity: %.1f of %d FFN units fire per token (%.2f%% of H; per layer %s), %.1f%% never fired\n", l0, H,
            100 * l0 / H, per_layer, 100 * dead);
     printf("ffn path per layer: %s\n", paths);
+// "peak 0.001 after 15 warmup steps, cosine to 0.0001 at step 150", for messages
+static void describe_schedule(char* out, size_t len, const OptimConfig* c) {
+    snprintf(out, len, "peak %g after %d warmup steps, cosine to %g at step %d", c->lr, c->warmup_steps,
+             c->lr * c->final_lr_frac, c->total_steps);
 }
 
 // lambda for optimizer step `step` (0-based; logged as step + 1): with --l1-ramp R it is lambda (step + 1) / R
@@ -432,11 +464,15 @@ int train(const Options* o, Device device) {
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, o->train_pattern, B, T_, rank, P, 1, (uint64_t)o->seed, config->vocab_size);
     dataloader_init(&val_loader, o->val_pattern, B, T_, rank, P, 0, 0, config->vocab_size);
-    int val_batches = o->val_batches;
-    if (val_batches > (int)dataloader_num_batches(&val_loader)) {
-        val_batches = (int)dataloader_num_batches(&val_loader);
+    // every validation but the last reads the first val_batches; the last one the whole val set, or as many
+    // as --final-val-batches says
+    int all_val_batches = (int)dataloader_num_batches(&val_loader), val_batches = o->val_batches;
+    if (val_batches > all_val_batches) {
+        val_batches = all_val_batches;
         if (master) { printf("val: %s has %d batches of %dx%d, using all of them\n", o->val_pattern, val_batches, B * P, T_); }
     }
+    int final_val_batches = o->final_val_batches > 0 && o->final_val_batches < all_val_batches ? o->final_val_batches
+                                                                                                 : all_val_batches;
     if (master) {
         printf("train: %zu tokens in %zu shards | val: %zu tokens\n", dataloader_num_tokens(&train_loader),
                train_loader.num_shards, dataloader_num_tokens(&val_loader));
@@ -460,25 +496,32 @@ int train(const Options* o, Device device) {
     int32_t* ffn_state = (int32_t*)mallocCheck(ffn_state_ints(L) * sizeof(int32_t));
     BatchUploader uploader;
     uploader_init(&uploader, M, device);
-    TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull, 0};
+    OptimConfig optim = o->optim; // the lr schedule: this run's, or on resume perhaps the checkpoint's
+    TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull, 0, 0, 0, 0, 0};
 
     make_dir(o->out_dir);
     char path[4096], log_path[4096];
     snprintf(log_path, sizeof(log_path), "%s/log.jsonl", o->out_dir);
     int start_step = choose_start(o);
     if (start_step >= 0) {
+        // a file found damaged while it loads: the error says how to continue from the checkpoint before it
+        char hint[256];
+        older_checkpoint_hint(hint, sizeof(hint), o->out_dir, start_step);
         GPTConfig ckpt_config;
         model_path(path, sizeof(path), o->out_dir, start_step);
         int model_step;
+        fatal_hint = hint;
         float* params = checkpoint_load_model(path, &ckpt_config, &model_step);
         if (model_step != start_step) {
             fatal("%s holds step %d, not the %d of its name", path, model_step, start_step);
         }
+        fatal_hint = NULL;
         char msg[256];
         if (config_mismatch(&ckpt_config, config, msg, sizeof(msg))) { fatal("%s is for another model: %s", path, msg); }
         set_params_from_fp32(&model, &opt, params);
         free(params);
         DataLoaderState loader_state;
+        fatal_hint = hint;
         int ffn_ints = checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state,
                                              sizeof(loader_state), host_m, host_v, ffn_state);
         // the same sparse/dense and hot/cold choices as the run that wrote it
@@ -488,6 +531,7 @@ int train(const Options* o, Device device) {
             fatal("%s holds step %d, but its model file is step %d: they are not one checkpoint", path, state.step,
                   start_step);
         }
+        fatal_hint = NULL;
         // nothing left to do: an error, not a run that silently trains nothing
         if (start_step > o->optim.total_steps) {
             fatal("the newest checkpoint in %s is step %d, past -x %d: give a larger -x to train on, or --overwrite 1 "
@@ -517,6 +561,34 @@ int train(const Options* o, Device device) {
             log_truncate_after_step(log_path, start_step);
             model_path(path, sizeof(path), o->out_dir, start_step);
             printf("resumed from %s at step %d (of %d)\n", path, start_step, o->optim.total_steps);
+            // --resume-step: the later checkpoints would be taken for this run's
+            int later = run_files(o->out_dir, start_step, 1);
+            if (later > 0) {
+                printf("--resume-step %d: deleted %d file%s of later checkpoints\n", start_step, later, later > 1 ? "s" : "");
+            }
+        }
+        // a run resumed with another schedule (-x, -u, -l, -q): kept or changed, said in one line
+        OptimConfig saved = optim;
+        saved.total_steps = state.sched_steps;
+        saved.warmup_steps = state.sched_warmup;
+        saved.lr = state.sched_lr;
+        saved.final_lr_frac = state.sched_final_frac;
+        if (state.sched_steps == 0) {
+            if (master) { printf("lr schedule: the checkpoint does not say its own (an older file): this run's\n"); }
+        } else if (saved.total_steps != optim.total_steps || saved.warmup_steps != optim.warmup_steps ||
+                   saved.lr != optim.lr || saved.final_lr_frac != optim.final_lr_frac) {
+            char mine[128], theirs[128];
+            describe_schedule(mine, sizeof(mine), &optim);
+            describe_schedule(theirs, sizeof(theirs), &saved);
+            float lr_mine = lr_at_step(&optim, start_step), lr_theirs = lr_at_step(&saved, start_step);
+            if (master && o->keep_schedule) {
+                printf("lr schedule: the checkpoint's (%s), not this run's (%s): step %d at lr %.2e (--lr-schedule new: "
+                       "%.2e)\n", theirs, mine, start_step + 1, lr_theirs, lr_mine);
+            } else if (master) {
+                printf("lr schedule: this run's (%s), not the checkpoint's (%s) (--lr-schedule new): step %d at lr %.2e "
+                       "instead of %.2e\n", mine, theirs, start_step + 1, lr_mine, lr_theirs);
+            }
+            if (o->keep_schedule) { optim = saved; }
         }
     } else {
         if (o->init_from) {
@@ -551,15 +623,13 @@ int train(const Options* o, Device device) {
     if (master) {
         printf("model: %d layers, D %d, %d heads (%d kv), H %d, vocab %d, T %d, %s FFN, %s head: %.2fM parameters\n", L,
                config->channels, config->num_heads, config->num_kv_heads, config->hidden, config->vocab_size, T_,
-               config->activation == ACT_SILU ? "SiLU" : "ReLU", config->untied_head ? "untied" : "tied", n_params / 1e6);
-        char processes[32] = "", ramp[96] = "";
+               config->activation == ACT_SILU ? "SiLU" : "ReLU", config->untied_head ? "untied" : "tied",
+               num_model_parameters(config) / 1e6);
+        char processes[32] = "", ramp[64] = "";
         if (P > 1) { snprintf(processes, sizeof(processes), " x %d processes", P); }
-        if (o->l1_ramp > 0) {
-            snprintf(ramp, sizeof(ramp), " (ramped: %g at step 1, growing to it at step %d)", lambda_at_step(o, 0),
-                     o->l1_ramp);
-        }
+        if (o->l1_ramp > 0) { snprintf(ramp, sizeof(ramp), " (ramped up from lambda / %d over %d steps)", o->l1_ramp, o->l1_ramp); }
         printf("batch: %d x %d tokens x %d accumulation%s = %d tokens per step | lambda %g%s | lr %g\n", B, T_,
-               o->grad_accum, processes, o->total_batch, o->lambda, ramp, o->optim.lr);
+               o->grad_accum, processes, o->total_batch, o->lambda, ramp, optim.lr);
         const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
         if (o->ffn_mode != FFN_DENSE && model.ffn.hot.mode != FFN_HOT_OFF) {
@@ -598,8 +668,8 @@ int train(const Options* o, Device device) {
     stop_vote_init(&vote, zero);
     int stopping = 0;         // every process agreed to stop (a signal)
     int nonfinite = 0;        // steps in a row skipped for a non-finite loss or gradient norm
-    // for the ETA: this process's step times (but its first, which warms up) and its last validation's
-    double step_seconds = 0, val_seconds = -1;
+    // for the ETA: this process's step times (but its first, which warms up) and its last validation's per batch
+    double step_seconds = 0, val_batch_seconds = -1;
     int timed_steps = 0;
     for (int step = first_step;; step++) {
         int last = step == total;
@@ -609,7 +679,8 @@ int train(const Options* o, Device device) {
         if (val_due && !stopping) {
             watchdog_arm(&watchdog, o->timeout, "rank %d: validation at step %d", rank, step);
             double t0 = now_seconds();
-            double val_ce = evaluate(&model, zero, &val_loader, val_batches, &uploader, step, master);
+            int batches = last ? final_val_batches : val_batches;
+            double val_ce = evaluate(&model, zero, &val_loader, batches, &uploader, step, master);
             stop_vote_send(&vote);
             stopping = stop_vote_result(&vote);
             watchdog_disarm(&watchdog);
@@ -618,10 +689,17 @@ int train(const Options* o, Device device) {
                     printf("step %d | validation cut short by the stop; it runs when the run continues\n", step);
                 }
             } else {
-                val_seconds = now_seconds() - t0;
+                val_batch_seconds = (now_seconds() - t0) / batches;
                 if (master) {
-                    printf("step %d | val ce %.4f\n", step, val_ce);
-                    log_val(log_path, step, val_ce);
+                    long tokens = (long)batches * B * T_ * P;
+                    if (batches == all_val_batches) {
+                        printf("step %d | val ce %.4f on %ld tokens (the whole val set: %d batches)\n", step, val_ce,
+                               tokens, batches);
+                    } else {
+                        printf("step %d | val ce %.4f on %ld tokens (%d of the val set's %d batches%s)\n", step, val_ce,
+                               tokens, batches, all_val_batches, last ? ": --final-val-batches" : "");
+                    }
+                    log_val(log_path, step, val_ce, tokens);
                 }
             }
         }
@@ -642,6 +720,10 @@ int train(const Options* o, Device device) {
         if (checkpoint) {
             state.step = step;
             state.eval_pending = stopping && (val_due || sample_due);
+            state.sched_steps = optim.total_steps;
+            state.sched_warmup = optim.warmup_steps;
+            state.sched_lr = optim.lr;
+            state.sched_final_frac = optim.final_lr_frac;
             DataLoaderState loader_state = dataloader_get_state(&train_loader);
             device_copy(host_m, opt.m, owned * sizeof(float), device);
             device_copy(host_v, opt.v, owned * sizeof(float), device);
@@ -695,8 +777,8 @@ int train(const Options* o, Device device) {
             float* poisoned = o->inject_nan_moment ? opt.m : device == DEVICE_CPU ? model.grads : opt.grads;
             device_copy(poisoned, &nan, sizeof(float), device);
         }
-        float step_lr = lr_at_step(&o->optim, step);
-        optimizer_step(&opt, &model, &o->optim, step_lr, step + 1); // skipped if the loss or norm is not finite
+        float step_lr = lr_at_step(&optim, step);
+        optimizer_step(&opt, &model, &optim, step_lr, step + 1); // skipped if the loss or norm is not finite
         gpt_stats_read(&model, (double)o->total_batch); // waits for the step (but not its all-gather)
         stopping = stop_vote_result(&vote);
         double grad_norm = optimizer_grad_norm(&opt), loss = model.ce + step_lambda * model.l1_term;
@@ -718,7 +800,7 @@ int train(const Options* o, Device device) {
             if (nonfinite >= o->max_nonfinite) {
                 char newest[4200];
                 describe_newest(newest, sizeof(newest), o->out_dir);
-                int any = checkpoint_latest(o->out_dir, 1) >= 0;
+                int any = checkpoint_newest(o->out_dir, CKPT_COMPLETE, INT_MAX) >= 0;
                 fatal("steps %d to %d: the loss or gradient norm was not finite %d times in a row (--max-nonfinite "
                       "%d), stopping; %s%s", step + 2 - nonfinite, step + 1, nonfinite, o->max_nonfinite, newest,
                       any ? " (to continue from it: --resume 1, perhaps with a lower --lr)" : "");
@@ -745,13 +827,14 @@ int train(const Options* o, Device device) {
             entry.mfu = flops_per_step / (ms / 1000) / peak_flops;
             entry.mem_gib = peak_mem_gib;
         }
-        // the steps left at the mean step time, and the validations left at the last one's time (before one ran:
-        // a forward is about a third of a training micro-batch)
+        // the steps left at the mean step time, and the validation batches left at the last validation's time per
+        // batch (before one ran: a forward is about a third of a training micro-batch); the last validation is
+        // one of them
         double mean_step = timed_steps ? step_seconds / timed_steps : ms / 1000;
         int vals_left = o->val_every > 0 ? total / o->val_every - step / o->val_every : 0;
         if (o->val_every == 0 || total % o->val_every != 0) { vals_left++; }
-        double val_time = val_seconds >= 0 ? val_seconds : val_batches * mean_step / o->grad_accum / 3;
-        entry.eta_s = (total - step - 1) * mean_step + vals_left * val_time;
+        double batch_time = val_batch_seconds >= 0 ? val_batch_seconds : mean_step / o->grad_accum / 3;
+        entry.eta_s = (total - step - 1) * mean_step + ((vals_left - 1.0) * val_batches + final_val_batches) * batch_time;
         entry.num_layers = L;
         entry.hidden = config->hidden;
         entry.layers = model.stats;
@@ -783,6 +866,7 @@ int train(const Options* o, Device device) {
 }
 
 int main(int argc, char** argv) {
+    omp_wait_passively(argv);
     // ------------------------------------------------------------------------
     // flags
     const char* train_pattern = "data/corpus_train_*.bin";
@@ -797,7 +881,9 @@ int main(int argc, char** argv) {
     const char* init_from = NULL;
     float synthetic_k = 0, hot_rate = -1;
     int B = 8, T = 256, total_batch = -1, max_steps = 2000, warmup = 100;
-    int val_every = 100, val_batches = 20, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
+    int val_every = 100, val_batches = 20, final_val_batches = 0, sample_every = 500, sample_tokens = 64, ckpt_every = 500;
+    int resume_step = -1;
+    const char* lr_schedule = "keep";
     const char* inject_nan = NULL;
     const char* init_method = "auto";
     const char* init_address = "";
@@ -826,7 +912,7 @@ int main(int argc, char** argv) {
         {'b', "batch", ARG_INT, &B, 1, 1 << 16, "micro-batch size in sequences", 0},
         {'t', "seq-len", ARG_INT, &T, 2, 1 << 20, "sequence length (also the model's max_seq_len)", 0},
         {'d', "total-batch", ARG_INT, &total_batch, -1, 1 << 30, "tokens per optimizer step (-1 = one micro-batch)", 0},
-        {'x', "max-steps", ARG_INT, &max_steps, 1, 1 << 30, "optimizer steps (on the CPU, if not given: a short first run)", 0},
+        {'x', "max-steps", ARG_INT, &max_steps, 1, 1 << 30, "optimizer steps (on the CPU, if not given: a short first run of " STR(CPU_SHORT_STEPS) ")", 0},
         {'l', "lr", ARG_FLOAT, &lr, 0, 10, "peak learning rate", 0},
         {'u', "warmup", ARG_INT, &warmup, 0, 1 << 30, "warmup steps", 0},
         {'q', "final-lr-frac", ARG_FLOAT, &final_lr_frac, 0, 1, "cosine floor as a fraction of the peak lr", 0},
@@ -836,13 +922,16 @@ int main(int argc, char** argv) {
         {0, "adam-eps", ARG_FLOAT, &adam_eps, 0, 1, "AdamW epsilon", 0},
         {0, "grad-clip", ARG_FLOAT, &grad_clip, 0, 1e9, "max global gradient norm (0 = off)", 0},
         {'a', "l1", ARG_FLOAT, &lambda, 0, 1e3, "L1 coefficient lambda on the FFN activations (default: the model's: 2e-2 for default, 2e-5 for the other shapes and --init-from, 0 with --activation silu)", 0},
-        {0, "l1-ramp", ARG_INT, &l1_ramp, -1, 1 << 30, "lambda grows linearly from lambda / R at step 1 to lambda at step R (0 = none, -1 = over the whole run; default: -1 for the default model, else 0)", 0},
+        {0, "l1-ramp", ARG_INT, &l1_ramp, -1, 1 << 30, "R: lambda grows linearly from -a / R at step 1 to -a at step R (0 = full from the start, -1 = over the whole run; default: -1 for the default model, else 0)", 0},
         {'v', "val-every", ARG_INT, &val_every, 0, 1 << 30, "steps between validations (0 = only at the end)", 0},
-        {'m', "val-batches", ARG_INT, &val_batches, 1, 1 << 30, "micro-batches per validation", 0},
+        {'m', "val-batches", ARG_INT, &val_batches, 1, 1 << 30, "micro-batches per validation, but the last", 0},
+        {0, "final-val-batches", ARG_INT, &final_val_batches, 0, 1 << 30, "micro-batches of the last validation (0 = the whole val set)", 0},
         {'s', "sample-every", ARG_INT, &sample_every, 0, 1 << 30, "steps between text samples (0 = never)", 0},
         {'g', "sample-tokens", ARG_INT, &sample_tokens, 1, 1 << 20, "tokens per text sample", 0},
         {'n', "ckpt-every", ARG_INT, &ckpt_every, -1, 1 << 30, "steps between checkpoints (0 = only at the end, -1 = never)", 0},
-        {'y', "resume", ARG_INT, &resume, 0, 1, "1 = continue from the latest checkpoint in the output dir", 0},
+        {'y', "resume", ARG_INT, &resume, 0, 1, "1 = continue from the newest checkpoint in the output dir", 0},
+        {0, "resume-step", ARG_INT, &resume_step, -1, 1 << 30, "continue from the checkpoint of this step, not the newest, deleting the later checkpoints' files (-1 = with --resume 1, the newest)", 0},
+        {0, "lr-schedule", ARG_STRING, &lr_schedule, 0, 0, "on resume with another -x, -u, -l or -q: keep (the checkpoint's schedule) or new (this run's)", 0},
         {0, "overwrite", ARG_INT, &overwrite, 0, 1, "1 = delete the checkpoints and log of another run in the output dir and start over", 0},
         {0, "max-nonfinite", ARG_INT, &max_nonfinite, 1, 1 << 30, "steps in a row skipped for a NaN/inf loss or gradient norm before the run stops", 0},
         {0, "inject-nan", ARG_STRING, &inject_nan, 0, 0, "tests: gradient:STEP or moment:STEP puts a NaN there at that step", 0},
@@ -865,6 +954,12 @@ int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); // keep the log in order with errors on stderr
     cli_parse(argc, argv, "usage: ./train_gpt_sparse [flags]\n"
               "Trains a sparse ReLU language model; with no flags, the default model on data/.", specs, num_specs);
+    // the default data is found from the working directory or from the binary's
+    if (!cli_given(specs, num_specs, "train-data")) { train_pattern = default_input(train_pattern, "-i"); }
+    if (!cli_given(specs, num_specs, "val-data")) { val_pattern = default_input(val_pattern, "-j"); }
+    if (!cli_given(specs, num_specs, "tokenizer") && sample_every > 0) {
+        tokenizer_path = default_input(tokenizer_path, "--tokenizer (or -s 0)");
+    }
 
     const ModelPreset* preset = find_preset(preset_name);
     if (preset == NULL) { fatal("unknown model '%s' (default, 124m, 0.5b, 1b, 1.5b, 2b)", preset_name); }
@@ -934,10 +1029,16 @@ int main(int argc, char** argv) {
     o.timeout = timeout;
     o.val_every = val_every;
     o.val_batches = val_batches;
+    o.final_val_batches = final_val_batches;
     o.sample_every = sample_every;
     o.sample_tokens = sample_tokens;
     o.ckpt_every = ckpt_every;
-    o.resume = resume;
+    o.resume = resume || resume_step >= 0;
+    o.resume_step = resume_step;
+    if (strcmp(lr_schedule, "keep") != 0 && strcmp(lr_schedule, "new") != 0) {
+        fatal("--lr-schedule must be keep or new, not '%s'", lr_schedule);
+    }
+    o.keep_schedule = strcmp(lr_schedule, "keep") == 0;
     o.overwrite = overwrite;
     o.max_nonfinite = max_nonfinite;
     o.inject_nan = 0;
@@ -952,7 +1053,7 @@ int main(int argc, char** argv) {
         o.inject_nan = at;
         o.inject_nan_moment = strcmp(where, "moment") == 0;
     }
-    if (resume && overwrite) {
+    if (o.resume && overwrite) {
         fatal("--resume 1 continues the run in the output dir, --overwrite 1 deletes it: give one");
     }
     o.seed = seed;
@@ -970,7 +1071,7 @@ int main(int argc, char** argv) {
     o.hot_rate = hot_rate;
     if (synthetic_k >= c->hidden) { fatal("--synthetic-sparse %g must be below the FFN width %d", synthetic_k, c->hidden); }
     if (synthetic_k > 0 && init_from) { fatal("--synthetic-sparse and --init-from are two inits: give one"); }
-    if (synthetic_k > 0 && (ckpt_every != -1 || resume)) {
+    if (synthetic_k > 0 && (ckpt_every != -1 || o.resume)) {
         fatal("--synthetic-sparse makes a benchmark-only model: give -n -1 (no checkpoints) and no --resume");
     }
     if (dead_reinit && P > 1) { fatal("--dead-reinit 1 needs one process (the master weights are sharded over %d)", P); }
@@ -991,7 +1092,6 @@ int main(int argc, char** argv) {
         if (!cli_given(specs, num_specs, "warmup")) { o.optim.warmup_steps = CPU_SHORT_STEPS / 10; }
         if (!cli_given(specs, num_specs, "val-every")) { o.val_every = CPU_SHORT_STEPS / 3; }
         if (!cli_given(specs, num_specs, "val-batches")) { o.val_batches = 4; }
-        if (!cli_given(specs, num_specs, "ckpt-every")) { o.ckpt_every = CPU_SHORT_STEPS / 3; }
     }
     if (o.l1_ramp == L1_RAMP_WHOLE_RUN) { o.l1_ramp = o.optim.total_steps; }
     int stopped;
@@ -1011,9 +1111,11 @@ int main(int argc, char** argv) {
         printf("device: CPU reference path, fp32, %d OpenMP threads%s\n", omp_get_max_threads(),
                gpus ? "" : " (no CUDA GPU present)");
         if (cpu_short) {
-            printf("a short first run on the CPU: %d steps (about 10 minutes on 2 cores), validating every %d on %d "
-                   "batches; the full run is -x %d (hours on a CPU, a minute on a GPU)\n", o.optim.total_steps,
-                   o.val_every, o.val_batches, max_steps);
+            char last_val[64] = "the whole val set";
+            if (final_val_batches > 0) { snprintf(last_val, sizeof(last_val), "%d batches", final_val_batches); }
+            printf("a short first run on the CPU: %d steps with %d of warmup (10 to 15 minutes on 2 cores), validating "
+                   "every %d on %d batches and at the end on %s; the full run is -x %d (hours on a CPU, a minute on a "
+                   "GPU)\n", o.optim.total_steps, o.optim.warmup_steps, o.val_every, o.val_batches, last_val, max_steps);
         }
         stopped = train<float>(&o, DEVICE_CPU);
     }

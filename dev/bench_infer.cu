@@ -387,7 +387,10 @@ static void parse_options(int argc, char** argv, BenchOptions* o) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     snprintf(o->gpu_name, sizeof(o->gpu_name), "%s", prop.name);
-    if (o->preset_name == NULL) { o->model_path = checkpoint_model_file(o->model_path, o->model_file, sizeof(o->model_file)); }
+    if (o->preset_name == NULL) {
+        o->model_path = checkpoint_model_arg(o->model_path ? o->model_path : "out", o->model_path != NULL, o->model_file,
+                                             sizeof(o->model_file));
+    }
 }
 
 int main(int argc, char** argv) {

@@ -4,7 +4,7 @@
 #   (a) dense     a 124M-class dense SiLU model with an untied head (a Llama's FFN and head), from
 #                 scratch, STEPS steps, lambda 0;
 #   (b) relufied  (a)'s weights (--init-from, a fresh optimizer) with ReLU for SiLU, fine-tuned with the
-#                 L1 term for STEPS / 4 steps (a quarter of (a)'s tokens), lambda ramped from 0 over RAMP
+#                 L1 term for STEPS / 4 steps (a quarter of (a)'s tokens), lambda ramped up over RAMP
 #                 steps, at a fine-tune's learning rate (a short warmup, a lower peak), on another data order;
 #   (c) scratch   a ReLU + L1 model of the same shape from scratch for STEPS + STEPS / 4 steps: the tokens
 #                 of (a) and (b) together, at its own lambda (from scratch the same lambda kills more units:

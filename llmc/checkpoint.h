@@ -13,7 +13,11 @@
    [20..21] sampling RNG, [22] bytes of the data loader state, [23] number of
    int32 of FFN state (3 per layer: sparse or dense, ELL width, tail rows; 0
    when none was saved), [24] 1 when the validation and text sample due at this
-   step have not run yet (a run stopped by a signal), else 0;
+   step have not run yet (a run stopped by a signal), else 0, [27..30] the
+   learning-rate schedule that trained it: its last step, warmup steps, peak
+   lr (fp32 bits) and final lr fraction (fp32 bits), all 0 in the files written
+   before these fields (added without a new version: such a file says nothing
+   of its schedule);
    then the loader state, then AdamW m and v (fp32) of the parameters the rank
    owns, in the packed order of llmc/zero.h (with P = 1: all of them, flat),
    then the FFN state.
@@ -42,6 +46,7 @@
 #define LLMC_CHECKPOINT_H
 
 #include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -59,6 +64,7 @@
 #define CKPT_CHECKSUM 254            // the checksum's two ints
 #define CKPT_ACTIVATION 25           // the config fields after the state file's run fields
 #define CKPT_UNTIED_HEAD 26
+#define CKPT_STATE_INTS 31           // the state header's ints that hold fields
 // the bounds of the state header's run fields (the trainer's flags allow the same)
 #define CKPT_MAX_BATCH (1 << 16)
 #define CKPT_MAX_PROCESSES (1 << 20)
@@ -69,6 +75,9 @@ typedef struct {
     int B, T, grad_accum, num_processes, rank;
     uint64_t sample_rng;
     int eval_pending; // the validation and sample of this step are still to do
+    // the learning-rate schedule that trained it (llmc/adamw.h's lr_at_step); sched_steps 0: not recorded
+    int sched_steps, sched_warmup;
+    float sched_lr, sched_final_frac;
 } TrainState;
 
 static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -187,7 +196,7 @@ static inline FILE* checkpoint_open(const char* path, int32_t magic, int32_t h[C
     if (h[12] < 0) { fatal("%s: step %d must be >= 0", path, h[12]); }
     size_t n = (size_t)(uint32_t)h[13] | ((size_t)(uint32_t)h[14] << 32);
     if (n != num_parameters(&c)) { fatal("%s: header says %zu parameters, its config has %zu", path, n, num_parameters(&c)); }
-    int named = magic == CKPT_MODEL_MAGIC ? 15 : 25; // the ints that hold fields
+    int named = magic == CKPT_MODEL_MAGIC ? 15 : CKPT_STATE_INTS; // the ints that hold fields
     for (int i = named; i < CKPT_CHECKSUM; i++) {
         if (h[i] != 0 && i != CKPT_ACTIVATION && i != CKPT_UNTIED_HEAD) { fatal("%s: header int %d is %d, expected 0 (a corrupt or foreign %s file)", path, i, h[i], kind); }
     }
@@ -276,6 +285,8 @@ static inline void checkpoint_save_state(const char* path, const GPTConfig* c, c
     h[22] = (int32_t)loader_bytes;
     h[23] = ffn ? ffn_state_ints(c->num_layers) : 0;
     h[24] = s->eval_pending;
+    h[27] = s->sched_steps; h[28] = s->sched_warmup;
+    h[29] = (int32_t)float_bits(s->sched_lr); h[30] = (int32_t)float_bits(s->sched_final_frac);
     size_t bad = checkpoint_find_nonfinite_moment(m, v, owned);
     if (bad < owned) { fatal("refusing to write %s: optimizer moment %zu is not finite (m %g, v %g)", path, bad, m[bad], v[bad]); }
     Xxh64 x;
@@ -333,6 +344,13 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
     s->sample_rng = (uint64_t)(uint32_t)h[20] | ((uint64_t)(uint32_t)h[21] << 32);
     s->eval_pending = h[24];
     if (h[24] != 0 && h[24] != 1) { fatal("%s: eval-pending flag %d is corrupt (expected 0 or 1)", path, h[24]); }
+    s->sched_steps = h[27]; s->sched_warmup = h[28];
+    s->sched_lr = bits_float((uint32_t)h[29]); s->sched_final_frac = bits_float((uint32_t)h[30]);
+    if (s->sched_steps < 0 || s->sched_warmup < 0 || !(s->sched_lr >= 0 && s->sched_lr <= 10) ||
+        !(s->sched_final_frac >= 0 && s->sched_final_frac <= 1)) {
+        fatal("%s: lr schedule (%d steps, warmup %d, lr %g, final fraction %g) is corrupt", path, s->sched_steps,
+              s->sched_warmup, s->sched_lr, s->sched_final_frac);
+    }
     if (s->num_processes < 1 || s->num_processes > CKPT_MAX_PROCESSES || s->rank < 0 || s->rank >= s->num_processes) {
         fatal("%s: rank %d of %d processes, expected 0 <= rank < processes <= %d", path, s->rank, s->num_processes,
               CKPT_MAX_PROCESSES);
@@ -446,57 +464,77 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
     return ffn_ints;
 }
 
-// 1 if dir holds the model file of `step` and the state files of every process that wrote it
-static inline int checkpoint_complete(const char* dir, int step) {
+// why the checkpoint of `step` in dir is not complete, into why: the first of its files that is missing,
+// or a state file without a whole header; 0 when it is complete (the contents are checked when loaded)
+static inline int checkpoint_incomplete(const char* dir, int step, char* why, size_t len) {
     char path[4096];
     model_path(path, sizeof(path), dir, step);
-    if (access(path, R_OK) != 0) { return 0; }
+    if (access(path, R_OK) != 0) { snprintf(why, len, "%s is missing", path); return 1; }
     state_path(path, sizeof(path), dir, step, 0);
     FILE* fp = fopen(path, "rb");
+    if (fp == NULL) { snprintf(why, len, "%s is missing", path); return 1; }
     int32_t h[CKPT_HEADER_INTS];
-    int ok = fp != NULL && fread(h, sizeof(int32_t), CKPT_HEADER_INTS, fp) == CKPT_HEADER_INTS &&
-             h[0] == CKPT_STATE_MAGIC && h[18] >= 1 && h[18] <= CKPT_MAX_PROCESSES;
-    if (fp) { fclose(fp); }
-    for (int r = 1; ok && r < h[18]; r++) {
+    int ok = fread(h, sizeof(int32_t), CKPT_HEADER_INTS, fp) == CKPT_HEADER_INTS && h[0] == CKPT_STATE_MAGIC &&
+             h[18] >= 1 && h[18] <= CKPT_MAX_PROCESSES;
+    fclose(fp);
+    if (!ok) { snprintf(why, len, "%s is cut short or not a state file", path); return 1; }
+    for (int r = 1; r < h[18]; r++) {
         state_path(path, sizeof(path), dir, step, r);
-        ok = access(path, R_OK) == 0;
+        if (access(path, R_OK) != 0) { snprintf(why, len, "%s of the %d processes' is missing", path, h[18]); return 1; }
     }
-    return ok;
+    return 0;
 }
 
-// the newest step in dir with a model file (complete = 0) or a complete
-// checkpoint (complete = 1); -1 if none
-static inline int checkpoint_latest(const char* dir, int complete) {
+static inline int checkpoint_complete(const char* dir, int step) {
+    char why[4200];
+    return !checkpoint_incomplete(dir, step, why, sizeof(why));
+}
+
+// what checkpoint_newest looks for
+enum { CKPT_ANY_FILE, CKPT_MODEL_FILE, CKPT_COMPLETE };
+
+// the newest step below `before` in dir with a file of a checkpoint (CKPT_ANY_FILE: model_<step>.bin or a
+// state_<step>_<rank>.bin), a model file (CKPT_MODEL_FILE) or a complete checkpoint (CKPT_COMPLETE); -1 if none
+static inline int checkpoint_newest(const char* dir, int what, int before) {
     DIR* d = opendir(dir);
     if (d == NULL) { return -1; }
     int best = -1;
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
-        int step, end = 0;
-        char path[4096];
-        int is_model = sscanf(e->d_name, "model_%d.bin%n", &step, &end) == 1 && end > 0 && e->d_name[end] == '\0';
-        if (!is_model || step <= best) { continue; }
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (complete ? checkpoint_complete(dir, step) : access(path, R_OK) == 0) { best = step; }
+        int step, rank, end = 0;
+        int match = sscanf(e->d_name, "model_%d.bin%n", &step, &end) == 1 && end > 0 && e->d_name[end] == '\0';
+        if (!match && what == CKPT_ANY_FILE) {
+            end = 0;
+            match = sscanf(e->d_name, "state_%d_%d.bin%n", &step, &rank, &end) == 2 && end > 0 && e->d_name[end] == '\0';
+        }
+        if (!match || step <= best || step >= before) { continue; }
+        if (what != CKPT_COMPLETE || checkpoint_complete(dir, step)) { best = step; }
     }
     closedir(d);
     return best;
 }
 
-// The model file a -m flag names: a file as it is; a directory (out/ when path is NULL) stands for its
-// newest model file, whose path is written to buf (len bytes)
-static inline const char* checkpoint_model_file(const char* path, char* buf, size_t len) {
+// path, or when it is a directory its newest model file (model_<step>.bin), into out; 0 if the directory has none
+static inline int checkpoint_model_file(const char* path, char* out, size_t len) {
     struct stat st;
-    int is_dir = path != NULL && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-    if (path != NULL && !is_dir) { return path; }
-    const char* dir = path ? path : "out";
-    int newest = checkpoint_latest(dir, 0);
-    if (newest < 0 && path == NULL) {
-        fatal("no -m given, and out/ holds no checkpoint (model_<step>.bin): train one with ./train_gpt_sparse "
-              "(on a CPU a short first run, about 10 minutes), or give -m FILE");
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(out, len, "%s", path);
+        return 1;
     }
-    if (newest < 0) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", dir); }
-    model_path(buf, len, dir, newest);
+    int newest = checkpoint_newest(path, CKPT_MODEL_FILE, INT_MAX);
+    if (newest >= 0) { model_path(out, len, path, newest); }
+    return newest >= 0;
+}
+
+// The model file a -m flag names (checkpoint_model_file), written to buf (len bytes); given 0: the flag was
+// not given and path is the default directory. Where there is none, a one-line error says what to do.
+static inline const char* checkpoint_model_arg(const char* path, int given, char* buf, size_t len) {
+    int found = checkpoint_model_file(path, buf, len);
+    if (!given && (!found || access(buf, F_OK) != 0)) {
+        fatal("no -m given, and %s/ holds no checkpoint (model_<step>.bin): train one with ./train_gpt_sparse "
+              "(on a CPU a short first run, 10 to 15 minutes), or give -m FILE", path);
+    }
+    if (!found) { fatal("-m %s: the directory holds no checkpoint (model_<step>.bin)", path); }
     return buf;
 }
 

@@ -3,8 +3,10 @@
  form (--batch 8 or --batch=8), a type, a range and a help line; a switch
  (ARG_SWITCH, --serve) takes no value and turns its int to 1. Anything else
  is a one-line error: an unknown flag, a missing value, a value that does not
- parse completely or lies outside its range, a value given to a switch.
- -h/--help prints the table.
+ parse completely or lies outside its range. -h/--help prints the table.
+ A switch (ARG_SWITCH) takes no value; a flag without a help line is an alias
+ that the table leaves out (an older spelling); with cli_parse_args the first
+ argument that is not a flag starts the positional ones (input files).
 */
 #ifndef LLMC_CLI_H
 #define LLMC_CLI_H
@@ -16,7 +18,7 @@
 #include <string.h>
 #include "llmc/utils.h"
 
-typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_SWITCH } ArgType;
+typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_SWITCH } ArgType; // a switch: an int set to 1, no value
 
 typedef struct {
     char short_name;        // 0 when the flag has only a long name
@@ -24,7 +26,7 @@ typedef struct {
     ArgType type;
     void* dest;             // int* (ARG_INT, ARG_SWITCH), float* or const char**, holding the default
     double min, max;        // allowed range of numeric values
-    const char* help;
+    const char* help;       // NULL: an alias, not listed
     int given;              // set by cli_parse when the flag appears
 } ArgSpec;
 
@@ -32,6 +34,7 @@ static inline void cli_print_help(const char* usage, ArgSpec* specs, int n) {
     printf("%s\n\nflags (default in brackets):\n", usage);
     for (int i = 0; i < n; i++) {
         char names[64], def[64];
+        if (specs[i].help == NULL) { continue; }
         if (specs[i].short_name) {
             snprintf(names, sizeof(names), "-%c, --%s", specs[i].short_name, specs[i].long_name);
         } else {
@@ -54,11 +57,12 @@ static inline void cli_set(ArgSpec* spec, const char* flag, const char* value) {
     if (spec->type == ARG_STRING) {
         *(const char**)spec->dest = value;
     } else if (spec->type == ARG_INT) {
-        long v = strtol(value, &end, 10);
-        if (end == value || *end != '\0' || errno != 0) { fatal("%s needs an integer, got '%s'", flag, value); }
-        if (v < spec->min || v > spec->max) {
-            fatal("%s %ld is out of range [%.0f, %.0f]", flag, v, spec->min, spec->max);
+        // also a whole number in exponent notation (1e8)
+        double v = strtod(value, &end);
+        if (end == value || *end != '\0' || errno != 0 || !isfinite(v) || v != floor(v)) {
+            fatal("%s needs an integer, got '%s'", flag, value);
         }
+        if (v < spec->min || v > spec->max) { fatal("%s %.0f is out of range [%.0f, %.0f]", flag, v, spec->min, spec->max); }
         *(int*)spec->dest = (int)v;
     } else {
         double v = strtod(value, &end);
@@ -69,43 +73,56 @@ static inline void cli_set(ArgSpec* spec, const char* flag, const char* value) {
     spec->given = 1;
 }
 
-static inline void cli_parse(int argc, char** argv, const char* usage, ArgSpec* specs, int n) {
+// parses the flags up to the first argument that is not one; returns its index (argc if none)
+static inline int cli_parse_args(int argc, char** argv, const char* usage, ArgSpec* specs, int n) {
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
             cli_print_help(usage, specs, n);
             exit(EXIT_SUCCESS);
         }
+        if (arg[0] != '-' || arg[1] == '\0') { return i; } // (a lone '-' is standard input)
         ArgSpec* spec = NULL;
         const char* value = NULL;
-        if (arg[0] == '-' && arg[1] == '-') {
+        char flag[256]; // the flag as given, without its =value, for messages
+        snprintf(flag, sizeof(flag), "%s", arg);
+        if (arg[1] == '-') {
             const char* name = arg + 2;
             const char* eq = strchr(name, '=');
             size_t len = eq ? (size_t)(eq - name) : strlen(name);
             for (int j = 0; j < n; j++) {
                 if (strlen(specs[j].long_name) == len && strncmp(specs[j].long_name, name, len) == 0) { spec = &specs[j]; }
             }
-            if (eq) { value = eq + 1; }
-        } else if (arg[0] == '-' && arg[1] != '\0' && arg[2] == '\0') {
+            if (eq) {
+                value = eq + 1;
+                if ((size_t)(eq - arg) < sizeof(flag)) { flag[eq - arg] = '\0'; }
+            }
+        } else if (arg[2] == '\0') {
             for (int j = 0; j < n; j++) {
                 if (specs[j].short_name == arg[1]) { spec = &specs[j]; }
             }
         }
-        if (spec == NULL) { fatal("unknown flag '%s' (see --help)", arg); }
+        if (spec == NULL) { fatal("unknown flag '%s' (see --help)", flag); }
+        if (spec->given) { fatal("%s is given twice", flag); }
         if (spec->type == ARG_SWITCH) {
-            if (value) { fatal("--%s takes no value (it is a switch)", spec->long_name); }
-            if (spec->given) { fatal("%s is given twice", arg); }
+            if (value != NULL) { fatal("%s takes no value", flag); }
             *(int*)spec->dest = 1;
             spec->given = 1;
             continue;
         }
         if (value == NULL) {
-            if (i + 1 >= argc) { fatal("%s needs a value", arg); }
+            if (i + 1 >= argc) { fatal("%s needs a value", flag); }
             value = argv[++i];
         }
-        if (spec->given) { fatal("%s is given twice", arg); }
-        cli_set(spec, arg, value);
+        cli_set(spec, flag, value);
     }
+    return argc;
+}
+
+// parses every argument as a flag
+static inline void cli_parse(int argc, char** argv, const char* usage, ArgSpec* specs, int n) {
+    int first = cli_parse_args(argc, argv, usage, specs, n);
+    if (first < argc) { fatal("unknown flag '%s' (see --help)", argv[first]); }
 }
 
 static inline int cli_given(const ArgSpec* specs, int n, const char* long_name) {

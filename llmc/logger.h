@@ -88,9 +88,10 @@ static inline void log_skip(const char* path, int step, int max_steps, double lo
     fcloseCheck(fp);
 }
 
-static inline void log_val(const char* path, int step, double val_ce) {
+// the validation of step `step`: its CE over `tokens` tokens
+static inline void log_val(const char* path, int step, double val_ce, long tokens) {
     FILE* fp = fopenCheck(path, "a");
-    fprintf(fp, "{\"type\":\"val\",\"step\":%d,\"val_ce\":%.9g}\n", step, val_ce);
+    fprintf(fp, "{\"type\":\"val\",\"step\":%d,\"val_ce\":%.9g,\"tokens\":%ld}\n", step, val_ce, tokens);
     fcloseCheck(fp);
 }
 

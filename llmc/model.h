@@ -90,6 +90,12 @@ static inline size_t num_parameters(const GPTConfig* c) {
     return total;
 }
 
+// the model's own parameters, for people: without the padding rows of wte (and lm_head), which are zero and
+// never read (Hugging Face's count of the same model)
+static inline size_t num_model_parameters(const GPTConfig* c) {
+    return num_parameters(c) - (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels * (1 + c->untied_head);
+}
+
 // per-layer sparsity statistics over the forwards since gpt_stats_reset (llmc/gpt.h)
 typedef struct {
     double l1;       // mean over tokens of sum_n |h[m, n]|

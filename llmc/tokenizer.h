@@ -570,7 +570,7 @@ static inline void tokenizer_init_pattern(Tokenizer* t, const char* path, int pa
     t->pattern = pattern;
     FILE* fp = fopen(path, "rb");
     if (fp == NULL) {
-        fatal("cannot open tokenizer file %s: %s (dev/data/fetch_tokenizer.sh makes it)", path, strerror(errno));
+        fatal("cannot open tokenizer file %s: %s", path, strerror(errno));
     }
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) { fatal("tokenizer file %s is not a regular file", path); }

@@ -1,14 +1,16 @@
 /*
  Small helpers shared by every binary and test: checked versions of the libc
  calls that can fail (they print the file, what was expected and what failed,
- then exit), and a one-line fatal error for bad input. Files written through
- atomic_open are registered until atomic_commit, so that a fatal error (a full
- disk, say) removes their partial "<path>.tmp" instead of leaving it behind.
+ then exit), a one-line fatal error for bad input, where the default data is
+ found, and OpenMP's wait policy. Files written through atomic_open are
+ registered until atomic_commit, so that a fatal error (a full disk, say)
+ removes their partial "<path>.tmp" instead of leaving it behind.
 */
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
 
 #include <errno.h>
+#include <glob.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -34,6 +36,9 @@ static inline void atomic_remove_partial(void) {
     pthread_mutex_unlock(&atomic_files_lock);
 }
 
+// what to do instead, known to the caller of a step that may fail: while set, a fatal error adds it to its line
+static const char* fatal_hint = NULL;
+
 // print "error: <message>" on one line and exit(1); for bad input and bad flags
 __attribute__((noreturn, format(printf, 1, 2)))
 static inline void fatal(const char* fmt, ...) {
@@ -41,18 +46,23 @@ static inline void fatal(const char* fmt, ...) {
     va_start(args, fmt);
     fprintf(stderr, "error: ");
     vfprintf(stderr, fmt, args);
+    if (fatal_hint != NULL) { fprintf(stderr, "; %s", fatal_hint); }
     fprintf(stderr, "\n");
     va_end(args);
     atomic_remove_partial();
     exit(EXIT_FAILURE);
 }
 
-// the path of an open file, for messages: the temporary file of an atomic write, else what the
-// kernel says the descriptor is
+// the path of an open file, for messages: the file an atomic write makes (not its temporary file),
+// else what the kernel says the descriptor is
 static inline const char* file_name(FILE* fp, char* buf, size_t len) {
     pthread_mutex_lock(&atomic_files_lock);
     for (int i = 0; i < ATOMIC_MAX_OPEN; i++) {
-        if (atomic_files[i].fp == fp) { snprintf(buf, len, "%s", atomic_files[i].tmp_path); fp = NULL; break; }
+        if (atomic_files[i].fp == fp) {
+            snprintf(buf, len, "%.*s", (int)strlen(atomic_files[i].tmp_path) - 4, atomic_files[i].tmp_path);
+            fp = NULL;
+            break;
+        }
     }
     pthread_mutex_unlock(&atomic_files_lock);
     if (fp == NULL) { return buf; }
@@ -64,79 +74,62 @@ static inline const char* file_name(FILE* fp, char* buf, size_t len) {
     return buf;
 }
 
-static inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
+// (the errors below name the file and what failed, not the source line: they are for the user)
+static inline FILE* fopenCheck(const char* path, const char* mode) {
     FILE* fp = fopen(path, mode);
     if (fp == NULL) {
-        fatal("cannot open %s (mode %s): %s [%s:%d]", path, mode, strerror(errno), file, line);
+        fatal("cannot %s %s: %s", strchr(mode, 'r') && !strchr(mode, '+') ? "open" : "write", path, strerror(errno));
     }
     return fp;
 }
-#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 
-static inline void fread_check(void* ptr, size_t size, size_t nmemb, FILE* stream, const char* file, int line) {
+static inline void freadCheck(void* ptr, size_t size, size_t nmemb, FILE* stream) {
     size_t got = fread(ptr, size, nmemb, stream);
     if (got != nmemb) {
         char name[4096];
-        if (ferror(stream)) {
-            fatal("cannot read %s: %s [%s:%d]", file_name(stream, name, sizeof(name)), strerror(errno), file, line);
-        }
-        fatal("%s ends early: read %zu of %zu items of %zu bytes [%s:%d]", file_name(stream, name, sizeof(name)), got,
-              nmemb, size, file, line);
+        if (ferror(stream)) { fatal("cannot read %s: %s", file_name(stream, name, sizeof(name)), strerror(errno)); }
+        fatal("%s ends early: read %zu of %zu items of %zu bytes", file_name(stream, name, sizeof(name)), got, nmemb,
+              size);
     }
 }
-#define freadCheck(ptr, size, nmemb, stream) fread_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
 
-static inline void fwrite_check(const void* ptr, size_t size, size_t nmemb, FILE* stream, const char* file, int line) {
+static inline void fwriteCheck(const void* ptr, size_t size, size_t nmemb, FILE* stream) {
     if (fwrite(ptr, size, nmemb, stream) != nmemb) {
         char name[4096];
-        fatal("cannot write %s: %s [%s:%d]", file_name(stream, name, sizeof(name)), strerror(errno), file, line);
+        fatal("cannot write %s: %s", file_name(stream, name, sizeof(name)), strerror(errno));
     }
 }
-#define fwriteCheck(ptr, size, nmemb, stream) fwrite_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
 
-static inline void fclose_check(FILE* fp, const char* file, int line) {
+static inline void fcloseCheck(FILE* fp) {
     char name[4096];
     file_name(fp, name, sizeof(name));
-    if (fclose(fp) != 0) {
-        fatal("cannot close %s: %s [%s:%d]", name, strerror(errno), file, line);
-    }
+    if (fclose(fp) != 0) { fatal("cannot close %s: %s", name, strerror(errno)); }
 }
-#define fcloseCheck(fp) fclose_check(fp, __FILE__, __LINE__)
 
-static inline void fseek_check(FILE* fp, long off, int whence, const char* file, int line) {
+static inline void fseekCheck(FILE* fp, long off, int whence) {
     if (fseek(fp, off, whence) != 0) {
         char name[4096];
-        fatal("cannot seek in %s: %s [%s:%d]", file_name(fp, name, sizeof(name)), strerror(errno), file, line);
+        fatal("cannot seek in %s: %s", file_name(fp, name, sizeof(name)), strerror(errno));
     }
 }
-#define fseekCheck(fp, off, whence) fseek_check(fp, off, whence, __FILE__, __LINE__)
 
-static inline void* malloc_check(size_t size, const char* file, int line) {
+static inline void* mallocCheck(size_t size) {
     void* ptr = malloc(size);
-    if (ptr == NULL && size > 0) {
-        fatal("out of host memory allocating %zu bytes [%s:%d]", size, file, line);
-    }
+    if (ptr == NULL && size > 0) { fatal("out of host memory allocating %zu bytes", size); }
     return ptr;
 }
-#define mallocCheck(size) malloc_check(size, __FILE__, __LINE__)
 
-static inline void* calloc_check(size_t nmemb, size_t size, const char* file, int line) {
+static inline void* callocCheck(size_t nmemb, size_t size) {
     void* ptr = calloc(nmemb, size);
-    if (ptr == NULL && nmemb > 0 && size > 0) {
-        fatal("out of host memory allocating %zu x %zu bytes [%s:%d]", nmemb, size, file, line);
-    }
+    if (ptr == NULL && nmemb > 0 && size > 0) { fatal("out of host memory allocating %zu x %zu bytes", nmemb, size); }
     return ptr;
 }
-#define callocCheck(nmemb, size) calloc_check(nmemb, size, __FILE__, __LINE__)
 
-static inline void* realloc_check(void* old, size_t size, const char* file, int line) {
+static inline void* reallocCheck(void* old, size_t size) {
     void* ptr = realloc(old, size);
-    if (ptr == NULL && size > 0) {
-        fatal("out of host memory growing a buffer to %zu bytes [%s:%d]", size, file, line);
-    }
+    if (ptr == NULL && size > 0) { fatal("out of host memory growing a buffer to %zu bytes", size); }
     return ptr;
 }
-#define reallocCheck(old, size) realloc_check(old, size, __FILE__, __LINE__)
 
 // size of an open file in bytes; fatal() unless it is a regular file
 static inline long file_size(FILE* fp) {
@@ -162,6 +155,8 @@ static inline void make_dir(const char* path) {
             if (c == '\0') { break; }
         }
     }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) { fatal("%s exists and is not a directory", path); }
 }
 
 // Atomic file writes: the data goes to "<path>.tmp", which atomic_commit syncs
@@ -169,7 +164,8 @@ static inline void make_dir(const char* path) {
 // under path, and a fatal error in between removes the .tmp.
 static inline FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_len) {
     if ((size_t)snprintf(tmp_path, tmp_len, "%s.tmp", path) >= tmp_len) { fatal("path too long: %s", path); }
-    FILE* fp = fopenCheck(tmp_path, "wb");
+    FILE* fp = fopen(tmp_path, "wb");
+    if (fp == NULL) { fatal("cannot write %s: %s", path, strerror(errno)); }
     pthread_mutex_lock(&atomic_files_lock);
     int slot = 0;
     while (slot < ATOMIC_MAX_OPEN && atomic_files[slot].fp != NULL) { slot++; }
@@ -183,7 +179,7 @@ static inline FILE* atomic_open(const char* path, char* tmp_path, size_t tmp_len
 }
 
 static inline void atomic_commit(FILE* fp, const char* tmp_path, const char* path) {
-    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) { fatal("cannot write %s: %s", tmp_path, strerror(errno)); }
+    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) { fatal("cannot write %s: %s", path, strerror(errno)); }
     fcloseCheck(fp);
     if (rename(tmp_path, path) != 0) { fatal("cannot rename %s to %s: %s", tmp_path, path, strerror(errno)); }
     pthread_mutex_lock(&atomic_files_lock);
@@ -191,6 +187,45 @@ static inline void atomic_commit(FILE* fp, const char* tmp_path, const char* pat
         if (atomic_files[i].fp == fp) { atomic_files[i].fp = NULL; }
     }
     pthread_mutex_unlock(&atomic_files_lock);
+}
+
+// A default input (data/r50k_base.tiktoken, the data/corpus_*.bin shards; a path or a glob): as given
+// when it is found from the working directory, else under the binary's directory (the repository's
+// root, where make puts the binaries), so that they run from anywhere. Found in neither: an error that
+// says where it looked and which flag names another. The path returned lives as long as the process.
+static inline const char* default_input(const char* path, const char* flag) {
+    glob_t g;
+    int found = glob(path, 0, NULL, &g) == 0;
+    globfree(&g);
+    if (found) { return path; }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) { fatal("%s (the default of %s) is not under the working directory: give %s", path, flag, flag); }
+    exe[n] = '\0';
+    *strrchr(exe, '/') = '\0'; // (an absolute path has one)
+    size_t len = strlen(exe) + 1 + strlen(path) + 1;
+    char* beside = (char*)mallocCheck(len);
+    snprintf(beside, len, "%s/%s", exe, path);
+    found = glob(beside, 0, NULL, &g) == 0;
+    globfree(&g);
+    if (!found) {
+        char cwd[4096];
+        if (getcwd(cwd, sizeof(cwd)) == NULL) { snprintf(cwd, sizeof(cwd), "."); }
+        fatal("%s (the default of %s) is neither under the working directory %s nor under the binary's %s: give %s",
+              path, flag, cwd, exe, flag);
+    }
+    return beside;
+}
+
+// OpenMP threads that reach a barrier first spin while they wait (libgomp: up to 300000 polls), which on
+// a CPU shared with busy processes takes the time of the very threads they wait for: generation on 2
+// cores beside two busy processes ran at 2-6 tok/s, and at 190-250 with passive waits, which sleep
+// (dev/RESULTS.md). libgomp reads OMP_WAIT_POLICY once, before main, so a binary started without it (or
+// GOMP_SPINCOUNT) sets it and runs itself again; a policy that the user set is kept.
+static inline void omp_wait_passively(char** argv) {
+    if (getenv("OMP_WAIT_POLICY") != NULL || getenv("GOMP_SPINCOUNT") != NULL) { return; }
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) { return; }
+    execv("/proc/self/exe", argv); // returns only if it failed: the run goes on, spinning
 }
 
 // seconds on a monotonic clock (differences only)

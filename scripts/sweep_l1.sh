@@ -25,8 +25,8 @@
 # appended to DIR/lambda_v/train.log and its command line is in
 # DIR/lambda_v/command.txt.
 #
-# Run it from the repository root: the trainer's default data and tokenizer
-# paths are relative to it.
+# On the CPU, without -x in TRAIN_ARGS, each run is the trainer's short first
+# run (150 steps), and the sweep says so.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -93,23 +93,6 @@ if [ $report_only -eq 0 ]; then
     if [ -n "$train_data" ]; then extra=(-i "$train_data" "${extra[@]+"${extra[@]}"}"); fi
     if [ -n "$val_data" ]; then extra=(-j "$val_data" "${extra[@]+"${extra[@]}"}"); fi
 
-    # the last step of a run: -x in the arguments, else the trainer's default (from its --help)
-    max_steps=""
-    prev=""
-    for a in "${extra[@]+"${extra[@]}"}"; do
-        case "$prev" in -x|--max-steps) max_steps=$a ;; esac
-        case "$a" in --max-steps=*) max_steps=${a#*=} ;; esac
-        prev=$a
-    done
-    if [ -z "$max_steps" ]; then
-        max_steps=$("$bin" --help | sed -n 's/.*--max-steps .*\[\([0-9][0-9]*\)\]$/\1/p')
-        [ -n "$max_steps" ] || die "cannot read the default --max-steps from '$bin --help'"
-        # given to every run: on the CPU the trainer's default without -x is a short first run
-        extra=(-x "$max_steps" "${extra[@]+"${extra[@]}"}")
-    fi
-    [[ "$max_steps" =~ ^[0-9]+$ ]] || die "-x/--max-steps '$max_steps' is not a number"
-    max_steps=$((10#$max_steps))
-
     # where runs go: GPU ids, or "cpu"
     if [ -z "$gpus_arg" ]; then
         if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
@@ -130,6 +113,32 @@ if [ $report_only -eq 0 ]; then
         done
         [ ${#slots[@]} -gt 0 ] || die "--gpus is empty"
     fi
+
+    # the last step of a run: -x in the arguments, else the trainer's default (from its --help); on the CPU that
+    # is a short first run, which each run then makes
+    max_steps=""
+    prev=""
+    for a in "${extra[@]+"${extra[@]}"}"; do
+        case "$prev" in -x|--max-steps) max_steps=$a ;; esac
+        case "$a" in --max-steps=*) max_steps=${a#*=} ;; esac
+        prev=$a
+    done
+    if [ -z "$max_steps" ]; then
+        help=$("$bin" --help)
+        full=$(echo "$help" | sed -n 's/.*--max-steps .*\[\([0-9][0-9]*\)\]$/\1/p')
+        short=$(echo "$help" | sed -n 's/.*--max-steps .*a short first run of \([0-9][0-9]*\)).*/\1/p')
+        [ -n "$full" ] && [ -n "$short" ] || die "cannot read the default --max-steps from '$bin --help'"
+        if [ "${slots[0]}" = cpu ]; then
+            max_steps=$short
+            echo "on the CPU: each of the ${#lambdas[@]} runs is the trainer's short first run of $short steps (10 to 15" \
+                 "minutes each on 2 cores); -- -x $full makes the full runs (hours each on a CPU)"
+        else
+            max_steps=$full
+            extra=(-x "$max_steps" "${extra[@]+"${extra[@]}"}")
+        fi
+    fi
+    [[ "$max_steps" =~ ^[0-9]+$ ]] || die "-x/--max-steps '$max_steps' is not a number"
+    max_steps=$((10#$max_steps))
 
     mkdir -p "$out"
     step_name=$(printf '%08d' "$max_steps")
@@ -205,7 +214,7 @@ if [ $report_only -eq 0 ]; then
                 rc=0; wait "${pids[$i]}" || rc=$?
                 v=${running[$i]}; d="$out/lambda_$v"
                 if [ $rc -eq 0 ] && [ "$(run_state "$d")" = finished ]; then
-                    val=$(sed -n 's/^{"type":"val",.*"val_ce":\([-0-9.e+a-z]*\)}$/\1/p' "$d/log.jsonl" | tail -n 1)
+                    val=$(sed -n 's/^{"type":"val",.*"val_ce":\([-0-9.e+a-z]*\)[,}].*/\1/p' "$d/log.jsonl" | tail -n 1)
                     echo "lambda $v: done in $((SECONDS - started[i])) s, val ce $val"
                 else
                     echo "lambda $v: FAILED (exit $rc); the end of $d/train.log:" >&2

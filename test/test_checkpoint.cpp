@@ -82,7 +82,7 @@ static void test_round_trip(void) {
 
     float* m = random_floats(n, 2);
     float* v = random_floats(n, 3);
-    TrainState s = {17, 4, 32, 3, 1, 0, 0x1234567890abcdefull, 1};
+    TrainState s = {17, 4, 32, 3, 1, 0, 0x1234567890abcdefull, 1, 150, 15, 1e-3f, 0.1f};
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
@@ -98,7 +98,8 @@ static void test_round_trip(void) {
     CHECK(ffn_ints == ffn_state_ints(2) && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
     CHECK(s.step == s2.step && s.B == s2.B && s.T == s2.T && s.grad_accum == s2.grad_accum &&
           s.num_processes == s2.num_processes && s.rank == s2.rank && s.sample_rng == s2.sample_rng &&
-          s.eval_pending == s2.eval_pending, "train state differs after the round trip");
+          s.eval_pending == s2.eval_pending && s.sched_steps == s2.sched_steps && s.sched_warmup == s2.sched_warmup &&
+          s.sched_lr == s2.sched_lr && s.sched_final_frac == s2.sched_final_frac, "train state differs after the round trip");
     CHECK(memcmp(loader, loader2, sizeof(loader)) == 0, "loader state differs");
     CHECK(memcmp(m, m2, n * sizeof(float)) == 0 && memcmp(v, v2, n * sizeof(float)) == 0, "moments differ");
 
@@ -152,7 +153,7 @@ static void test_resharding(void) {
             float* pv = (float*)mallocCheck(z.owned * sizeof(float));
             zero_pack(pm, m, &z);
             zero_pack(pv, v, &z);
-            TrainState s = {40, 2, 32, 1, writers, r, 99, 0};
+            TrainState s = {40, 2, 32, 1, writers, r, 99, 0, 0, 0, 0, 0};
             state_path(path, sizeof(path), dir.s, 40, r);
             CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
             const int32_t ffn[4 * 2 + 4] = {1, 64, 100 + r, 0, 0, 32, 200 + r, 0}; // tails sized per rank
@@ -336,7 +337,7 @@ static void test_crafted_headers(void) {
     CHECK(!file_exists(nan_path.s) && !file_exists(tmp_path("nan.bin.tmp").s), "a refused write left a file");
     Path full = tmp_path("full.bin");
     expect_child_error(save_model_too_big, full.s, "cannot write");
-    expect_child_error(save_model_too_big, full.s, "full.bin.tmp: File too large");
+    expect_child_error(save_model_too_big, full.s, "full.bin: File too large"); // (the file it makes, not its .tmp)
     CHECK(!file_exists(full.s) && !file_exists(tmp_path("full.bin.tmp").s), "a failed write left its .tmp behind");
 
     // a directory is not a checkpoint
@@ -356,7 +357,7 @@ static void save_state_with_nan_moment(const void* dir) {
     float* m = (float*)callocCheck(n, sizeof(float));
     float* v = (float*)callocCheck(n, sizeof(float));
     v[10] = NAN;
-    TrainState s = {6, 4, 32, 2, 1, 0, 7, 0};
+    TrainState s = {6, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0};
     char loader[24] = "loader", path[4096];
     state_path(path, sizeof(path), (const char*)dir, 6, 0);
     checkpoint_save_state(path, &c, &s, loader, sizeof(loader), m, v, n, NULL);
@@ -371,7 +372,7 @@ static void test_crafted_state(void) {
     make_dir(dir.s);
     char path[4096];
     state_path(path, sizeof(path), dir.s, 5, 0);
-    TrainState s = {5, 4, 32, 2, 1, 0, 7, 0};
+    TrainState s = {5, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0};
     char loader[20] = "a shorter state";
     checkpoint_save_state(path, &c, &s, loader, sizeof(loader), m, v, n, NULL);
     expect_child_error(load_state_of, dir.s, "20 bytes of data loader state, this build's is 24 bytes");
@@ -387,6 +388,12 @@ static void test_crafted_state(void) {
     copy_prefix(copy.s, path, size_of(copy.s));
     poke(path, 4 * 23, 5);
     expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 12 or 6");
+    copy_prefix(copy.s, path, size_of(copy.s));
+    poke(path, 4 * 29, (int32_t)float_bits(NAN)); // the schedule's peak lr
+    expect_child_error(load_state_of, dir.s, "lr schedule (0 steps, warmup 0, lr nan, final fraction 0) is corrupt");
+    copy_prefix(copy.s, path, size_of(copy.s));
+    poke(path, 4 * 31, 1); // past the fields
+    expect_child_error(load_state_of, dir.s, "header int 31 is 1, expected 0");
     copy_prefix(copy.s, path, size_of(copy.s) - 8);
     expect_child_error(load_state_of, dir.s, "its header describes");
     copy_prefix(copy.s, path, size_of(copy.s));
@@ -493,7 +500,7 @@ static void test_activation_and_head(void) {
     GPTConfig relu_config = small_config();
     size_t nr = num_parameters(&relu_config);
     float* m = random_floats(nr, 22);
-    TrainState st = {17, 2, 32, 1, 1, 0, 7, 0};
+    TrainState st = {17, 2, 32, 1, 1, 0, 7, 0, 0, 0, 0, 0};
     char loader[24] = "position";
     checkpoint_save_state(path, &relu_config, &st, loader, sizeof(loader), m, m, nr, NULL);
     expect_child_error(load_state_silu, dir.s, "is for another model: activation (0 relu, 1 silu) 0 (checkpoint) vs 1 (this run)");
@@ -521,6 +528,50 @@ static void test_log_truncation(void) {
     CHECK(size_of(log.s) == 0, "a fresh run should start an empty log");
 }
 
+// the newest checkpoint of each kind, why one is incomplete, and a directory standing for its newest model file
+static void test_newest(void) {
+    GPTConfig c = small_config();
+    size_t n = num_parameters(&c);
+    float* params = random_floats(n, 20); // (also the moments: any finite values do)
+    Path dir = tmp_path("newest");
+    make_dir(dir.s);
+    char path[4096], why[4200];
+    CHECK(!checkpoint_model_file(dir.s, path, sizeof(path)), "an empty directory has a model file");
+    TrainState s = {0, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0};
+    char loader[24] = "loader";
+    for (int step = 10; step <= 30; step += 10) { // 10, 20 complete; 30 a model file alone
+        model_path(path, sizeof(path), dir.s, step);
+        checkpoint_save_model(path, &c, params, step);
+        if (step == 30) { continue; }
+        s.step = step;
+        state_path(path, sizeof(path), dir.s, step, 0);
+        checkpoint_save_state(path, &c, &s, loader, sizeof(loader), params, params, n, NULL);
+    }
+    state_path(path, sizeof(path), dir.s, 40, 0); // 40: a state file alone
+    copy_prefix(tmp_path("newest/state_00000020_00000.bin").s, path, 4096);
+    CHECK(checkpoint_newest(dir.s, CKPT_ANY_FILE, INT_MAX) == 40, "newest file %d", checkpoint_newest(dir.s, CKPT_ANY_FILE, INT_MAX));
+    CHECK(checkpoint_newest(dir.s, CKPT_MODEL_FILE, INT_MAX) == 30, "newest model file");
+    CHECK(checkpoint_newest(dir.s, CKPT_COMPLETE, INT_MAX) == 20, "newest complete checkpoint");
+    CHECK(checkpoint_newest(dir.s, CKPT_COMPLETE, 20) == 10, "newest complete checkpoint before 20");
+    CHECK(checkpoint_newest(dir.s, CKPT_COMPLETE, 10) == -1, "a complete checkpoint before 10");
+    CHECK(checkpoint_incomplete(dir.s, 30, why, sizeof(why)) && strstr(why, "state_00000030_00000.bin is missing"), "%s", why);
+    CHECK(checkpoint_incomplete(dir.s, 40, why, sizeof(why)) && strstr(why, "model_00000040.bin is missing"), "%s", why);
+    CHECK(!checkpoint_incomplete(dir.s, 20, why, sizeof(why)), "step 20 is incomplete");
+    state_path(path, sizeof(path), dir.s, 20, 0);
+    copy_prefix(tmp_path("newest/state_00000010_00000.bin").s, path, 100);
+    CHECK(checkpoint_incomplete(dir.s, 20, why, sizeof(why)) && strstr(why, "state_00000020_00000.bin is cut short"), "%s", why);
+    CHECK(checkpoint_model_file(dir.s, path, sizeof(path)) && strstr(path, "newest/model_00000030.bin"), "%s", path);
+    CHECK(checkpoint_model_file("x/y.bin", path, sizeof(path)) && strcmp(path, "x/y.bin") == 0, "a file stands for itself");
+    const char* names[] = {"model_00000010.bin", "model_00000020.bin", "model_00000030.bin", "state_00000010_00000.bin",
+                           "state_00000020_00000.bin", "state_00000040_00000.bin"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir.s, names[i]);
+        remove(path);
+    }
+    rmdir(dir.s);
+    free(params);
+}
+
 int main(void) {
     make_tmp_dir("test_checkpoint");
     test_round_trip();
@@ -531,6 +582,7 @@ int main(void) {
     test_activation_and_head();
     test_resharding();
     test_log_truncation();
+    test_newest();
     remove_tmp_dir();
     return test_summary("test_checkpoint");
 }

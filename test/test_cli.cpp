@@ -5,12 +5,13 @@
 #include "llmc/sampler.h"
 #include "test/test.h"
 
-static int batch, verbose;
+static int batch, tokens, verbose;
 static float lr;
 static const char* name;
 
-static void parse(const void* args) {
-    // args: a NULL-terminated array of strings, argv[0] included
+// parses a NULL-terminated array of strings, argv[0] included; returns the index of the first positional
+// argument, or with strict = 1 refuses any
+static int parse_with(const void* args, int strict) {
     char** argv = (char**)args;
     int argc = 0;
     while (argv[argc]) { argc++; }
@@ -18,9 +19,22 @@ static void parse(const void* args) {
         {'b', "batch", ARG_INT, &batch, 1, 64, "micro-batch", 0},
         {'l', "lr", ARG_FLOAT, &lr, 0, 1, "learning rate", 0},
         {0, "name", ARG_STRING, &name, 0, 0, "a name", 0},
-        {'v', "verbose", ARG_SWITCH, &verbose, 0, 0, "a switch", 0},
+        {0, "tokens", ARG_INT, &tokens, 0, 1e9, "tokens", 0},
+        {0, "old_tokens", ARG_INT, &tokens, 0, 1e9, NULL, 0}, // an alias: not in the help
+        {'v', "verbose", ARG_SWITCH, &verbose, 0, 0, "say more", 0},
     };
-    cli_parse(argc, argv, "usage", specs, 4);
+    int n = (int)(sizeof(specs) / sizeof(specs[0]));
+    if (strict) { cli_parse(argc, argv, "usage", specs, n); return argc; }
+    return cli_parse_args(argc, argv, "usage", specs, n);
+}
+
+static void parse(const void* args) { parse_with(args, 1); }
+
+// parse, with what it prints on stdout (the help) sent to stderr, which run_child captures
+static void parse_to_stderr(const void* args) {
+    fflush(stdout);
+    dup2(STDERR_FILENO, STDOUT_FILENO);
+    parse(args);
 }
 
 static void expect_error(const char** args, const char* want) {
@@ -53,6 +67,26 @@ static void test_cli(void) {
     expect_error(missing, "-l needs a value");
     const char* twice[] = {"prog", "-b", "2", "--batch", "3", NULL};
     expect_error(twice, "--batch is given twice");
+    // a value after '=' is named once in the message
+    const char* eq[] = {"prog", "--lr=-1", NULL};
+    expect_error(eq, "error: --lr -1 is out of range [0, 1]");
+    const char* eq_int[] = {"prog", "--batch=2.5", NULL};
+    expect_error(eq_int, "error: --batch needs an integer, got '2.5'");
+    // an integer in exponent notation, an alias, a switch, positional arguments
+    const char* more[] = {"prog", "--old_tokens", "1e8", "-v", "a.txt", "-b", NULL};
+    tokens = 0; verbose = 0;
+    int first = parse_with(more, 0);
+    CHECK(tokens == 100000000 && verbose == 1 && first == 4, "parsed %d %d, first positional %d", tokens, verbose, first);
+    const char* positional[] = {"prog", "a.txt", NULL};
+    expect_error(positional, "unknown flag 'a.txt'");
+    const char* switch_value[] = {"prog", "--verbose=1", NULL};
+    expect_error(switch_value, "--verbose takes no value");
+    // the help lists the flags but not the alias, and exits 0
+    const char* help[] = {"prog", "--help", NULL};
+    char out[4096];
+    int rc = run_child(parse_to_stderr, help, out, sizeof(out));
+    CHECK(rc == 0 && strstr(out, "--tokens") && strstr(out, "[off]") && !strstr(out, "old_tokens"),
+          "--help exits %d and prints: %s", rc, out);
 }
 
 static void test_sampler(void) {

@@ -8,7 +8,7 @@ TEST_NAME=e2e
 . test/check.sh
 
 # a tiny model: 2 layers, D 64, GQA with 2 kv heads; 64-token sequences
-tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 -t 64 -u 5 -l 3e-3 -s 0 -m 4)
+tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 -t 64 -u 5 -l 3e-3 -s 0 -m 4 --final-val-batches 4)
 train() { ./train_gpt_sparse "${tiny[@]}" --hidden 128 "$@"; }       # micro-batch 4 unless -b is given
 
 # 1. training: the loss falls and validation improves
@@ -57,7 +57,7 @@ check "accumulated steps match the big micro-batch" awk 'NR == FNR {a[FNR] = $1;
 # 3. bad input: one clear line naming the problem
 expect_error "is for another model: hidden 128 (checkpoint) vs 96 (this run)" \
     ./train_gpt_sparse "${tiny[@]}" --hidden 96 -o "$work/b" -x 50 -y 1
-expect_error "holds no complete checkpoint" train -o "$work/empty" -y 1
+expect_error "holds no checkpoint (model_<step>.bin and its state files)" train -o "$work/empty" -y 1
 expect_error "-b 0 is out of range" ./train_gpt_sparse -b 0
 expect_error "unknown flag '--bogus'" ./train_gpt_sparse --bogus 1
 expect_error "is not a multiple of batch x seq-len" train -d 1000
@@ -76,6 +76,16 @@ echo -n "The sea" > "$work/prompt.txt"
 check "prompt from a file gives the same greedy text" cmp -s "$work/g1.txt" "$work/g2.txt"
 echo -n "The sea" | ./infer -m "$model" -n 20 -t 0 -q 1 > "$work/g3.txt" 2>&1
 check "prompt from stdin gives the same greedy text" cmp -s "$work/g1.txt" "$work/g3.txt"
+echo "The sea" | ./infer -m "$model" -n 20 -t 0 -q 1 > "$work/g4.txt" 2>&1
+check "the line end after a prompt on stdin is not part of it" cmp -s "$work/g1.txt" "$work/g4.txt"
+./infer -m "$model" -p "The sea" -n 5 -t 0 > "$work/both.txt" 2>&1
+check "the statistics line is a line of its own after the text" grep -q "^prompt [0-9]* tokens in " "$work/both.txt"
+out=$(./infer -m "$work/nothing.bin" -p hi 2>&1)
+check "an error names the file and what failed, no source location" test "$out" = "error: cannot open $work/nothing.bin: No such file or directory"
+check "infer --help shows -m's default" bash -c './infer --help | grep -qE "^  -m, --model .* \[out\]$"'
+check "train_gpt_sparse --help: --l1-ramp starts from lambda / R" bash -c './train_gpt_sparse --help | grep -q -- "--l1-ramp .*from -a / R at step 1 to -a at step R"'
+out=$(./train_gpt_sparse --lr=-1 2>&1)
+check "a value given with = is named once in an error" test "$out" = "error: --lr -1 is out of range [0, 10]"
 ./infer -m "$model" -p "It was" -n 30 -t 0.9 -k 40 --top-p 0.95 -s 7 > "$work/s1.txt" 2>/dev/null
 ./infer -m "$model" -p "It was" -n 30 -t 0.9 -k 40 --top-p 0.95 -s 7 > "$work/s2.txt" 2>/dev/null
 check "sampling is reproducible for a seed" cmp -s "$work/s1.txt" "$work/s2.txt"
@@ -114,7 +124,7 @@ printf 'bad \xc3\x28' > "$work/bad_doc.txt"
 expect_error "bad_doc.txt" ./tokenize -o "$work/tok2" "$work/bad_doc.txt"
 
 # 6. the default command's model and data, for one step
-./train_gpt_sparse -x 1 -m 1 -o "$work/default" > "$work/default.txt" 2>&1
+./train_gpt_sparse -x 1 -m 1 --final-val-batches 1 -o "$work/default" > "$work/default.txt" 2>&1
 check "the default model trains a step" grep -q "step     1/1" "$work/default.txt"
 
 finish

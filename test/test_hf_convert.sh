@@ -12,7 +12,7 @@ TEST_NAME=hf_convert_e2e
 params() { tail -c +1025 "$1"; } # a model file without its header (the step differs)
 
 # a tiny model, three steps on the CPU (GQA: 4 heads, 2 kv heads)
-./train_gpt_sparse --layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 64 -b 2 -x 3 -v 0 -s 0 -n 3 \
+./train_gpt_sparse --layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 64 -b 2 -x 3 -v 0 --final-val-batches 2 -s 0 -n 3 \
     --device cpu -o "$work/run" > "$work/train.txt" 2>&1
 check "tiny training run exits 0" test $? -eq 0
 model="$work/run/model_00000003.bin"
@@ -20,11 +20,19 @@ model="$work/run/model_00000003.bin"
 # ours -> HF -> ours, bit for bit
 ./hf_convert --export "$model" -o "$work/hf" > "$work/export.txt" 2>&1
 check "export exits 0" test $? -eq 0
+params_of() { sed -n 's/.* \([0-9.]*\)M parameters$/\1/p' "$1" | head -n 1; }
+check "export counts the parameters as the trainer does ($(params_of "$work/export.txt")M)" \
+    test -n "$(params_of "$work/export.txt")" -a "$(params_of "$work/export.txt")" = "$(params_of "$work/train.txt")"
+./hf_convert --export "$work/run" -o "$work/hf_dir" > "$work/export_dir.txt" 2>&1
+check "--export DIR exports its newest checkpoint" grep -q "^model: $model (step 3)" "$work/export_dir.txt"
+expect_error "--export $work/hf: the directory holds no checkpoint (model_<step>.bin)" ./hf_convert --export "$work/hf" -o "$work/x"
+expect_error "$work/train.txt exists and is not a directory" ./hf_convert --export "$model" -o "$work/train.txt"
 for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
     check "export writes $f" test -s "$work/hf/$f"
 done
 ./hf_convert --import "$work/hf" -o "$work/back" > "$work/import.txt" 2>&1
 check "import exits 0" test $? -eq 0
+check "import counts the parameters as the trainer does" test "$(params_of "$work/import.txt")" = "$(params_of "$work/train.txt")"
 check "import reports the tokenizer" grep -q "tokenizer: 50257 tokens" "$work/import.txt"
 check "ours -> HF -> ours gives the same parameters" cmp -s <(params "$model") <(params "$work/back/model.bin")
 check "no temporary files left" test -z "$(find "$work/hf" "$work/back" -name '*.tmp')"

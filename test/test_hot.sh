@@ -11,7 +11,7 @@ TEST_NAME=hot
 . test/check.sh
 
 # a tiny model whose units fire often (a large lambda would make them quiet): with a rate of 5% many are hot
-tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 256 -t 64 -b 4 -u 5 -l 3e-3 -s 0 -m 4 -v 0 -a 1e-4 -x 24 -n 12)
+tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 256 -t 64 -b 4 -u 5 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0 -a 1e-4 -x 24 -n 12)
 
 ./train_gpt_sparse "${tiny[@]}" --ffn sparse --hot-rate 0.05 -o "$work/hot" > "$work/hot.txt" 2>&1
 check "hot run exits 0" test $? -eq 0

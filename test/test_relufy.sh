@@ -13,7 +13,7 @@ TEST_NAME=relufy
 params() { tail -c +1025 "$1"; } # a model file without its header
 
 shape=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 256)
-run=(-t 64 -b 4 -u 5 -l 3e-3 -s 0 -m 4 -v 0)
+run=(-t 64 -b 4 -u 5 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0)
 
 # 1. a dense SiLU model with an untied head, from scratch
 ./train_gpt_sparse "${shape[@]}" "${run[@]}" --activation silu --untied-head 1 -x 40 -n 40 -o "$work/silu" \
@@ -42,13 +42,13 @@ check "infer on the SiLU model exits 0" test $? -eq 0
     --dump-logits "$work/b.logits" > "$work/b.txt" 2>&1
 check "infer on the converted SiLU model: the same logits, bit for bit" cmp -s "$work/a.logits" "$work/b.logits"
 
-# 3. ReLUfication: the SiLU model's weights, ReLU, lambda ramped from lambda / 10 over 10 steps
+# 3. ReLUfication: the SiLU model's weights, ReLU, lambda ramped up over 10 steps
 relufy=("${run[@]}" --init-from "$work/back/model.bin" --activation relu -a 0.05 --l1-ramp 10)
 ./train_gpt_sparse "${relufy[@]}" -x 30 -n 10 -o "$work/relu" > "$work/relu.txt" 2>&1
 check "the ReLUfication run exits 0" test $? -eq 0
 check "it says where its weights come from" grep -q "^init: the weights of $work/back/model.bin (step 0 of the run that wrote it), a fresh optimizer from step 0$" "$work/relu.txt"
 check "it says the activation changes" grep -q "^init: the FFN activation silu of the checkpoint becomes relu$" "$work/relu.txt"
-check "it announces the ramp" grep -q "lambda 0.05 (ramped: 0.005 at step 1, growing to it at step 10)" "$work/relu.txt"
+check "it announces the ramp" grep -q "lambda 0.05 (ramped up from lambda / 10 over 10 steps)" "$work/relu.txt"
 check "the step lines show lambda" grep -qE '^step +5/30 .*\| lambda 2\.50e-02 \|' "$work/relu.txt"
 check "lambda ramps as 0.05 step / 10, then stays (float32)" awk '{d = $1 - (NR <= 10 ? 0.005 * NR : 0.05)}
     d > 1e-8 || d < -1e-8 {bad = 1} END {exit bad || NR != 30}' <(json_field "$work/relu/log.jsonl" train lambda)
@@ -63,11 +63,12 @@ check "L0 falls ($l0_start -> $l0_end of 256)" awk -v a="$l0_start" -v b="$l0_en
 check "the log has dead units" grep -q '"dead":[0-9.e+-]*,"lr"' "$work/relu/log.jsonl"
 
 # 4. resumed in the middle of the ramp: the same log and checkpoint as the run that never stopped
-# (a checkpoint at step 5 of the 10-step ramp, from a run told to stop there)
+# (a checkpoint at step 5 of the 10-step ramp, from a run told to stop there: -x 10, whose lr schedule
+# --lr-schedule new replaces by the -x 30 one)
 ./train_gpt_sparse "${relufy[@]}" -x 10 -n 5 -o "$work/relu_c" > /dev/null 2>&1
 mkdir -p "$work/relu_d"
 cp "$work/relu_c/model_00000005.bin" "$work/relu_c/state_00000005_00000.bin" "$work/relu_c/log.jsonl" "$work/relu_d/"
-./train_gpt_sparse "${relufy[@]}" -x 30 -n 10 -o "$work/relu_d" -y 1 > "$work/relu_d.txt" 2>&1
+./train_gpt_sparse "${relufy[@]}" -x 30 -n 10 -o "$work/relu_d" -y 1 --lr-schedule new > "$work/relu_d.txt" 2>&1
 check "a resume at step 5 of the ramp exits 0" test $? -eq 0
 check "resumed at step 5: the same log as the uninterrupted run" \
     cmp -s <(strip_timing "$work/relu/log.jsonl") <(strip_timing "$work/relu_d/log.jsonl")

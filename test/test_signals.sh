@@ -12,7 +12,7 @@ TEST_NAME=signals
 . test/check.sh
 
 # 2 layers, D 64, 2 x 32 tokens per step; a validation of 40 batches takes longer than a step
-tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 32 -u 5 -l 3e-3 -s 0)
+tiny=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --hidden 128 -t 32 -u 5 -l 3e-3 -s 0 --final-val-batches 40)
 run=(-b 2 -v 30 -m 40 -n 30) # and -x 60
 train() { ./train_gpt_sparse "${tiny[@]}" "$@"; } # (in the background: the trainer itself, so that $! is its pid)
 source test/train_lib.sh

@@ -13,7 +13,7 @@ TEST_NAME=test_sweep
 . test/check.sh
 
 # 2 layers, D 64, H 128; 2 x 32 tokens per step; validation on 2 batches
-tiny=(--layers 2 --dim 64 --heads 4 --hidden 128 -b 2 -t 32 -u 2 -l 3e-3 -m 2 -s 0)
+tiny=(--layers 2 --dim 64 --heads 4 --hidden 128 -b 2 -t 32 -u 2 -l 3e-3 -m 2 --final-val-batches 2 -s 0)
 sweep() { scripts/sweep_l1.sh "$@"; }
 csv_col() { # csv_col FILE COLUMN_NAME: the column's values, one per row
     awk -F, -v name="$2" 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == name) c = i; next} {print $c}' "$1"
@@ -46,7 +46,7 @@ check "results.csv: every row has the header's columns" \
 check "results.csv: per-layer columns" grep -q "l0_mean_layer0,l0_mean_layer1,l0_max_layer0,l0_max_layer1,dead_pct_layer0,dead_pct_layer1" "$csv"
 check "results.csv: lambdas in order" test "$(csv_col "$csv" lambda | tr '\n' ' ')" = "0 1e-3 "
 check "results.csv: 6 steps" test "$(csv_col "$csv" steps | tr '\n' ' ')" = "6 6 "
-val_log=$(sed -n 's/^{"type":"val","step":6,"val_ce":\(.*\)}$/\1/p' "$work/sw/lambda_1e-3/log.jsonl")
+val_log=$(sed -n 's/^{"type":"val","step":6,"val_ce":\([^,]*\),.*/\1/p' "$work/sw/lambda_1e-3/log.jsonl")
 check "results.csv: val CE is the last val line ($val_log)" test "$(csv_col "$csv" val_ce | tail -n 1)" = "$val_log"
 check "results.csv: lambda 0 is the reference" test "$(csv_col "$csv" val_ce_delta_pct | head -n 1)" = "0.0000"
 delta=$(csv_col "$csv" val_ce_delta_pct | tail -n 1)
@@ -148,7 +148,7 @@ model="$work/ref/lambda_1e-3/model_00000024.bin"
 check "analyze exits 0" test $? -eq 0
 check "analyze names the model" grep -q "model: $model (step 24, 2 layers, D 64, H 128)" "$work/an.err"
 check "analyze: 128 tokens" grep -q "2 batches of 2 x 32 tokens = 128 tokens" "$work/an.txt"
-val24=$(sed -n 's/^{"type":"val","step":24,"val_ce":\(.*\)}$/\1/p' "$work/ref/lambda_1e-3/log.jsonl")
+val24=$(sed -n 's/^{"type":"val","step":24,"val_ce":\([^,]*\),.*/\1/p' "$work/ref/lambda_1e-3/log.jsonl")
 ce=$(sed -n 's/^ce \([0-9.]*\) .*/\1/p' "$work/an.txt")
 check "analyze: CE $ce is the trainer's val CE $val24" awk -v a="$ce" -v b="$val24" 'BEGIN {x = a - b; exit !(x < 1e-3 && x > -1e-3)}'
 check "analyze: a row per layer and one for all" test "$(grep -cE '^ +(0|1|all) +[0-9.]+ +[0-9]+ +[0-9.]+ +[0-9.]+$' "$work/an.txt")" -eq 3

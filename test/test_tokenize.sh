@@ -15,7 +15,7 @@ trap '[ -z "$hub" ] || kill $hub 2>/dev/null; rm -rf "$work"' EXIT
 D=test/data/tokenize
 E=$D/expected
 S=$(awk '$1 == "docs" {print $2}' $E/shard_tokens.txt)          # shard size for docs.jsonl
-K=$(awk '$1 == "valdocs" {print $2}' $E/shard_tokens.txt)       # --val_docs
+K=$(awk '$1 == "valdocs" {print $2}' $E/shard_tokens.txt)       # --val-docs
 ST=$(awk '$1 == "text" {print $2}' $E/shard_tokens.txt)         # shard size for text/*.txt
 DOCS=$(grep -cv '^[[:space:]]*$' $D/docs.jsonl)                 # blank lines are not documents
 
@@ -73,12 +73,12 @@ check "JSON lines from standard input (a file)" same_shards $E/docs "$work/stdin
 cat $D/docs.rec | tok -o "$work/pipe" -s "$S" --records -
 check "records from a pipe" same_shards $E/docs "$work/pipe"
 
-# 3. --val_docs: the val shard is exactly the first K documents; the token stream is the same
-tok -o "$work/vd" -s "$S" --val_docs "$K" --jsonl text $D/docs.jsonl
-check "--val_docs $K: shards identical to the independent implementation's" same_shards $E/valdocs "$work/vd"
-check "--val_docs $K: the val shard holds $K documents" test "$(tokens "$work/vd_val_000000.bin" 2 | grep -cx 50256)" -eq "$K"
-check "--val_docs $K: the train shards start with the next document" test "$(tokens "$work/vd_train_000001.bin" 2 | head -n 1)" = 50256
-check "--val_docs $K: the same tokens in all" cmp -s <(for f in $(shard_list "$work/vd"); do tokens "$f" 2; done) <(echo "$stream")
+# 3. --val-docs: the val shard is exactly the first K documents; the token stream is the same
+tok -o "$work/vd" -s "$S" --val-docs "$K" --jsonl text $D/docs.jsonl
+check "--val-docs $K: shards identical to the independent implementation's" same_shards $E/valdocs "$work/vd"
+check "--val-docs $K: the val shard holds $K documents" test "$(tokens "$work/vd_val_000000.bin" 2 | grep -cx 50256)" -eq "$K"
+check "--val-docs $K: the train shards start with the next document" test "$(tokens "$work/vd_train_000001.bin" 2 | head -n 1)" = 50256
+check "--val-docs $K: the same tokens in all" cmp -s <(for f in $(shard_list "$work/vd"); do tokens "$f" 2; done) <(echo "$stream")
 
 # 4. threads and batches do not change a byte
 for t in 1 2 3; do
@@ -106,9 +106,9 @@ check "resumed: the state file is gone at the end" test ! -e "$work/r.state"
 tok -o "$work/rt" -s "$ST" --max-shards 1 $D/text/a.txt $D/text/b.txt $D/text/c.txt
 tok -o "$work/rt" -s "$ST" --resume $D/text/a.txt $D/text/b.txt $D/text/c.txt
 check "plain text resumed: identical shards" same_shards $E/text "$work/rt"
-tok -o "$work/rv" -s "$S" --val_docs "$K" --max-shards 1 --jsonl text $D/docs.jsonl
+tok -o "$work/rv" -s "$S" --val-docs "$K" --max-shards 1 --jsonl text $D/docs.jsonl
 tok -o "$work/rv" -s "$S" --val_docs "$K" --resume --jsonl text $D/docs.jsonl
-check "--val_docs resumed: identical shards" same_shards $E/valdocs "$work/rv"
+check "--val-docs resumed (with its older spelling --val_docs): identical shards" same_shards $E/valdocs "$work/rv"
 
 # 6. resume after kill -9: a reader feeds two copies of the documents and stalls; tokenize is killed
 # once 3 shards are complete, and --resume on the whole input gives the uninterrupted run's bytes
@@ -168,14 +168,31 @@ expect_error "cut.rec ends inside record 4 (at byte 93)" ./tokenize -o "$work/e"
 expect_error "cannot read $work/missing.txt" ./tokenize -o "$work/e" "$work/missing.txt"
 : > "$work/empty.jsonl"
 expect_error "no documents in the input" ./tokenize -o "$work/e" --jsonl text "$work/empty.jsonl"
-expect_error "--val_docs 99, but there are only $DOCS documents" ./tokenize -o "$work/e" --val_docs 99 --jsonl text $D/docs.jsonl
+expect_error "--val-docs 99, but there are only $DOCS documents" ./tokenize -o "$work/e" --val-docs 99 --jsonl text $D/docs.jsonl
 expect_error "the input ended after $DOCS documents, --total-docs says 99" ./tokenize -o "$work/e" --total-docs 99 --jsonl text $D/docs.jsonl
 expect_error "--records and --jsonl" ./tokenize -o "$work/e" --records --jsonl text $D/docs.jsonl
 expect_error "--vocab llama3 needs -t" ./tokenize -o "$work/e" --vocab llama3 $D/docs.jsonl
 expect_error "has 50256 ranks; Llama-3's tokenizer.model has 128000" ./tokenize -o "$work/e" --vocab llama3 -t data/r50k_base.tiktoken $D/docs.jsonl
-expect_error "-s wants a positive whole number, got '1.5'" ./tokenize -o "$work/e" -s 1.5 $D/docs.jsonl
+expect_error "-s needs an integer, got '1.5'" ./tokenize -o "$work/e" -s 1.5 $D/docs.jsonl
+expect_error "--val_docs is the older spelling of --val-docs: give one" ./tokenize -o "$work/e" --val-docs 2 --val_docs 2 $D/docs.jsonl
+expect_error "-o OUT is required" ./tokenize $D/docs.jsonl
+expect_error "no input: give the FILEs after the flags" ./tokenize -o "$work/e"
+expect_error "all 2 documents were left out for invalid UTF-8 (--invalid-utf8 skip): nothing to write" \
+    ./tokenize -o "$work/e" --invalid-utf8 skip "$work/bad_doc.txt" "$work/u_file.txt"
 check "errors wrote no shards" test -z "$(compgen -G "$work/e_*")"
-check "a short run on a pipe prints no progress lines" test -z "$(./tokenize -o "$work/q" --jsonl text $D/docs.jsonl 2>&1 >/dev/null)"
+check "a short run on a pipe prints no progress lines" test -z "$(./tokenize -o "$work/q" -s "$S" --jsonl text $D/docs.jsonl 2>&1 >/dev/null)"
+# a split left empty: a warning, and the shards are still written
+./tokenize -o "$work/small" --jsonl text $D/docs.jsonl > /dev/null 2> "$work/small.txt"
+check "all in the val shard: a warning that there is no train shard" \
+    bash -c '[ "$(wc -l < "$0")" -eq 1 ] && grep -q "^warning: no train shard: all [0-9]* tokens fit in the val shard of -s 100000000 tokens" "$0"' "$work/small.txt"
+./tokenize -o "$work/allval" --val-docs "$DOCS" --jsonl text $D/docs.jsonl > /dev/null 2> "$work/allval.txt"
+check "--val-docs taking every document: a warning" grep -q "^warning: no train shard: --val-docs $DOCS took every document$" "$work/allval.txt"
+# --help: the flags, as the other binaries list them, and exit 0
+./tokenize --help > "$work/help.txt"
+check "--help exits 0" test $? -eq 0
+check "--help lists the flags as the other binaries do" \
+    bash -c 'grep -q "^usage: ./tokenize -o OUT \[flags\] FILE...$" "$0" && grep -q "^flags (default in brackets):$" "$0" &&
+             grep -q "^      --val-docs  .*\[0\]$" "$0" && ! grep -q "val_docs" "$0"' "$work/help.txt"
 
 # 8. Llama-3: its pre-tokenizer on a rank file of the cl100k_base tokens these documents need (same
 # pattern), padded to Llama-3's 128000 ranks (above)

@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
               specs, (int)(sizeof(specs) / sizeof(specs[0])));
     if (pattern == NULL) { fatal("no shards given: ./analyze [flags] PATTERN, e.g. \"data/corpus_val_*.bin\""); }
     o.pattern = pattern;
-    o.model_path = checkpoint_model_file(o.model_path, model_file, sizeof(model_file));
+    o.model_path = checkpoint_model_arg(o.model_path ? o.model_path : "out", o.model_path != NULL, model_file,
+                                        sizeof(model_file));
     analyze_checkpoint(&o);
     return 0;
 }

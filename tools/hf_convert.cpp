@@ -514,7 +514,7 @@ static void hf_import(const char* dir, const char* out_dir) {
            "norm_eps %g, hidden_act %s\n", h.model_type, c->num_layers, c->channels, c->num_heads, c->num_kv_heads, c->hidden,
            c->vocab_size, c->padded_vocab_size, c->max_seq_len, c->rope_theta, c->norm_eps, activation_names[c->activation]);
     printf("weights: %d tensors (%s) from %d file%s, %s head, %.2fM parameters\n", n, dtypes, w.n_files,
-           w.n_files == 1 ? "" : "s", c->untied_head ? "untied" : "tied", (double)n_params / 1e6);
+           w.n_files == 1 ? "" : "s", c->untied_head ? "untied" : "tied", (double)num_model_parameters(c) / 1e6);
     printf("wrote %s\n", model_out.s);
 
     HFPath tok_in = hf_join(dir, "tokenizer.json");
@@ -637,7 +637,7 @@ static void hf_export(const char* model_path, const char* tokenizer_path, SafeDt
     printf("model: %s (step %d): %d layers, D %d, %d heads (%d kv), H %d, vocab %d, %s, %s head, %.2fM parameters\n",
            model_path, step, c.num_layers, c.channels, c.num_heads, c.num_kv_heads, c.hidden, c.vocab_size,
            activation_names[c.activation], c.untied_head ? "untied" : "tied",
-           (double)(num_parameters(&c) - (size_t)(c.padded_vocab_size - c.vocab_size) * c.channels * (1 + c.untied_head)) / 1e6);
+           (double)num_model_parameters(&c) / 1e6);
     printf("wrote %s (%d tensors, %s), %s, %s, %s\n", weights.s, n, dtype == ST_F32 ? "F32" : dtype == ST_BF16 ? "BF16" : "F16",
            config.s, tok_out.s, tok_cfg_out.s);
     free(outs);
@@ -671,7 +671,7 @@ static int hf_convert_main(int argc, char** argv) {
     const char* encode_text = NULL;
     ArgSpec specs[] = {
         {'i', "import", ARG_STRING, &import_dir, 0, 0, "Hugging Face checkpoint directory to convert to ours", 0},
-        {'e', "export", ARG_STRING, &export_model, 0, 0, "our model checkpoint to convert to Hugging Face's format", 0},
+        {'e', "export", ARG_STRING, &export_model, 0, 0, "our model checkpoint to convert to Hugging Face's format, or a directory: its newest", 0},
         {'o', "output", ARG_STRING, &out_dir, 0, 0, "output directory (created if missing)", 0},
         {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "--export, --encode: rank file or tokenizer.json", 0},
         {0, "dtype", ARG_STRING, &dtype_name, 0, 0, "--export: f32, bf16 or f16", 0},
@@ -679,7 +679,7 @@ static int hf_convert_main(int argc, char** argv) {
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     cli_parse(argc, argv, "usage: ./hf_convert --import HF_DIR -o OUT_DIR\n"
-              "       ./hf_convert --export MODEL.bin [--tokenizer FILE] [--dtype f32|bf16|f16] -o OUT_DIR\n"
+              "       ./hf_convert --export MODEL.bin|RUN_DIR [--tokenizer FILE] [--dtype f32|bf16|f16] -o OUT_DIR\n"
               "       ./hf_convert --tokenizer FILE --encode TEXT\n"
               "Converts Hugging Face Llama-family checkpoints (ReLU- or SiLU-gated FFN, tied or untied head) to ours and back.",
               specs, num_specs);
@@ -697,8 +697,17 @@ static int hf_convert_main(int argc, char** argv) {
     else if (strcmp(dtype_name, "f16") == 0) { dtype = ST_F16; }
     else if (strcmp(dtype_name, "f32") != 0) { fatal("--dtype %s: use f32, bf16 or f16", dtype_name); }
 
+    // a run's directory stands for its newest model file; the default tokenizer is found from the working
+    // directory or from the binary's
+    char model_file[4096];
+    if (export_model && !checkpoint_model_file(export_model, model_file, sizeof(model_file))) {
+        fatal("--export %s: the directory holds no checkpoint (model_<step>.bin)", export_model);
+    }
+    if (import_dir == NULL && !cli_given(specs, num_specs, "tokenizer")) {
+        tokenizer_path = default_input(tokenizer_path, "--tokenizer");
+    }
     if (import_dir) { hf_import(import_dir, out_dir); }
-    else if (export_model) { hf_export(export_model, tokenizer_path, dtype, out_dir); }
+    else if (export_model) { hf_export(model_file, tokenizer_path, dtype, out_dir); }
     else { hf_encode(tokenizer_path, encode_text); }
     return 0;
 }

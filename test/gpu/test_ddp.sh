@@ -96,7 +96,7 @@ check "a resume with another global batch is refused" grep -q "1024 tokens per s
 
 # 4. a rank dies: the other stops within the timeout with one clear line, and
 # the last checkpoint resumes
-long=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -s 0 -v 0 -m 1 -n 5 --timeout 15 --ffn "$ffn")
+long=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -s 0 -v 0 -m 1 --final-val-batches 1 -n 5 --timeout 15 --ffn "$ffn")
 port=$((31000 + RANDOM % 1000))
 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 ./train_gpt_sparse "${long[@]}" -x 1000000 -o "$work/dies" --init-address 127.0.0.1:$port > "$work/dies0.txt" 2>&1 &
 pid0=$!
@@ -143,7 +143,7 @@ check "no rendezvous given is an error" grep -q "2 processes (from environment) 
 # 7. a stop: SIGTERM to the launcher, which passes it on once; both processes stop after the same step
 # with their parts of one checkpoint, and the continued run repeats the uninterrupted one bit for bit.
 # SIGTERM to one process only: the other stops at the same step too (the flag is all-reduced each step)
-stopargs=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -u 5 -l 3e-3 -s 0 -m 4 -a 1e-2
+stopargs=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -t 128 -b 4 -u 5 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -a 1e-2
           -v 500 -n 500 -x 2000 --ffn "$ffn")
 source test/train_lib.sh
 two "${stopargs[@]}" -o "$work/stop_ref" > "$work/stop_ref.txt" 2>&1

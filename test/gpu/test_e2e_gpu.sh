@@ -6,7 +6,7 @@ set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=e2e_gpu
 . test/check.sh
-small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4)
+small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 --final-val-batches 4)
 
 ./train_gpt_sparse "${small[@]}" -o "$work/a" -x 60 -v 30 -n 30 > "$work/a.txt" 2>&1
 check "GPU training run exits 0" test $? -eq 0
@@ -41,7 +41,7 @@ check "--recompute 1 gives the same steps" cmp -s <(strip_timing "$work/r0/log.j
 # ramped up (--ffn auto: layers turn sparse as they sparsify); L0 falls, the loss stays finite, a
 # resume in the middle of the ramp repeats the run bit for bit, and --recompute changes nothing there
 shape=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 256)
-run=(-b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 -v 0)
+run=(-b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0)
 ./train_gpt_sparse "${shape[@]}" "${run[@]}" --activation silu --untied-head 1 -x 60 -n 0 -o "$work/silu" > "$work/silu.txt" 2>&1
 check "GPU: a dense SiLU run with an untied head exits 0" test $? -eq 0
 # (a fixed hot rate: hot sets chosen from costs timed on the GPU would differ between two runs)

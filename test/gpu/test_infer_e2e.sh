@@ -13,7 +13,7 @@ TEST_NAME=infer_e2e
 . test/check.sh
 
 ./train_gpt_sparse --layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 512 -b 8 -t 128 -u 20 -l 3e-3 -a 2e-3 \
-    -s 0 -m 4 -x 600 -v 0 -n 0 -o "$work/a" > "$work/train.txt" 2>&1
+    -s 0 -m 4 --final-val-batches 4 -x 600 -v 0 -n 0 -o "$work/a" > "$work/train.txt" 2>&1
 check "GPU training exits 0" test $? -eq 0
 grep "step   600/600" "$work/train.txt"
 model="$work/a/model_00000600.bin"

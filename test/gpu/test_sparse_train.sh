@@ -16,7 +16,7 @@ set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=sparse_train
 . test/check.sh
-small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 1024 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 -v 0 -n 0)
+small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 1024 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0 -n 0)
 losses() { grep '"type":"train"' "$1" | sed -E 's/.*"loss":([-0-9.e+]+).*/\1/'; }
 # Two runs that differ only in bf16 rounding drift apart step by step (chaos), so
 # the curves are compared as means over windows of 10 steps (tolerance $3), and
