@@ -430,6 +430,8 @@ static void print_sparsity(const GPT<T, G>* model) {
     printf("sparsity: %.1f of %d FFN units fire per token (%.2f%% of H; per layer %s), %.1f%% never fired\n", l0, H,
            100 * l0 / H, per_layer, 100 * dead);
     printf("ffn path per layer: %s\n", paths);
+}
+
 // "peak 0.001 after 15 warmup steps, cosine to 0.0001 at step 150", for messages
 static void describe_schedule(char* out, size_t len, const OptimConfig* c) {
     snprintf(out, len, "peak %g after %d warmup steps, cosine to %g at step %d", c->lr, c->warmup_steps,
