@@ -885,7 +885,7 @@ static void bench_main(const InferOptions* opt) {
                              1e-5f, ACT_RELU, 0};
     } else {
         int step = 0;
-        free(checkpoint_load_model(opt->model_path, &config, &step)); // the config now, the weights below
+        config = checkpoint_read_config(opt->model_path, &step); // the config now (the file verified), the weights below
         if (config.activation != ACT_RELU) {
             fatal("--bench compares the dense and TwELL paths, and TwELL needs ReLU: %s is %s", opt->model_path,
                   activation_names[config.activation]);

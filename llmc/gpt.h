@@ -279,6 +279,9 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
         // (unless gpt_ffn_state_set restored a checkpoint's choices)
         for (size_t l = 0; l < L; l++) {
             SparseFfnLayer<T>* f = &model->ffn[l];
+            // no tail needs more rows than the micro-batch has (a checkpoint's may: written by a run of
+            // larger micro-batches, or crafted)
+            if (f->tail_capacity > (int)M) { f->tail_capacity = (int)M; }
             if (f->W > 0) { continue; }
             f->on = model->ffn_mode == FFN_SPARSE;
             f->W = (int)(H < 256 ? H : 256);
@@ -495,17 +498,18 @@ void gpt_ffn_state_get(const GPT<T, G>* model, int32_t* state) {
 }
 
 // before the first forward; n: the ints the checkpoint held (3 per layer from
-// before the hot/cold split: no hot units, the costs as the run asks)
+// before the hot/cold split: no hot units, the costs as the run asks); source:
+// the file they came from, which an error names
 template <typename T, typename G>
-void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
+void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n, const char* source) {
     int H = model->config.hidden, L = model->config.num_layers, per = n == 3 * L ? 3 : 4;
-    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("checkpoint: %d ints of FFN state, expected %d", n, ffn_state_ints(L)); }
+    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("%s: %d ints of FFN state, expected %d", source, n, ffn_state_ints(L)); }
     for (int l = 0; l < L; l++) {
         SparseFfnLayer<T>* f = &model->ffn[l];
         const int32_t* s = state + per * l;
         int hot = per == 4 ? s[3] : 0;
         if (s[0] < 0 || s[0] > 1 || s[1] < 0 || s[1] > H || s[2] < 0 || hot < 0 || hot > H) {
-            fatal("checkpoint: FFN state of layer %d (%d, %d, %d, %d) is corrupt", l, s[0], s[1], s[2], hot);
+            fatal("%s: FFN state of layer %d (%d, %d, %d, %d) is corrupt", source, l, s[0], s[1], s[2], hot);
         }
         f->on = model->ffn_mode == FFN_DENSE ? 0 : model->ffn_mode == FFN_SPARSE ? 1 : s[0];
         f->W = s[1];
@@ -517,7 +521,7 @@ void gpt_ffn_state_set(GPT<T, G>* model, const int32_t* state, int n) {
         memcpy(&costs, state + 4 * L, sizeof(costs));
         float v[4] = {costs.dense0, costs.dense1, costs.gate1, costs.pair1};
         for (float x : v) {
-            if (!isfinite(x) || x < -1 || x > 1) { fatal("checkpoint: hot/cold cost %g is corrupt", x); }
+            if (!isfinite(x) || x < -1 || x > 1) { fatal("%s: hot/cold cost %g is corrupt", source, x); }
         }
         model->hot_costs = costs;
     }

@@ -253,13 +253,13 @@ static void test_state(void) {
     a.hot_costs = (FfnCosts){1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f};
     std::vector<int32_t> state(ffn_state_ints(2));
     gpt_ffn_state_get(&a, state.data());
-    gpt_ffn_state_set(&b, state.data(), (int)state.size());
+    gpt_ffn_state_set(&b, state.data(), (int)state.size(), "a state");
     CHECK(b.ffn[0].on == 1 && b.ffn[0].W == 32 && b.ffn[0].tail_capacity == 100 && b.ffn[0].hot.units == 64 &&
           b.ffn[1].on == 0 && b.ffn[1].hot.units == 0 && memcmp(&b.hot_costs, &a.hot_costs, sizeof(FfnCosts)) == 0,
           "FFN state round trip");
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
     b.hot_costs = (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f};
-    gpt_ffn_state_set(&b, old, 6);
+    gpt_ffn_state_set(&b, old, 6, "an old state");
     CHECK(b.ffn[0].W == 48 && b.ffn[1].tail_capacity == 10 && b.ffn[0].hot.units == 0 && b.ffn[1].hot.units == 0 &&
           b.hot_costs.dense1 == -1, "an FFN state from before the hot/cold split");
     gpt_free(&a);
