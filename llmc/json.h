@@ -48,6 +48,46 @@ typedef struct {
     int depth;
 } JsonParser;
 
+// the escape of byte c inside a JSON string (quote, backslash and control characters, NUL among
+// them), written into buf; NULL when c stands for itself
+static inline const char* json_escape_byte(unsigned char c, char buf[8]) {
+    switch (c) {
+        case '"': return "\\\"";
+        case '\\': return "\\\\";
+        case '\n': return "\\n";
+        case '\t': return "\\t";
+        case '\r': return "\\r";
+        default: break;
+    }
+    if (c >= 0x20) { return NULL; }
+    snprintf(buf, 8, "\\u%04x", c);
+    return buf;
+}
+
+// s[0..n) for a one-line message, its bytes escaped as inside a JSON string (so that a NUL or a
+// newline in a name read from a file shows as \u0000 or \n), cut with "..." to fit out[len]; returns out
+static inline const char* json_escaped(char* out, size_t len, const char* s, size_t n) {
+    size_t used = 0;
+    for (size_t k = 0; k < n; k++) {
+        char buf[8], one[2] = {s[k], '\0'};
+        const char* e = json_escape_byte((unsigned char)s[k], buf);
+        const char* piece = e ? e : one;
+        size_t m = strlen(piece);
+        if (used + m + 4 > len) { // room for "..." and the NUL, cut before a whole character
+            if (((unsigned char)s[k] & 0xC0) == 0x80) {
+                while (used > 0 && ((unsigned char)out[used - 1] & 0xC0) == 0x80) { used--; }
+                if (used > 0 && (unsigned char)out[used - 1] >= 0xC0) { used--; }
+            }
+            snprintf(out + used, len - used, "...");
+            return out;
+        }
+        memcpy(out + used, piece, m);
+        used += m;
+    }
+    out[used] = '\0';
+    return out;
+}
+
 __attribute__((noreturn))
 static inline void json_fail_at(const JsonParser* p, size_t at, const char* what) {
     size_t line = 1, col = 1;
@@ -281,8 +321,9 @@ static inline void json_parse_container(JsonParser* p, JsonValue* v, int object)
             qsort(sorted, v->length, sizeof(JsonMember*), json_member_cmp);
             for (size_t k = 1; k < v->length; k++) {
                 if (json_member_cmp(&sorted[k - 1], &sorted[k]) == 0) {
-                    char what[160];
-                    snprintf(what, sizeof(what), "key \"%.100s\" appears twice in this object", sorted[k]->key);
+                    char key[104], what[160];
+                    json_escaped(key, sizeof(key), sorted[k]->key, sorted[k]->key_length);
+                    snprintf(what, sizeof(what), "key \"%s\" appears twice in this object", key);
                     json_fail_at(p, start, what);
                 }
             }
@@ -375,14 +416,9 @@ static inline const char* json_type_name(JsonType t) {
 static inline void json_write_string(FILE* fp, const char* s, size_t n) {
     fputc('"', fp);
     for (size_t k = 0; k < n; k++) {
-        unsigned char c = (unsigned char)s[k];
-        if (c == '"') { fputs("\\\"", fp); }
-        else if (c == '\\') { fputs("\\\\", fp); }
-        else if (c == '\n') { fputs("\\n", fp); }
-        else if (c == '\t') { fputs("\\t", fp); }
-        else if (c == '\r') { fputs("\\r", fp); }
-        else if (c < 0x20) { fprintf(fp, "\\u%04x", c); }
-        else { fputc(c, fp); }
+        char buf[8];
+        const char* e = json_escape_byte((unsigned char)s[k], buf);
+        if (e) { fputs(e, fp); } else { fputc(s[k], fp); }
     }
     fputc('"', fp);
 }
