@@ -262,6 +262,10 @@ static void test_state(void) {
     gpt_ffn_state_set(&b, old, 6, "an old state");
     CHECK(b.ffn[0].W == 48 && b.ffn[1].tail_capacity == 10 && b.ffn[0].hot.units == 0 && b.ffn[1].hot.units == 0 &&
           b.hot_costs.dense1 == -1, "an FFN state from before the hot/cold split");
+    // a tail of more rows than the micro-batch has (from a run of larger micro-batches) is cut to it
+    gpt_alloc_activations(&b, 2, 8);
+    CHECK(b.ffn[0].tail_capacity == 16 && b.ffn[1].tail_capacity == 10, "tails %d and %d for 16 rows",
+          b.ffn[0].tail_capacity, b.ffn[1].tail_capacity);
     gpt_free(&a);
     gpt_free(&b);
 }
