@@ -64,9 +64,9 @@ build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
 # FUZZ_SEED) from the seeds that build/fuzz_seeds writes and fuzz/regressions/, a search for people;
 # `make fuzz-ci` runs each for FUZZ_RUNS inputs from seed 1, which repeats itself (fuzz/run.sh), for
 # CI, built without the stack-depth feature (how deep a call went shifts with where ASLR puts the
-# stack, and the fuzzer would keep different inputs from run to run); FUZZ_JOBS harnesses at a time. `make test` replays the seeds and fuzz/regressions/ through the
-# same harnesses built with g++ and the sanitizers (defined before `test`, whose prerequisites
-# make expands where it reads them).
+# stack, and the fuzzer would keep different inputs from run to run); FUZZ_JOBS harnesses at a time.
+# `make test` replays the seeds and fuzz/regressions/ through the same harnesses built with g++ and
+# the sanitizers (defined before `test`, whose prerequisites make expands where it reads them).
 FUZZ_CXX ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_SEED ?= 0

@@ -11,7 +11,7 @@
 #     Makefile) from SEED, started from the seeds and regressions alone (a scratch corpus), without
 #     libFuzzer's comparison-guided mutations: those take their values from every comparison the code
 #     makes, pointers' too, which differ from process to process (ASLR). So the same commit, built by
-#     the same clang, gives the same inputs and the same verdict on any machine.
+#     the same clang, gives the same inputs and the same verdict every time.
 # -j: harnesses run JOBS at a time (each on one core).
 set -u
 cd "$(dirname "$0")/.."
