@@ -78,12 +78,18 @@ build/san/test_%: test/test_%.cpp test/test.h $(HEADERS)
 	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) $< -o $@ -lm
 
 # Fuzzing: a libFuzzer harness (fuzz/fuzz_NAME.cpp) per parser, built with clang, ASan and UBSan.
-# `make fuzz` runs each for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=600`) from the seeds that
-# build/fuzz_seeds writes; `make test` replays the seeds and fuzz/regressions/ through the same
-# harnesses built with g++ and the sanitizers (defined before `test`, whose prerequisites
-# make expands where it reads them).
+# `make fuzz` runs each for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=600`) with a random seed (or
+# FUZZ_SEED) from the seeds that build/fuzz_seeds writes and fuzz/regressions/, a search for people;
+# `make fuzz-ci` runs each for FUZZ_RUNS inputs from seed 1, which repeats itself (fuzz/run.sh), for
+# CI, built without the stack-depth feature (how deep a call went shifts with where ASLR puts the
+# stack, and the fuzzer would keep different inputs from run to run); FUZZ_JOBS harnesses at a time.
+# `make test` replays the seeds and fuzz/regressions/ through the same harnesses built with g++ and
+# the sanitizers (defined before `test`, whose prerequisites make expands where it reads them).
 FUZZ_CXX ?= clang++
 FUZZ_SECONDS ?= 60
+FUZZ_SEED ?= 0
+FUZZ_RUNS ?= 100000
+FUZZ_JOBS ?= 1
 FUZZ_FLAGS = -g -O1 -std=c++17 -I. -Wall -Wextra -Wno-unused-parameter -fsanitize=fuzzer,address,undefined \
              -fno-sanitize-recover=all
 FUZZ_NAMES = $(patsubst fuzz/fuzz_%.cpp,%,$(wildcard fuzz/fuzz_*.cpp))
@@ -97,6 +103,10 @@ build/fuzz/fuzz_%: fuzz/fuzz_%.cpp $(FUZZ_DEPS)
 	@mkdir -p build/fuzz
 	$(FUZZ_CXX) $(FUZZ_FLAGS) $< -o $@
 
+build/fuzz-ci/fuzz_%: fuzz/fuzz_%.cpp $(FUZZ_DEPS)
+	@mkdir -p build/fuzz-ci
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fno-sanitize-coverage=stack-depth $< -o $@
+
 build/san/fuzz_%: fuzz/fuzz_%.cpp $(FUZZ_DEPS)
 	@mkdir -p build/san
 	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) -DFUZZ_REPLAY -DFUZZ_TARGET='"$*"' $< -o $@ -lm
@@ -107,7 +117,10 @@ build/fuzz/seeds/.done: fuzz/seeds.cpp $(FUZZ_DEPS) test/data/tokenizer_vectors.
 	rm -rf build/fuzz/seeds && build/fuzz/seeds_gen && touch $@
 
 fuzz: $(patsubst %,build/fuzz/fuzz_%,$(FUZZ_NAMES)) build/fuzz/seeds/.done
-	@bash fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_NAMES)
+	@bash fuzz/run.sh -j $(FUZZ_JOBS) -t $(FUZZ_SECONDS) -s $(FUZZ_SEED) $(FUZZ_NAMES)
+
+fuzz-ci: $(patsubst %,build/fuzz-ci/fuzz_%,$(FUZZ_NAMES)) build/fuzz/seeds/.done
+	@bash fuzz/run.sh -j $(FUZZ_JOBS) -n $(FUZZ_RUNS) -s 1 $(FUZZ_NAMES)
 
 # GPU tests, benchmarks and dev tools: built anywhere, run on a machine with a GPU
 build/gpu/test_%: test/gpu/test_%.cu test/test.h $(HEADERS) $(CUDA_HEADERS)
@@ -132,4 +145,4 @@ test-gpu: $(BINARIES) $(GPU_TESTS) build/dev/bench_infer
 clean:
 	rm -rf build $(BINARIES)
 
-.PHONY: all test test-gpu gpu clean fuzz
+.PHONY: all test test-gpu gpu clean fuzz fuzz-ci

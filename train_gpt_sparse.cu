@@ -526,8 +526,12 @@ int train(const Options* o, Device device) {
         fatal_hint = hint;
         int ffn_ints = checkpoint_load_state(o->out_dir, start_step, config, P, rank, &state, &loader_state,
                                              sizeof(loader_state), host_m, host_v, ffn_state);
-        // the same sparse/dense and hot/cold choices as the run that wrote it
-        if (ffn_ints) { ffn_state_set(&model.ffn, ffn_state, ffn_ints); }
+        // the same sparse/dense and hot/cold choices as the run that wrote it (in this rank's own file
+        // when as many processes wrote it, else in rank 0's)
+        if (ffn_ints) {
+            state_path(path, sizeof(path), o->out_dir, start_step, state.num_processes == P ? rank : 0);
+            ffn_state_set(&model.ffn, ffn_state, ffn_ints, path);
+        }
         if (state.step != start_step) {
             state_path(path, sizeof(path), o->out_dir, start_step, 0);
             fatal("%s holds step %d, but its model file is step %d: they are not one checkpoint", path, state.step,
@@ -558,7 +562,12 @@ int train(const Options* o, Device device) {
         state.rank = rank;
         device_copy(opt.m, host_m, owned * sizeof(float), device);
         device_copy(opt.v, host_v, owned * sizeof(float), device);
-        dataloader_set_state(&train_loader, &loader_state);
+        state_path(path, sizeof(path), o->out_dir, start_step, 0); // (the loader state is rank 0's)
+        dataloader_set_state(&train_loader, &loader_state, path);
+        if (state.unverified) {
+            fprintf(stderr, "note: the optimizer state of step %d in %s is in version 1 files: they have no checksum, "
+                    "loaded unverified\n", start_step, o->out_dir);
+        }
         if (master) {
             log_truncate_after_step(log_path, start_step);
             model_path(path, sizeof(path), o->out_dir, start_step);

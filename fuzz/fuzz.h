@@ -37,7 +37,15 @@
 static void fuzz_one(const uint8_t* data, size_t size);
 
 // ----------------------------------------------------------------------------
-// what an input holds: allocations (an open-addressing set of pointers) and open files
+// what an input holds: allocations (an open-addressing set of pointers) and open files. Its probes
+// depend on the addresses, which differ from run to run (ASLR): the fuzzer must not see them as
+// coverage, or a run of a fixed seed and count would not repeat itself. So these functions are not
+// instrumented, nor inlined into code that is (which would instrument them after all).
+#ifdef __clang__
+#define FUZZ_UNCOVERED __attribute__((no_sanitize("coverage"), noinline))
+#else
+#define FUZZ_UNCOVERED
+#endif
 
 static void** fuzz_live = NULL;      // slots: NULL empty, FUZZ_GONE a removed entry, else a live pointer
 static size_t fuzz_live_cap = 0, fuzz_live_used = 0, fuzz_live_count = 0;
@@ -48,9 +56,9 @@ static void* const FUZZ_GONE = (void*)&fuzz_live;
 
 static inline size_t fuzz_slot(const void* p) { return (size_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull); }
 
-static inline void fuzz_track(void* p);
+FUZZ_UNCOVERED static inline void fuzz_track(void* p);
 
-static inline void fuzz_grow(void) {
+FUZZ_UNCOVERED static inline void fuzz_grow(void) {
     void** old = fuzz_live;
     size_t old_cap = fuzz_live_cap;
     fuzz_live_cap = old_cap ? 2 * old_cap : 1024;
@@ -63,7 +71,7 @@ static inline void fuzz_grow(void) {
     free(old);
 }
 
-static inline void fuzz_track(void* p) {
+FUZZ_UNCOVERED static inline void fuzz_track(void* p) {
     if (p == NULL || !fuzz_armed) { return; }
     if (2 * (fuzz_live_used + 1) > fuzz_live_cap) { fuzz_grow(); }
     size_t mask = fuzz_live_cap - 1, i = fuzz_slot(p) & mask;
@@ -74,7 +82,7 @@ static inline void fuzz_track(void* p) {
 }
 
 // removes p from the set; 0 if it was not there (allocated before fuzz_run, or by libc)
-static inline int fuzz_untrack(void* p) {
+FUZZ_UNCOVERED static inline int fuzz_untrack(void* p) {
     if (p == NULL || fuzz_live_cap == 0) { return 0; }
     size_t mask = fuzz_live_cap - 1;
     for (size_t i = fuzz_slot(p) & mask; fuzz_live[i] != NULL; i = (i + 1) & mask) {
@@ -83,10 +91,10 @@ static inline int fuzz_untrack(void* p) {
     return 0;
 }
 
-static inline void* fuzz_malloc(size_t n) { void* p = malloc(n); fuzz_track(p); return p; }
-static inline void* fuzz_calloc(size_t k, size_t n) { void* p = calloc(k, n); fuzz_track(p); return p; }
-static inline void fuzz_free(void* p) { fuzz_untrack(p); free(p); }
-static inline void* fuzz_realloc(void* old, size_t n) {
+FUZZ_UNCOVERED static inline void* fuzz_malloc(size_t n) { void* p = malloc(n); fuzz_track(p); return p; }
+FUZZ_UNCOVERED static inline void* fuzz_calloc(size_t k, size_t n) { void* p = calloc(k, n); fuzz_track(p); return p; }
+FUZZ_UNCOVERED static inline void fuzz_free(void* p) { fuzz_untrack(p); free(p); }
+FUZZ_UNCOVERED static inline void* fuzz_realloc(void* old, size_t n) {
     int tracked = fuzz_untrack(old);
     void* p = realloc(old, n);
     if (p == NULL && n > 0) { if (tracked) { fuzz_track(old); } return NULL; }
@@ -94,7 +102,7 @@ static inline void* fuzz_realloc(void* old, size_t n) {
     return p;
 }
 
-static inline FILE* fuzz_fopen(const char* path, const char* mode) {
+FUZZ_UNCOVERED static inline FILE* fuzz_fopen(const char* path, const char* mode) {
     FILE* fp = fopen(path, mode);
     for (int i = 0; fp != NULL && fuzz_armed && i < 64; i++) {
         if (fuzz_files[i] == NULL) { fuzz_files[i] = fp; break; }
@@ -102,7 +110,7 @@ static inline FILE* fuzz_fopen(const char* path, const char* mode) {
     return fp;
 }
 
-static inline int fuzz_fclose(FILE* fp) {
+FUZZ_UNCOVERED static inline int fuzz_fclose(FILE* fp) {
     for (int i = 0; i < 64; i++) {
         if (fuzz_files[i] == fp) { fuzz_files[i] = NULL; }
     }
@@ -115,7 +123,7 @@ __attribute__((noreturn)) static inline void fuzz_exit(int code) {
 }
 
 // runs fuzz_one on one input; an exit() inside returns here, and what the input left is released
-static inline void fuzz_run(const uint8_t* data, size_t size) {
+FUZZ_UNCOVERED static inline void fuzz_run(const uint8_t* data, size_t size) {
     fuzz_armed = 1;
     int exited = setjmp(fuzz_jump);
     if (!exited) { fuzz_one(data, size); }

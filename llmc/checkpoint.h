@@ -34,9 +34,10 @@
 
  Loading checks every header field against its bounds (llmc/model.h's for the
  config) before any size is computed from it, the file size against the one
- the header implies, then the checksum; parameters or moments that are not all
- finite are refused on load, and never written. Each problem is a one-line
- error naming the file.
+ the header implies, then the checksum (checkpoint_verify), all before anything
+ the header sizes is allocated; parameters or moments that are not all finite
+ are refused on load, and never written. Each problem is a one-line error
+ naming the file.
 
  A checkpoint of step s in a directory is model_s.bin and state_s_r.bin for
  r < P; it is complete when all P + 1 files exist. Files are written to
@@ -78,6 +79,7 @@ typedef struct {
     // the learning-rate schedule that trained it (llmc/adamw.h's lr_at_step); sched_steps 0: not recorded
     int sched_steps, sched_warmup;
     float sched_lr, sched_final_frac;
+    int unverified;   // on load: a file read was version 1, without a checksum (the caller notes it)
 } TrainState;
 
 static inline uint32_t float_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -206,34 +208,52 @@ static inline FILE* checkpoint_open(const char* path, int32_t magic, int32_t h[C
     return fp;
 }
 
-// one-line note for a version 1 file, which has no checksum
-static inline void checkpoint_note_unverified(const char* path, const int32_t* h) {
-    if (h[1] == 1) { fprintf(stderr, "note: %s is a version 1 checkpoint: it has no checksum, loaded unverified\n", path); }
+// one-line note for a version 1 file, which has no checksum (printed once the file has passed every
+// other check, so that an error stays the only line)
+static inline void checkpoint_note_unverified(const char* path) {
+    fprintf(stderr, "note: %s is a version 1 checkpoint: it has no checksum, loaded unverified\n", path);
 }
 
-static inline void checkpoint_check_sum(const char* path, const int32_t* h, const Xxh64* x) {
-    uint64_t want = checkpoint_get_checksum(h), got = xxh64_digest(x);
-    if (h[1] != 1 && got != want) {
-        fatal("%s: checksum mismatch (header %016llx, contents %016llx): the file is corrupt", path,
-              (unsigned long long)want, (unsigned long long)got);
-    }
-}
-
-// the file's size must be the header's plus the payload's that the header implies
-static inline void checkpoint_check_size(const char* path, long size, uint64_t payload) {
+// The check of a checkpoint's contents against its header, which every loader makes before it
+// allocates anything the header sizes: the file's size must be the header's plus the payload the
+// header implies, then the XXH64 of the whole file, read in chunks, must be the header's (a version 1
+// file has none). fp is after the header, and is left there.
+static inline void checkpoint_verify(FILE* fp, const char* path, const int32_t* h, long size, uint64_t payload) {
     if ((uint64_t)size != CKPT_HEADER_BYTES + payload) {
         fatal("%s: file is %ld bytes, its header describes %llu (%s)", path, size,
               (unsigned long long)(CKPT_HEADER_BYTES + payload), (uint64_t)size < CKPT_HEADER_BYTES + payload
               ? "truncated?" : "trailing bytes?");
     }
+    if (h[1] == 1) { return; }
+    Xxh64 x;
+    checkpoint_hash_header(&x, h);
+    const size_t chunk = (size_t)1 << 22;
+    unsigned char* buf = (unsigned char*)mallocCheck(chunk);
+    for (size_t got; (got = fread(buf, 1, chunk, fp)) > 0;) { xxh64_update(&x, buf, got); }
+    if (ferror(fp)) { fatal("cannot read %s: %s", path, strerror(errno)); }
+    free(buf);
+    uint64_t want = checkpoint_get_checksum(h), got = xxh64_digest(&x);
+    if (got != want) {
+        fatal("%s: checksum mismatch (header %016llx, contents %016llx): the file is corrupt", path,
+              (unsigned long long)want, (unsigned long long)got);
+    }
+    fseekCheck(fp, CKPT_HEADER_BYTES, SEEK_SET);
 }
 
-// the config and step of a model file, from its header alone (checked as checkpoint_open checks it)
-static inline GPTConfig checkpoint_read_config(const char* path, int* step) {
-    int32_t h[CKPT_HEADER_INTS];
+// checkpoint_open of a model file, then checkpoint_verify of its parameters
+static inline FILE* checkpoint_open_model(const char* path, int32_t h[CKPT_HEADER_INTS]) {
     long size;
     FILE* fp = checkpoint_open(path, CKPT_MODEL_MAGIC, h, &size);
-    fcloseCheck(fp);
+    GPTConfig c = header_get_config(h);
+    checkpoint_verify(fp, path, h, size, (uint64_t)num_parameters(&c) * sizeof(float));
+    return fp;
+}
+
+// the config and step of a model file whose size and checksum hold, without reading its parameters
+// into memory (what a run builds its model from before it loads the weights)
+static inline GPTConfig checkpoint_read_config(const char* path, int* step) {
+    int32_t h[CKPT_HEADER_INTS];
+    fcloseCheck(checkpoint_open_model(path, h));
     if (step) { *step = h[12]; }
     return header_get_config(h);
 }
@@ -241,24 +261,18 @@ static inline GPTConfig checkpoint_read_config(const char* path, int* step) {
 // loads a model file: fills the config and returns malloc'd fp32 parameters
 static inline float* checkpoint_load_model(const char* path, GPTConfig* config, int* step) {
     int32_t h[CKPT_HEADER_INTS];
-    long size;
-    FILE* fp = checkpoint_open(path, CKPT_MODEL_MAGIC, h, &size);
+    FILE* fp = checkpoint_open_model(path, h);
     *config = header_get_config(h);
     if (step) { *step = h[12]; }
     size_t n = num_parameters(config);
-    checkpoint_check_size(path, size, (uint64_t)n * sizeof(float));
     float* params = (float*)mallocCheck(n * sizeof(float));
     freadCheck(params, sizeof(float), n, fp);
     fcloseCheck(fp);
-    Xxh64 x;
-    checkpoint_hash_header(&x, h);
-    xxh64_update(&x, params, n * sizeof(float));
-    checkpoint_check_sum(path, h, &x);
     char msg[128];
     if (checkpoint_find_nonfinite(params, n, config, msg, sizeof(msg))) {
         fatal("%s: %s: a checkpoint's parameters must all be finite", path, msg);
     }
-    checkpoint_note_unverified(path, h);
+    if (h[1] == 1) { checkpoint_note_unverified(path); }
     return params;
 }
 
@@ -315,20 +329,6 @@ static inline void state_path(char* out, size_t len, const char* dir, int step, 
     snprintf(out, len, "%s/state_%08d_%05d.bin", dir, step, rank);
 }
 
-// the checksum of an open checkpoint over its whole contents, read in chunks; leaves fp after the header
-static inline void checkpoint_verify_file(FILE* fp, const char* path, const int32_t* h) {
-    if (h[1] == 1) { checkpoint_note_unverified(path, h); return; }
-    Xxh64 x;
-    checkpoint_hash_header(&x, h);
-    const size_t chunk = (size_t)1 << 22;
-    unsigned char* buf = (unsigned char*)mallocCheck(chunk);
-    for (size_t got; (got = fread(buf, 1, chunk, fp)) > 0;) { xxh64_update(&x, buf, got); }
-    if (ferror(fp)) { fatal("cannot read %s: %s", path, strerror(errno)); }
-    free(buf);
-    checkpoint_check_sum(path, h, &x);
-    fseekCheck(fp, CKPT_HEADER_BYTES, SEEK_SET);
-}
-
 // opens a state file written for the same config, checks its header, size and checksum, and
 // reads its header into s (else an error naming the field); returns the rank's count of moments
 // and of FFN state ints
@@ -374,8 +374,8 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
     *owned = z.owned;
     zero_layout_free(&z);
     *ffn_ints = h[23];
-    checkpoint_check_size(path, size, loader_bytes + 2 * (uint64_t)*owned * sizeof(float) + 4 * (uint64_t)h[23]);
-    checkpoint_verify_file(fp, path, h);
+    s->unverified = h[1] == 1;
+    checkpoint_verify(fp, path, h, size, loader_bytes + 2 * (uint64_t)*owned * sizeof(float) + 4 * (uint64_t)h[23]);
     return fp;
 }
 
@@ -392,9 +392,10 @@ static inline void checkpoint_read_moments(FILE* fp, const char* path, float* m,
 // the optimizer state of step `step` in dir for rank `rank` of P processes,
 // from the files of whatever number of processes wrote it (re-sharded when
 // that differs); m and v get layout(P, rank).owned values. s: the state as
-// rank 0 wrote it (its num_processes is the writers' count). ffn (room for
-// ffn_state_ints(L) ints) gets the FFN state: this rank's own with the same
-// number of processes, else rank 0's; returns how many ints it held (0: none).
+// rank 0 wrote it (its num_processes is the writers' count; unverified when
+// any file read was version 1). ffn (room for ffn_state_ints(L) ints) gets the
+// FFN state: this rank's own with the same number of processes, else rank 0's;
+// returns how many ints it held (0: none).
 static inline int checkpoint_load_state(const char* dir, int step, const GPTConfig* run, int P, int rank, TrainState* s,
                                         void* loader_state, size_t loader_bytes, float* m, float* v, int32_t* ffn) {
     char path[4096];
@@ -415,6 +416,7 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
                 fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, mine.step,
                       mine.rank, mine.num_processes, s->step, writers);
             }
+            s->unverified |= mine.unverified;
             fseekCheck(fp, (long)loader_bytes, SEEK_CUR);
         }
         checkpoint_read_moments(fp, path, m, v, owned);
@@ -441,6 +443,7 @@ static inline int checkpoint_load_state(const char* dir, int step, const GPTConf
             fatal("%s: step %d, rank %d of %d does not belong with step %d of %d processes", path, theirs.step,
                   theirs.rank, theirs.num_processes, s->step, writers);
         }
+        s->unverified |= theirs.unverified;
         ZeroLayout z;
         zero_layout_init(&z, run, writers, r);
         float* packed_m = (float*)mallocCheck(owned * sizeof(float));

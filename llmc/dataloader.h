@@ -56,7 +56,7 @@ typedef struct {
     size_t num_tokens;           // total over all shards
     // position: the next batch is global batch batch_pos of shard
     // shard_order[shard_pos] in epoch `epoch`
-    int epoch;
+    uint64_t epoch;
     size_t shard_pos;
     size_t batch_pos;
     size_t* shard_order;         // this epoch's order of shard file indices
@@ -73,6 +73,11 @@ typedef struct {
     int* inputs;
     int* targets;
 } DataLoader;
+
+// the largest epoch a state may hold. Each micro-batch advances the epoch by at most one and a run
+// has fewer than 2^60 of them (at most 2^30 steps of at most 2^30 tokens), so from here the
+// counter has room to go on; a larger one is a corrupt state, refused on load
+#define DL_MAX_EPOCH ((uint64_t)1 << 62)
 
 // where a loader is, plus the configuration it must be restored into; fixed
 // width fields so it can be written into a checkpoint as is. The same state
@@ -122,7 +127,6 @@ static inline void dataloader_load_shard(const DataLoader* dl, size_t file_index
     }
 }
 
-// move to (epoch, shard_pos, batch_pos): recompute the orders and load the shard if it is not in memory
 // the background read of the next shard (file reads overlap the training steps)
 static inline void* dataloader_prefetch_main(void* arg) {
     DataLoader* dl = (DataLoader*)arg;
@@ -148,7 +152,7 @@ static inline void dataloader_prefetch_start(DataLoader* dl) {
         next = dl->shard_order[dl->shard_pos + 1];
     } else {
         size_t* order = (size_t*)mallocCheck(dl->num_shards * sizeof(size_t));
-        dl_fill_order(order, dl->num_shards, dl->shuffle, dl_stream_seed(dl->seed, (uint64_t)dl->epoch + 1, 0));
+        dl_fill_order(order, dl->num_shards, dl->shuffle, dl_stream_seed(dl->seed, dl->epoch + 1, 0));
         next = order[0];
         free(order);
     }
@@ -159,11 +163,12 @@ static inline void dataloader_prefetch_start(DataLoader* dl) {
     }
 }
 
-static inline void dataloader_seek(DataLoader* dl, int epoch, size_t shard_pos, size_t batch_pos) {
+// move to (epoch, shard_pos, batch_pos): recompute the orders and load the shard if it is not in memory
+static inline void dataloader_seek(DataLoader* dl, uint64_t epoch, size_t shard_pos, size_t batch_pos) {
     dl->epoch = epoch;
     dl->shard_pos = shard_pos;
     dl->batch_pos = batch_pos;
-    dl_fill_order(dl->shard_order, dl->num_shards, dl->shuffle, dl_stream_seed(dl->seed, (uint64_t)epoch, 0));
+    dl_fill_order(dl->shard_order, dl->num_shards, dl->shuffle, dl_stream_seed(dl->seed, epoch, 0));
     size_t file_index = dl->shard_order[shard_pos];
     size_t num_samples = dataloader_shard_samples(dl, file_index);
     if (num_samples > dl->sample_order_capacity) {
@@ -172,7 +177,7 @@ static inline void dataloader_seek(DataLoader* dl, int epoch, size_t shard_pos, 
         dl->sample_order_capacity = num_samples;
     }
     dl_fill_order(dl->sample_order, num_samples, dl->shuffle,
-                  dl_stream_seed(dl->seed, (uint64_t)epoch, 1 + (uint64_t)file_index));
+                  dl_stream_seed(dl->seed, epoch, 1 + (uint64_t)file_index));
     // take the prefetched shard if it is the one wanted, else read it now
     size_t prefetched = dataloader_prefetch_join(dl);
     if (dl->loaded_shard != file_index) {
@@ -299,7 +304,7 @@ static inline DataLoaderState dataloader_get_state(const DataLoader* dl) {
     DataLoaderState s;
     memset(&s, 0, sizeof(s));
     s.seed = dl->seed;
-    s.epoch = (uint64_t)dl->epoch;
+    s.epoch = dl->epoch;
     s.shard_pos = dl->shard_pos;
     s.batch_pos = dl->batch_pos;
     s.num_shards = dl->num_shards;
@@ -327,9 +332,13 @@ static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState
                                fields[i].name, (unsigned long long)fields[i].saved, (unsigned long long)fields[i].have);
         }
     }
-    if (s->epoch > (uint64_t)INT32_MAX || s->shard_pos >= dl->num_shards) {
-        return shard_error(err, errlen, "data loader state is corrupt: epoch %llu, shard %llu of %zu",
-                           (unsigned long long)s->epoch, (unsigned long long)s->shard_pos, dl->num_shards);
+    if (s->epoch > DL_MAX_EPOCH) {
+        return shard_error(err, errlen, "data loader state is corrupt: epoch %llu, expected at most %llu (room for "
+                           "the run to go on)", (unsigned long long)s->epoch, (unsigned long long)DL_MAX_EPOCH);
+    }
+    if (s->shard_pos >= dl->num_shards) {
+        return shard_error(err, errlen, "data loader state is corrupt: shard %llu of %zu",
+                           (unsigned long long)s->shard_pos, dl->num_shards);
     }
     // the position in samples, in global batches of this loader (whose B and
     // process count may differ from the writer's: a run resumed on other GPUs);
@@ -358,14 +367,15 @@ static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState
                            batch_pos, batches);
     }
     dl->seed = s->seed;
-    dataloader_seek(dl, (int)s->epoch, (size_t)s->shard_pos, batch_pos);
+    dataloader_seek(dl, s->epoch, (size_t)s->shard_pos, batch_pos);
     return 0;
 }
 
-static inline void dataloader_set_state(DataLoader* dl, const DataLoaderState* s) {
+// dataloader_try_set_state for a state read from the file `source`, which an error names
+static inline void dataloader_set_state(DataLoader* dl, const DataLoaderState* s, const char* source) {
     char err[SHARD_ERR_LEN];
     if (dataloader_try_set_state(dl, s, err, sizeof(err)) != 0) {
-        fatal("%s", err);
+        fatal("%s: %s", source, err);
     }
 }
 

@@ -50,6 +50,39 @@ typedef struct {
     char err[192]; // the first error: "line L, column C: what" ("" while there is none)
 } JsonParser;
 
+// byte c of a valid UTF-8 string as it stands in a JSON string literal, into out; returns its length
+static inline int json_escape_byte(unsigned char c, char out[7]) {
+    if (c == '"' || c == '\\') { out[0] = '\\'; out[1] = (char)c; return 2; }
+    if (c == '\n') { memcpy(out, "\\n", 2); return 2; }
+    if (c == '\t') { memcpy(out, "\\t", 2); return 2; }
+    if (c == '\r') { memcpy(out, "\\r", 2); return 2; }
+    if (c < 0x20) { return snprintf(out, 7, "\\u%04x", c); }
+    out[0] = (char)c;
+    return 1;
+}
+
+// s[0..n) for a one-line message, its bytes escaped as inside a JSON string (so that a NUL or a
+// newline in a name read from a file shows as \u0000 or \n), cut with "..." to fit out[len]; returns out
+static inline const char* json_escaped(char* out, size_t len, const char* s, size_t n) {
+    size_t used = 0;
+    for (size_t k = 0; k < n; k++) {
+        char piece[7];
+        size_t m = (size_t)json_escape_byte((unsigned char)s[k], piece);
+        if (used + m + 4 > len) { // room for "..." and the NUL, cut before a whole character
+            if (((unsigned char)s[k] & 0xC0) == 0x80) {
+                while (used > 0 && ((unsigned char)out[used - 1] & 0xC0) == 0x80) { used--; }
+                if (used > 0 && (unsigned char)out[used - 1] >= 0xC0) { used--; }
+            }
+            snprintf(out + used, len - used, "...");
+            return out;
+        }
+        memcpy(out + used, piece, m);
+        used += m;
+    }
+    out[used] = '\0';
+    return out;
+}
+
 // records the error at byte `at` (its line and column) and returns -1, which every caller passes up
 static inline int json_fail_at(JsonParser* p, size_t at, const char* what) {
     size_t line = 1, col = 1;
@@ -254,8 +287,9 @@ static inline int json_check_keys(JsonParser* p, const JsonValue* v, size_t star
     int rc = 0;
     for (size_t k = 1; k < v->length && rc == 0; k++) {
         if (json_member_cmp(&sorted[k - 1], &sorted[k]) == 0) {
-            char what[160];
-            snprintf(what, sizeof(what), "key \"%.100s\" appears twice in this object", sorted[k]->key);
+            char key[104], what[160];
+            json_escaped(key, sizeof(key), sorted[k]->key, sorted[k]->key_length);
+            snprintf(what, sizeof(what), "key \"%s\" appears twice in this object", key);
             rc = json_fail_at(p, start, what);
         }
     }
@@ -413,17 +447,6 @@ static inline int json_string_is(const JsonValue* v, const char* s) {
 static inline const char* json_type_name(JsonType t) {
     static const char* const names[] = {"null", "false", "true", "a number", "a string", "an array", "an object"};
     return names[t];
-}
-
-// byte c of a valid UTF-8 string as it stands in a JSON string literal, into out; returns its length
-static inline int json_escape_byte(unsigned char c, char out[7]) {
-    if (c == '"' || c == '\\') { out[0] = '\\'; out[1] = (char)c; return 2; }
-    if (c == '\n') { memcpy(out, "\\n", 2); return 2; }
-    if (c == '\t') { memcpy(out, "\\t", 2); return 2; }
-    if (c == '\r') { memcpy(out, "\\r", 2); return 2; }
-    if (c < 0x20) { return snprintf(out, 7, "\\u%04x", c); }
-    out[0] = (char)c;
-    return 1;
 }
 
 // writes s[0..n) (valid UTF-8) as a JSON string literal

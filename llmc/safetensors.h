@@ -103,16 +103,19 @@ static inline void safetensors_open(SafeTensors* st, const char* path) {
     for (size_t k = 0; k < header.length; k++) {
         const JsonMember* m = &header.members[k];
         const JsonValue* v = &m->value;
+        char name[128], what[64]; // as the messages show them (escaped: a NUL or a newline in a name stays visible)
+        json_escaped(name, sizeof(name), m->key, m->key_length);
         // names are C strings from here on: a NUL inside one would cut it short ("w\u0000a" and
         // "w\u0000b" would both be "w"), so it is refused
         if (memchr(m->key, '\0', m->key_length) != NULL) {
-            fatal("%s: tensor name \"%.60s...\" holds a NUL byte (\\u0000)", path, m->key);
+            fatal("%s: tensor name \"%s\" holds a NUL byte (\\u0000)", path, name);
         }
         if (strcmp(m->key, "__metadata__") == 0) {
             if (v->type != JSON_OBJECT) { fatal("%s: __metadata__ is %s, not an object", path, json_type_name(v->type)); }
             for (size_t j = 0; j < v->length; j++) {
                 if (v->members[j].value.type != JSON_STRING) {
-                    fatal("%s: __metadata__ \"%s\" is %s, not a string", path, v->members[j].key,
+                    json_escaped(what, sizeof(what), v->members[j].key, v->members[j].key_length);
+                    fatal("%s: __metadata__ \"%s\" is %s, not a string", path, what,
                           json_type_name(v->members[j].value.type));
                 }
             }
@@ -121,55 +124,55 @@ static inline void safetensors_open(SafeTensors* st, const char* path) {
         SafeTensor* t = &st->tensors[st->n++];
         t->name = (char*)mallocCheck(m->key_length + 1);
         memcpy(t->name, m->key, m->key_length + 1);
-        if (v->type != JSON_OBJECT) { fatal("%s: tensor %s is %s, not an object", path, t->name, json_type_name(v->type)); }
+        if (v->type != JSON_OBJECT) { fatal("%s: tensor %s is %s, not an object", path, name, json_type_name(v->type)); }
         const JsonValue* dtype = json_get(v, "dtype");
         const JsonValue* shape = json_get(v, "shape");
         const JsonValue* offsets = json_get(v, "data_offsets");
         if (dtype == NULL || shape == NULL || offsets == NULL || v->length != 3) {
-            fatal("%s: tensor %s needs exactly the keys dtype, shape and data_offsets", path, t->name);
+            fatal("%s: tensor %s needs exactly the keys dtype, shape and data_offsets", path, name);
         }
         size_t elem = dtype->type == JSON_STRING && dtype->length < sizeof(t->dtype_name) &&
                       strlen(dtype->string) == dtype->length ? safetensors_dtype_size(dtype->string) : 0;
         if (elem == 0) {
-            fatal("%s: tensor %s has an unknown dtype %.40s", path, t->name,
-                  dtype->type == JSON_STRING ? dtype->string : "(not a string)");
+            fatal("%s: tensor %s has an unknown dtype %s", path, name, dtype->type != JSON_STRING ? "(not a string)"
+                  : json_escaped(what, sizeof(what), dtype->string, dtype->length));
         }
         strcpy(t->dtype_name, dtype->string);
         t->dtype = strcmp(t->dtype_name, "F32") == 0 ? ST_F32 : strcmp(t->dtype_name, "BF16") == 0 ? ST_BF16
                  : strcmp(t->dtype_name, "F16") == 0 ? ST_F16 : ST_OTHER;
         if (shape->type != JSON_ARRAY || shape->length > SAFETENSORS_MAX_DIMS) {
-            fatal("%s: tensor %s: shape must be an array of at most %d integers", path, t->name, SAFETENSORS_MAX_DIMS);
+            fatal("%s: tensor %s: shape must be an array of at most %d integers", path, name, SAFETENSORS_MAX_DIMS);
         }
         t->ndim = (int)shape->length;
         uint64_t numel = 1;
         for (int d = 0; d < t->ndim; d++) {
             const JsonValue* s = &shape->items[d];
             if (s->type != JSON_NUMBER || !s->is_integer || s->integer < 0) {
-                fatal("%s: tensor %s: shape must be an array of non-negative integers", path, t->name);
+                fatal("%s: tensor %s: shape must be an array of non-negative integers", path, name);
             }
             t->shape[d] = s->integer;
-            if (s->integer > 0 && numel > UINT64_MAX / (uint64_t)s->integer) { fatal("%s: tensor %s: shape too large", path, t->name); }
+            if (s->integer > 0 && numel > UINT64_MAX / (uint64_t)s->integer) { fatal("%s: tensor %s: shape too large", path, name); }
             numel *= (uint64_t)s->integer;
         }
         if (offsets->type != JSON_ARRAY || offsets->length != 2) {
-            fatal("%s: tensor %s: data_offsets must be an array of two integers", path, t->name);
+            fatal("%s: tensor %s: data_offsets must be an array of two integers", path, name);
         }
         for (int j = 0; j < 2; j++) {
             const JsonValue* o = &offsets->items[j];
             if (o->type != JSON_NUMBER || !o->is_integer || o->integer < 0) {
-                fatal("%s: tensor %s: data_offsets must be non-negative integers", path, t->name);
+                fatal("%s: tensor %s: data_offsets must be non-negative integers", path, name);
             }
         }
         t->begin = (uint64_t)offsets->items[0].integer;
         t->end = (uint64_t)offsets->items[1].integer;
         if (t->begin > t->end || t->end > data_size) {
             fatal("%s: tensor %s: data_offsets [%llu, %llu] are outside the %llu bytes of data (truncated file?)", path,
-                  t->name, (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data_size);
+                  name, (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)data_size);
         }
         if (numel > UINT64_MAX / elem || t->end - t->begin != numel * elem) {
             char s[128];
             safetensors_shape_string(t, s, sizeof(s));
-            fatal("%s: tensor %s: %llu bytes of data for a %s tensor of shape %s", path, t->name,
+            fatal("%s: tensor %s: %llu bytes of data for a %s tensor of shape %s", path, name,
                   (unsigned long long)(t->end - t->begin), t->dtype_name, s);
         }
     }

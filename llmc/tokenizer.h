@@ -742,8 +742,9 @@ static inline int tokenizer_json_pattern(const JsonValue* pre, const char* path)
             size_t used = (size_t)snprintf(desc, sizeof(desc), "%s", n == 1 && steps == pre ? "" : "Sequence[");
             for (size_t k = 0; k < n && used < sizeof(desc); k++) {
                 const JsonValue* type = json_get(&steps[k], "type");
-                used += (size_t)snprintf(desc + used, sizeof(desc) - used, "%s%.40s", k ? ", " : "",
-                                         type && type->type == JSON_STRING ? type->string : "?");
+                char shown[44];
+                used += (size_t)snprintf(desc + used, sizeof(desc) - used, "%s%s", k ? ", " : "", type && type->type ==
+                                         JSON_STRING ? json_escaped(shown, sizeof(shown), type->string, type->length) : "?");
             }
             if (!(n == 1 && steps == pre) && used < sizeof(desc)) { snprintf(desc + used, sizeof(desc) - used, "]"); }
         }
@@ -765,8 +766,10 @@ static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
     const JsonValue* model = json_get(&root, "model");
     if (model == NULL || model->type != JSON_OBJECT) { fatal("%s: no \"model\" object", path); }
     const JsonValue* v = json_get(model, "type");
+    char a[64], b[64]; // strings of the file as the messages show them (json_escaped)
     if (!json_string_is(v, "BPE")) {
-        fatal("%s: model.type is %.40s: only byte-level BPE is supported", path, v && v->type == JSON_STRING ? v->string : "missing");
+        fatal("%s: model.type is %s: only byte-level BPE is supported", path,
+              v && v->type == JSON_STRING ? json_escaped(a, sizeof(a), v->string, v->length) : "missing");
     }
     // what HF's BPE model would do differently
     if ((v = json_get(model, "dropout")) != NULL && v->type != JSON_NULL) { fatal("%s: model.dropout is set: not supported", path); }
@@ -786,7 +789,8 @@ static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
     t->ignore_merges = v != NULL && v->type == JSON_TRUE;
     if ((v = json_get(&root, "normalizer")) != NULL && v->type != JSON_NULL) {
         const JsonValue* type = json_get(v, "type");
-        fatal("%s: normalizer %.40s is not supported", path, type && type->type == JSON_STRING ? type->string : "?");
+        fatal("%s: normalizer %s is not supported", path,
+              type && type->type == JSON_STRING ? json_escaped(a, sizeof(a), type->string, type->length) : "?");
     }
     t->pattern = tokenizer_json_pattern(json_get(&root, "pre_tokenizer"), path);
     if (!json_string_is(json_get(json_get(&root, "decoder"), "type"), "ByteLevel")) {
@@ -808,7 +812,10 @@ static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
             fatal("%s: added_tokens[%zu] has no content", path, k - vocab->length);
         }
         if (id == NULL || id->type != JSON_NUMBER || !id->is_integer || id->integer < 0 || id->integer >= TOKENIZER_MAX_TOKENS) {
-            if (k < vocab->length) { fatal("%s: model.vocab[\"%.60s\"] is not a token id", path, vocab->members[k].key); }
+            if (k < vocab->length) {
+                fatal("%s: model.vocab[\"%s\"] is not a token id", path,
+                      json_escaped(a, sizeof(a), vocab->members[k].key, vocab->members[k].key_length));
+            }
             fatal("%s: added_tokens[%zu].id is not a token id", path, k - vocab->length);
         }
         if (id->integer >= n) { n = (int)id->integer + 1; }
@@ -822,7 +829,10 @@ static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
         if (content->type != JSON_STRING || content->length == 0) {
             fatal("%s: added_tokens[%zu].content is not a non-empty string", path, k);
         }
-        if (is_added[id]) { fatal("%s: added tokens \"%.60s\" and \"%.60s\" both have id %d", path, text[id], content->string, id); }
+        if (is_added[id]) {
+            fatal("%s: added tokens \"%s\" and \"%s\" both have id %d", path, json_escaped(a, sizeof(a), text[id], text_len[id]),
+                  json_escaped(b, sizeof(b), content->string, content->length), id);
+        }
         text[id] = content->string;
         text_len[id] = content->length;
         is_added[id] = 1;
@@ -832,11 +842,15 @@ static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
         int id = (int)m->value.integer;
         if (is_added[id]) {
             if (m->key_length != text_len[id] || memcmp(m->key, text[id], text_len[id]) != 0) {
-                fatal("%s: id %d is \"%.60s\" in model.vocab but \"%.60s\" in added_tokens", path, id, m->key, text[id]);
+                fatal("%s: id %d is \"%s\" in model.vocab but \"%s\" in added_tokens", path, id,
+                      json_escaped(a, sizeof(a), m->key, m->key_length), json_escaped(b, sizeof(b), text[id], text_len[id]));
             }
             continue;
         }
-        if (text[id] != NULL) { fatal("%s: tokens \"%.60s\" and \"%.60s\" both have id %d", path, text[id], m->key, id); }
+        if (text[id] != NULL) {
+            fatal("%s: tokens \"%s\" and \"%s\" both have id %d", path, json_escaped(a, sizeof(a), text[id], text_len[id]),
+                  json_escaped(b, sizeof(b), m->key, m->key_length), id);
+        }
         if (m->key_length == 0) { fatal("%s: model.vocab has an empty token (id %d)", path, id); }
         text[id] = m->key;
         text_len[id] = m->key_length;
@@ -871,8 +885,8 @@ static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
         } else {
             len = tokenizer_from_byte_chars(text[id], text_len[id], from_char, t->bytes + used);
             if (len < 0) {
-                fatal("%s: token \"%.60s\" (id %d) has a character outside GPT-2's byte-level alphabet: not a byte-level BPE "
-                      "vocabulary", path, text[id], id);
+                fatal("%s: token \"%s\" (id %d) has a character outside GPT-2's byte-level alphabet: not a byte-level BPE "
+                      "vocabulary", path, json_escaped(a, sizeof(a), text[id], text_len[id]), id);
             }
         }
         used += (size_t)len;
@@ -928,14 +942,14 @@ static inline void tokenizer_init_json(Tokenizer* t, const char* path) {
             len[j] = tokenizer_from_byte_chars(part[j], part_len[j], from_char, buf + (j ? len[0] : 0));
             ids[j] = len[j] < 0 ? -1 : tokenizer_lookup(t, buf + (j ? len[0] : 0), (size_t)len[j]);
             if (ids[j] < 0) {
-                fatal("%s: model.merges[%zu]: \"%.*s\" is not in the vocabulary", path, k,
-                      (int)(part_len[j] < 60 ? part_len[j] : 60), part[j]);
+                fatal("%s: model.merges[%zu]: \"%s\" is not in the vocabulary", path, k,
+                      json_escaped(a, sizeof(a), part[j], part_len[j]));
             }
         }
         ids[2] = tokenizer_lookup(t, buf, (size_t)(len[0] + len[1]));
         if (ids[2] < 0) {
-            fatal("%s: model.merges[%zu]: \"%.*s\" + \"%.*s\" is not in the vocabulary", path, k,
-                  (int)(part_len[0] < 60 ? part_len[0] : 60), part[0], (int)(part_len[1] < 60 ? part_len[1] : 60), part[1]);
+            fatal("%s: model.merges[%zu]: \"%s\" + \"%s\" is not in the vocabulary", path, k,
+                  json_escaped(a, sizeof(a), part[0], part_len[0]), json_escaped(b, sizeof(b), part[1], part_len[1]));
         }
         int other = tokenizer_merge_index(t, ids[0], ids[1]);
         if (other >= 0) { fatal("%s: model.merges[%zu] repeats model.merges[%d]", path, k, other); }

@@ -4,7 +4,8 @@
  config, a truncated file, a wrong magic and a wrong version; crafted headers
  (sizes that would overflow, fields out of bounds, inf and NaN), flipped bytes
  (the checksum), non-finite parameters, version 1 files, a directory, and a
- write that fails (nothing half written left); XXH64 against the reference;
+ write that fails (nothing half written left); the config read alone checks
+ the size and the checksum first too; XXH64 against the reference;
  also the training log's truncation on resume (llmc/logger.h).
 */
 #include "llmc/checkpoint.h"
@@ -29,6 +30,10 @@ static void load_model(const void* path) {
     free(checkpoint_load_model((const char*)path, &c, NULL));
 }
 
+static void read_config(const void* path) {
+    checkpoint_read_config((const char*)path, NULL);
+}
+
 // loads the optimizer state of `step` in dir for config c, as one process with 24 bytes of loader state
 static void load_state_as(const char* dir, int step, const GPTConfig* c) {
     TrainState s;
@@ -38,6 +43,8 @@ static void load_state_as(const char* dir, int step, const GPTConfig* c) {
     float* v = (float*)mallocCheck(n * sizeof(float));
     int32_t ffn[4 * 2 + 4]; // ffn_state_ints of c's 2 layers
     checkpoint_load_state(dir, step, c, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
+    free(m);
+    free(v);
 }
 
 // path: a checkpoint directory with a state of step 17
@@ -309,6 +316,14 @@ static void test_crafted_headers(void) {
     fcloseCheck(fp);
     expect_child_error(load_model, flipped.s, "flipped.bin: checksum mismatch");
     expect_child_error(load_model, crafted(model.s, 12, 4).s, "crafted.bin: checksum mismatch"); // the step
+    // the config alone (what a run builds its model from before it loads the weights) comes from a file whose
+    // size and checksum hold: here a 1024-byte file whose header describes the largest model the bounds allow
+    expect_child_error(read_config, flipped.s, "flipped.bin: checksum mismatch");
+    GPTConfig largest = {GPT_MAX_VOCAB, GPT_MAX_VOCAB, GPT_MAX_LAYERS, GPT_MAX_CHANNELS, GPT_MAX_HEADS, GPT_MAX_HEADS,
+                         GPT_MAX_HIDDEN, GPT_MAX_SEQ_LEN, 10000.0f, 1e-5f, ACT_RELU, 1};
+    write_header_only(big.s, &largest, num_parameters(&largest), 0);
+    expect_child_error(read_config, big.s, "big.bin: file is 1024 bytes, its header describes 923590304465920 (truncated?)");
+    expect_child_error(load_model, big.s, "big.bin: file is 1024 bytes, its header describes 923590304465920 (truncated?)");
 
     // version 1: no checksum, loads with a one-line note; non-finite parameters are refused by name
     Path v1 = tmp_path("v1.bin");
@@ -400,6 +415,27 @@ static void test_crafted_state(void) {
     poke(path, 1024 + 24 + 4 * 10, 0x7fc00000); // m[10] = NaN: the checksum first
     expect_child_error(load_state_of, dir.s, "checksum mismatch");
     expect_child_error(save_state_with_nan_moment, dir.s, "optimizer moment 10 is not finite");
+    // a version 1 state loads flagged unverified, and quietly: the caller notes it once its own checks of
+    // what the file holds (the data position) passed, so that an error stays one line
+    copy_prefix(copy.s, path, size_of(copy.s));
+    poke(path, 4, 1);
+    poke(path, 4 * CKPT_CHECKSUM, 0);
+    poke(path, 4 * (CKPT_CHECKSUM + 1), 0);
+    char err[1024];
+    int rc = run_child(load_state_of, dir.s, err, sizeof(err));
+    CHECK(rc == 0 && err[0] == '\0', "a version 1 state: exit %d, '%s'", rc, err);
+    TrainState back;
+    char loader_back[24];
+    float* m2 = (float*)mallocCheck(n * sizeof(float));
+    float* v2 = (float*)mallocCheck(n * sizeof(float));
+    checkpoint_load_state(dir.s, 5, &c, 1, 0, &back, loader_back, sizeof(loader_back), m2, v2, NULL);
+    CHECK(back.unverified == 1 && memcmp(m2, m, n * sizeof(float)) == 0, "a version 1 state: unverified %d",
+          back.unverified);
+    copy_prefix(copy.s, path, size_of(copy.s));
+    checkpoint_load_state(dir.s, 5, &c, 1, 0, &back, loader_back, sizeof(loader_back), m2, v2, NULL);
+    CHECK(back.unverified == 0, "a version 2 state: unverified %d", back.unverified);
+    free(m2);
+    free(v2);
     remove(path);
     remove(copy.s);
     rmdir(dir.s);

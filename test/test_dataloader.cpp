@@ -1,7 +1,8 @@
 /*
  Tests for llmc/shard.h and llmc/dataloader.h on small shards in a temporary
  directory: exact round trips, one clear error per kind of corrupt shard,
- batch order, multi-process splits, shuffling and resume.
+ batch order, multi-process splits, shuffling, resume, and the states a resume
+ refuses (an epoch past the bound among them).
 */
 #include "llmc/dataloader.h"
 #include "test/test.h"
@@ -273,14 +274,14 @@ static void test_unshuffled(void) {
                 dataloader_next_batch(&dl);
                 batch_ids(&dl, ids);
                 for (int b = 0; b < 3; b++) { bad += ids[b] != k * TOK_SHARD + (int)(s + b) * 4; }
-                bad += dl.epoch != epoch;
+                bad += dl.epoch != (uint64_t)epoch;
             }
         }
         CHECK(bad == 0 && batch == nb, "epoch %d: unshuffled order differs (%d)", epoch, bad);
     }
     // reset: back to the first batch of epoch 0
     dataloader_reset(&dl);
-    CHECK(dl.epoch == 0, "reset epoch %d", dl.epoch);
+    CHECK(dl.epoch == 0, "reset epoch %llu", (unsigned long long)dl.epoch);
     dataloader_next_batch(&dl);
     batch_ids(&dl, ids);
     CHECK(ids[0] == 0 && ids[1] == 4 && ids[2] == 8, "after reset: %d %d %d", ids[0], ids[1], ids[2]);
@@ -297,7 +298,7 @@ static void test_unshuffled(void) {
         batch_ids(&dl, ids5);
         for (int b = 0; b < 5; b++) { bad += ids5[b] != ((i % 4) * 5 + b) * 4; }
     }
-    CHECK(bad == 0 && dl.epoch == 1, "uint16 order (%d), epoch %d", bad, dl.epoch);
+    CHECK(bad == 0 && dl.epoch == 1, "uint16 order (%d), epoch %llu", bad, (unsigned long long)dl.epoch);
     dataloader_free(&dl);
 }
 
@@ -357,7 +358,7 @@ static void test_shuffled(void) {
     CHECK(memcmp(ia, ic, per_epoch * sizeof(int)) != 0, "another seed, same batches");
     CHECK(memcmp(ia, ip, per_epoch * sizeof(int)) != 0, "shuffled equals file order");
     CHECK(memcmp(ia, ia + per_epoch, per_epoch * sizeof(int)) != 0, "epoch 1 repeats epoch 0");
-    CHECK(a.epoch == 1, "epoch %d after two epochs", a.epoch);
+    CHECK(a.epoch == 1, "epoch %llu after two epochs", (unsigned long long)a.epoch);
     // every sample exactly once per epoch (all shards here hold a multiple of 3 samples)
     for (int e = 0; e < 2; e++) {
         int seen[3][30];
@@ -411,7 +412,7 @@ static void check_resume(int B, int P, int shuffle) {
         // a loader made with another seed and moved elsewhere still continues exactly
         dataloader_init(&dst, train_pattern.s, B, 4, P - 1, P, shuffle, 5, VOCAB);
         collect(&dst, 7, got);
-        dataloader_set_state(&dst, &st);
+        dataloader_set_state(&dst, &st, "a state");
         collect(&dst, ahead, got);
         int diff = memcmp(got, want + k * (size_t)B, ahead * (size_t)B * sizeof(int)) != 0;
         CHECK(!diff, "B=%d P=%d shuffle=%d: resume after %zu batches differs", B, P, shuffle, k);
@@ -443,7 +444,7 @@ static void check_resplit(int B, int P) {
         collect(&part, k, got);
         DataLoaderState st = dataloader_get_state(&part);
         dataloader_init(&one, train_pattern.s, B * P, 4, 0, 1, 1, 7, VOCAB);
-        dataloader_set_state(&one, &st);
+        dataloader_set_state(&one, &st, "a state");
         collect(&one, 3, got);
         bad += memcmp(got, want + k * (size_t)B * P, 3 * (size_t)B * P * sizeof(int)) != 0;
         // and back: rank r of P continues with its part of the next global batch
@@ -451,7 +452,7 @@ static void check_resplit(int B, int P) {
         for (int r = 0; r < P; r++) {
             DataLoader back;
             dataloader_init(&back, train_pattern.s, B, 4, r, P, 1, 7, VOCAB);
-            dataloader_set_state(&back, &st);
+            dataloader_set_state(&back, &st, "a state");
             collect(&back, 1, got);
             bad += memcmp(got, want + ((k + 3) * P + r) * (size_t)B, (size_t)B * sizeof(int)) != 0;
             dataloader_free(&back);
@@ -503,6 +504,49 @@ static void test_state_errors(void) {
     dataloader_free(&dl);
 }
 
+// a state at the end of epoch DL_MAX_EPOCH (the largest a state may hold): one batch before the next epoch
+static DataLoaderState state_at_max_epoch(void) {
+    DataLoader dl;
+    dataloader_init(&dl, train_pattern.s, 3, 4, 0, 1, 1, 3, VOCAB);
+    dataloader_seek(&dl, DL_MAX_EPOCH, dl.num_shards - 1, 0);
+    dl.batch_pos = dataloader_shard_batches(&dl, dl.shard_order[dl.shard_pos]);
+    DataLoaderState st = dataloader_get_state(&dl);
+    dataloader_free(&dl);
+    return st;
+}
+
+static void set_state_past_max_epoch(const void* source) {
+    DataLoader dl;
+    dataloader_init(&dl, train_pattern.s, 3, 4, 0, 1, 1, 3, VOCAB);
+    DataLoaderState st = state_at_max_epoch();
+    st.epoch++;
+    dataloader_set_state(&dl, &st, (const char*)source);
+}
+
+// the epoch is a 64-bit counter: a state at the bound resumes and runs on into the next epoch (as one
+// seeked there does); one past the bound, whose run could not go on, is refused, naming the file
+static void test_max_epoch(void) {
+    DataLoader dl, ref;
+    dataloader_init(&dl, train_pattern.s, 3, 4, 0, 1, 1, 3, VOCAB);
+    dataloader_init(&ref, train_pattern.s, 3, 4, 0, 1, 1, 3, VOCAB);
+    char err[SHARD_ERR_LEN];
+    DataLoaderState st = state_at_max_epoch();
+    CHECK(dataloader_try_set_state(&dl, &st, err, sizeof(err)) == 0, "a state of epoch DL_MAX_EPOCH: %s", err);
+    dataloader_next_batch(&dl);
+    dataloader_seek(&ref, DL_MAX_EPOCH + 1, 0, 0);
+    dataloader_next_batch(&ref);
+    CHECK(dl.epoch == DL_MAX_EPOCH + 1 && dl.shard_pos == 0 && dl.batch_pos == 1 &&
+          memcmp(dl.inputs, ref.inputs, 3 * 4 * sizeof(int)) == 0, "the batch after epoch DL_MAX_EPOCH: epoch %llu, "
+          "shard %zu, batch %zu", (unsigned long long)dl.epoch, dl.shard_pos, dl.batch_pos);
+    st = dataloader_get_state(&dl);
+    CHECK(dataloader_try_set_state(&ref, &st, err, sizeof(err)) == -1 &&
+          strstr(err, "epoch 4611686018427387905, expected at most 4611686018427387904"), "epoch past the bound: %s", err);
+    expect_child_error(set_state_past_max_epoch, "run/state_00000007_00000.bin",
+                       "run/state_00000007_00000.bin: data loader state is corrupt: epoch 4611686018427387905");
+    dataloader_free(&dl);
+    dataloader_free(&ref);
+}
+
 int main(void) {
     make_tmp_dir("test_dataloader");
 
@@ -531,6 +575,7 @@ int main(void) {
     check_resplit(2, 2);
     check_resplit(1, 3);
     test_state_errors();
+    test_max_epoch();
 
     remove_tmp_dir();
     CHECK(!file_exists(tmp_dir), "temporary directory %s not removed", tmp_dir);

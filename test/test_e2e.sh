@@ -54,6 +54,34 @@ check "accumulation is announced" grep -q "2 x 64 tokens x 2 accumulation = 256 
 check "accumulated steps match the big micro-batch" awk 'NR == FNR {a[FNR] = $1; next} {n++; d = a[FNR] - $1; if (d < 0) d = -d; if (d > 1e-4 * a[FNR]) bad = 1} END {exit bad || n != 6}' \
     <(json_field "$work/acc1/log.jsonl" train loss) <(json_field "$work/acc2/log.jsonl" train loss)
 
+# 2c. the data position in a state file (edited as a version 1 file, which has no checksum): a state at the
+# end of the epoch below the bound resumes, the run goes on into the epoch at the bound, and its checkpoint
+# resumes too; a state past the bound, whose run could not go on, is refused with one line naming the file
+# put_le FILE OFFSET BYTES VALUE: VALUE as a BYTES-byte little-endian integer at OFFSET
+put_le() {
+    local i bytes=""
+    for ((i = 0; i < $3; i++)); do bytes+=$(printf '\\%03o' $((($4 >> (8 * i)) & 255))); done
+    printf "$bytes" | dd of="$1" bs=1 seek="$2" conv=notrunc 2> /dev/null
+}
+max_epoch=$((1 << 62)) # DL_MAX_EPOCH
+tokens=$(od -An -tu4 -j8 -N4 data/corpus_train_000001.bin)
+for dir in ep ep_past; do
+    mkdir -p "$work/$dir"
+    cp "$work/a/model_00000020.bin" "$work/a/state_00000020_00000.bin" "$work/$dir/"
+    st="$work/$dir/state_00000020_00000.bin"
+    put_le "$st" 4 4 1; put_le "$st" 1016 8 0                     # version 1, no checksum
+    put_le "$st" 1032 8 $((max_epoch - 1))                          # the loader state's epoch,
+    put_le "$st" 1040 8 0; put_le "$st" 1048 8 $(((tokens - 1) / 64 / 4 - 1)) # its shard and last batch
+done
+train -o "$work/ep" -x 23 -v 0 -n 0 -b 4 -y 1 > "$work/ep.txt" 2>&1
+check "a state one epoch below the bound resumes" test $? -eq 0
+check "its version 1 files are noted" grep -q "note: the optimizer state of step 20 in $work/ep is in version 1 files" "$work/ep.txt"
+check "the run went on into the epoch at the bound" test "$(od -An -tu8 -j1032 -N24 "$work/ep/state_00000023_00000.bin" | xargs)" = "$max_epoch 0 2"
+check "... and its checkpoint resumes" train -o "$work/ep" -x 24 -v 0 -n 0 -b 4 -y 1 > /dev/null 2>&1
+put_le "$work/ep_past/state_00000020_00000.bin" 1032 8 $((max_epoch + 1))
+expect_error "$work/ep_past/state_00000020_00000.bin: data loader state is corrupt: epoch $((max_epoch + 1)), expected at most $max_epoch" \
+    train -o "$work/ep_past" -x 23 -v 0 -n 0 -b 4 -y 1
+
 # 3. bad input: one clear line naming the problem
 expect_error "is for another model: hidden 128 (checkpoint) vs 96 (this run)" \
     ./train_gpt_sparse "${tiny[@]}" --hidden 96 -o "$work/b" -x 50 -y 1
@@ -65,6 +93,21 @@ printf 'not a shard' > "$work/bad_train_000001.bin"
 expect_error "$work/bad_train_000001.bin" train -i "$work/bad_train_*.bin" -o "$work/c"
 head -c 2000 data/corpus_val_000000.bin > "$work/cut_val_000000.bin"
 expect_error "$work/cut_val_000000.bin" train -j "$work/cut_val_*.bin" -o "$work/c"
+
+# a model file shorter than its header says, the header of a 1024-layer model with H 2^20: every loader
+# checks the size before it builds or allocates what the header describes
+cut="$work/cut/model_00000040.bin"
+mkdir -p "$work/cut"
+head -c 1024 "$work/a/model_00000040.bin" > "$cut"
+cp "$work/a/state_00000040_00000.bin" "$work/cut/"
+put_le "$cut" 16 4 1024; put_le "$cut" 32 4 1048576 # [4] layers, [8] hidden
+n=$((50304 * 64 + 1024 * (64 + 128 * 64 + 64 * 64 + 64 + 3 * 1048576 * 64) + 64)) # Vp D + L (D + qkv D + D D + D + 3 H D) + D
+put_le "$cut" 52 8 $n                                                             # [13, 14] parameters
+want="$cut: file is 1024 bytes, its header describes $((1024 + 4 * n)) (truncated?)"
+expect_error "$want" ./train_gpt_sparse --init-from "$cut" -o "$work/x"
+expect_error "$want" train -o "$work/cut" -x 50 -y 1
+expect_error "$want" ./infer -m "$cut" -p hi
+expect_error "$want" ./hf_convert --export "$cut" -o "$work/x_hf"
 
 # 4. infer on the checkpoint
 model="$work/a/model_00000040.bin"

@@ -267,7 +267,7 @@ static void test_state(void) {
     for (const FfnHotPolicy& p : policies) {
         a.ffn.hot = p;
         ffn_state_get(&a.ffn, state.data());
-        ffn_state_set(&b.ffn, state.data(), (int)state.size());
+        ffn_state_set(&b.ffn, state.data(), (int)state.size(), "a state");
         const FfnHotPolicy* q = &b.ffn.hot;
         CHECK(b.ffn.layer[0].on == 1 && b.ffn.layer[0].W == 32 && b.ffn.layer[0].tail_capacity == 100 &&
               b.ffn.layer[0].hot.units == 64 && b.ffn.layer[1].on == 0 && b.ffn.layer[1].hot.units == 0 &&
@@ -277,10 +277,14 @@ static void test_state(void) {
     }
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
     b.ffn.hot = ffn_hot_policy(FFN_HOT_MEASURED, 0);
-    ffn_state_set(&b.ffn, old, 6);
+    ffn_state_set(&b.ffn, old, 6, "an old state");
     CHECK(b.ffn.layer[0].W == 48 && b.ffn.layer[1].tail_capacity == 10 && b.ffn.layer[0].hot.units == 0 &&
           b.ffn.layer[1].hot.units == 0 && b.ffn.hot.mode == FFN_HOT_MEASURED && !b.ffn.hot.measured,
           "an FFN state from before the hot/cold split");
+    // a tail of more rows than the micro-batch has (from a run of larger micro-batches) is cut to it
+    gpt_alloc_activations(&b, 2, 8);
+    CHECK(b.ffn.layer[0].tail_capacity == 16 && b.ffn.layer[1].tail_capacity == 10, "tails %d and %d for 16 rows",
+          b.ffn.layer[0].tail_capacity, b.ffn.layer[1].tail_capacity);
     gpt_free(&a);
     gpt_free(&b);
 }

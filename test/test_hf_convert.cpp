@@ -216,6 +216,7 @@ static void test_json_errors(void) {
         {"[\"\\ud800x\"]", "unpaired UTF-16 high surrogate"},
         {"[\"\\ud800\\u0041\"]", "unpaired UTF-16 high surrogate"},
         {"{\"a\":1,\"b\":2,\"a\":3}", "key \"a\" appears twice in this object"},
+        {"{\"a\\u0000b\":1,\"a\\u0000b\":2}", "key \"a\\u0000b\" appears twice in this object"},
         {"{} x", "line 1, column 4: text after the value"},
         {"[tru]", "unexpected character"},
         {"{\"a\" 1}", "expected ':' after a key"},
@@ -355,11 +356,16 @@ static void test_safetensors_errors(void) {
         {"{\"a\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, "tensor a is I32; only F32, BF16 and F16"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
          -1, 8, "invalid JSON at line 1, column 1: key \"a\" appears twice"},
-        // a NUL would cut a name or dtype short: "w\0a" and "w\0b" would both be "w", "F32\0junk" F32
+        // a NUL would cut a name or dtype short: "w\0a" and "w\0b" would both be "w", "F32\0junk" F32; the
+        // messages show it escaped, as they show a newline (an error stays one line)
         {"{\"w\\u0000a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"w\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-         -1, 8, "tensor name \"w...\" holds a NUL byte (\\u0000)"},
-        {"{\"__metadata__\\u0000\":{}}", -1, 0, "tensor name \"__metadata__...\" holds a NUL byte"},
-        {"{\"t\":{\"dtype\":\"F32\\u0000junk\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, "tensor t has an unknown dtype F32"},
+         -1, 8, "tensor name \"w\\u0000a\" holds a NUL byte (\\u0000)"},
+        {"{\"__metadata__\\u0000\":{}}", -1, 0, "tensor name \"__metadata__\\u0000\" holds a NUL byte"},
+        {"{\"t\":{\"dtype\":\"F32\\u0000junk\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8,
+         "tensor t has an unknown dtype F32\\u0000junk"},
+        {"{\"__metadata__\":{\"a\\u0000b\":1}}", -1, 0, "__metadata__ \"a\\u0000b\" is a number, not a string"},
+        {"{\"a\\nb\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,8]}}", -1, 8,
+         "tensor a\\nb: shape must be an array of non-negative integers"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         write_st(p.s, cases[k].header, cases[k].len, cases[k].data);
@@ -640,6 +646,7 @@ static void test_tokenizer_json_errors(void) {
         {"[]", NULL, NULL, "the top level is an array, not a tokenizer.json object"},
         {"{\"model\":1}", NULL, NULL, "no \"model\" object"},
         {NULL, "\"type\":\"BPE\"", "\"type\":\"WordPiece\"", "model.type is WordPiece: only byte-level BPE is supported"},
+        {NULL, "\"type\":\"BPE\"", "\"type\":\"BPE\\u0000x\"", "model.type is BPE\\u0000x: only byte-level BPE is supported"},
         {NULL, "\"dropout\":null", "\"dropout\":0.1", "model.dropout is set: not supported"},
         {NULL, "\"byte_fallback\":false", "\"byte_fallback\":true", "model.byte_fallback is set: not supported"},
         {NULL, "\"continuing_subword_prefix\":null", "\"continuing_subword_prefix\":\"##\"", "model.continuing_subword_prefix is set"},
@@ -660,6 +667,7 @@ static void test_tokenizer_json_errors(void) {
         {NULL, "\"ee\":267", "\"ee\":300", "no token has id 267 (the ids must run from 0 to 300)"},
         {NULL, "\"ee\":267", "\"ee\":266", "both have id 266"},
         {NULL, "\"ee\":267", "\"ee\":-1", "model.vocab[\"ee\"] is not a token id"},
+        {NULL, "\"ee\":267", "\"e\\u0000e\":-1", "model.vocab[\"e\\u0000e\"] is not a token id"},
         {NULL, "\"ee\":267", "\"e e\":267", "token \"e e\" (id 267) has a character outside GPT-2's byte-level alphabet"},
         {NULL, "\"e e\"]", "\"ee\"]", "model.merges[11] is not \"left right\" or [\"left\", \"right\"]"},
         {NULL, "\"e e\"]", "\"e q\"]", "model.merges[11]: \"e\" + \"q\" is not in the vocabulary"},
@@ -1089,6 +1097,9 @@ static void test_import_variants(void) {
         // index errors
         write_text(idx.s, "{\"weight_map\": {\"model.norm.weight\": \"../x.safetensors\"}}");
         expect_error(child_convert, imp_sharded, "weight_map[\"model.norm.weight\"] is not a file name in the same directory", "index: path");
+        write_text(idx.s, "{\"weight_map\": {\"model.norm\\u0000.weight\": \"model-00001-of-00002.safetensors\"}}");
+        expect_error(child_convert, imp_sharded, "weight_map key \"model.norm\\u0000.weight\" holds a NUL byte (\\u0000)",
+                     "index: NUL in a name");
         write_text(idx.s, "{\"weight_map\": {\"model.norm.weight\": \"model-00003-of-00002.safetensors\"}}");
         expect_error(child_convert, imp_sharded, "model-00003-of-00002.safetensors is missing", "index: missing shard");
         write_text(idx.s, "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}");

@@ -162,8 +162,9 @@ static double hf_rope_theta(const JsonValue* cfg, const char* path) {
         const JsonValue* type = json_get(v, "rope_type");
         if (type == NULL) { type = json_get(v, "type"); }
         if (!json_string_is(type, "default")) {
-            fatal("%s: %s (rope_type %.40s) is not supported: only plain RoPE", path, keys[k],
-                  type && type->type == JSON_STRING ? type->string : "missing");
+            char shown[64];
+            fatal("%s: %s (rope_type %s) is not supported: only plain RoPE", path, keys[k],
+                  type && type->type == JSON_STRING ? json_escaped(shown, sizeof(shown), type->string, type->length) : "missing");
         }
         if (json_get(v, "rope_theta") != NULL) { theta = hf_number(v, "rope_theta", path, theta); }
     }
@@ -327,13 +328,15 @@ static void hf_open_weights(const char* dir, HFWeights* w) {
         w->files = (SafeTensors*)callocCheck(map->length ? map->length : 1, sizeof(SafeTensors));
         for (size_t k = 0; k < map->length; k++) {
             const JsonValue* file = &map->members[k].value;
+            char key[64]; // as the messages show it (escaped)
+            json_escaped(key, sizeof(key), map->members[k].key, map->members[k].key_length);
             if (strlen(map->members[k].key) != map->members[k].key_length) {
-                fatal("%s: weight_map key \"%.60s...\" holds a NUL byte (\\u0000)", index.s, map->members[k].key);
+                fatal("%s: weight_map key \"%s\" holds a NUL byte (\\u0000)", index.s, key);
             }
             if (file->type != JSON_STRING || file->length == 0 || strlen(file->string) != file->length ||
                 strchr(file->string, '/') != NULL ||
                 strcmp(file->string, "..") == 0 || strcmp(file->string, ".") == 0) {
-                fatal("%s: weight_map[\"%.60s\"] is not a file name in the same directory", index.s, map->members[k].key);
+                fatal("%s: weight_map[\"%s\"] is not a file name in the same directory", index.s, key);
             }
             if (hf_file_index(w, file->string) < 0) {
                 HFPath shard = hf_join(dir, file->string);

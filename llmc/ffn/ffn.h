@@ -124,6 +124,9 @@ void ffn_alloc_batch(Ffn<T>* ffn, int M, void* spare, size_t spare_bytes) {
     // checkpoint's choices)
     for (int l = 0; l < ffn->L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
+        // no tail needs more rows than the micro-batch has (a checkpoint's may: written by a run of larger
+        // micro-batches, or crafted)
+        if (f->tail_capacity > M) { f->tail_capacity = M; }
         if (f->W > 0) { continue; }
         f->on = ffn->mode == FFN_SPARSE;
         f->W = ffn->H < 256 ? ffn->H : 256;
@@ -395,17 +398,18 @@ void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
 }
 
 // before the first forward; n: the ints the checkpoint held (3 per layer from
-// before the hot/cold split: no hot units, the policy as the run asks)
+// before the hot/cold split: no hot units, the policy as the run asks); source:
+// the file they came from, which an error names
 template <typename T>
-void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n) {
+void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source) {
     int H = ffn->H, L = ffn->L, per = n == 3 * L ? 3 : 4;
-    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("checkpoint: %d ints of FFN state, expected %d", n, ffn_state_ints(L)); }
+    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("%s: %d ints of FFN state, expected %d", source, n, ffn_state_ints(L)); }
     for (int l = 0; l < L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
         const int32_t* s = state + per * l;
         int hot = per == 4 ? s[3] : 0;
         if (s[0] < 0 || s[0] > 1 || s[1] < 0 || s[1] > H || s[2] < 0 || hot < 0 || hot > H) {
-            fatal("checkpoint: FFN state of layer %d (%d, %d, %d, %d) is corrupt", l, s[0], s[1], s[2], hot);
+            fatal("%s: FFN state of layer %d (%d, %d, %d, %d) is corrupt", source, l, s[0], s[1], s[2], hot);
         }
         f->on = ffn->mode == FFN_DENSE ? 0 : ffn->mode == FFN_SPARSE ? 1 : s[0];
         f->W = s[1];
@@ -415,7 +419,7 @@ void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n) {
     if (per == 4) {
         float policy[4];
         memcpy(policy, state + 4 * L, sizeof(policy));
-        ffn->hot = ffn_hot_policy_unpack(policy);
+        ffn->hot = ffn_hot_policy_unpack(policy, source);
     }
 }
 

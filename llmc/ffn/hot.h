@@ -70,15 +70,15 @@ static inline int ffn_hot_active(const FfnHotPolicy* p) {
 }
 
 // the policy as the 4 floats a checkpoint keeps (llmc/model.h): off all 0, a rate (0, rate, 0, 1), measured
-// costs as they are, costs still to measure (0, -1, 0, 0); and back (a corrupt value is fatal)
+// costs as they are, costs still to measure (0, -1, 0, 0); and back (a corrupt value is fatal, naming source)
 static inline void ffn_hot_policy_pack(float out[4], const FfnHotPolicy* p) {
     FfnCosts c = p->mode == FFN_HOT_MEASURED && !p->measured ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f} : ffn_hot_model(p);
     out[0] = c.dense0, out[1] = c.dense1, out[2] = c.gate1, out[3] = c.pair1;
 }
 
-static inline FfnHotPolicy ffn_hot_policy_unpack(const float in[4]) {
+static inline FfnHotPolicy ffn_hot_policy_unpack(const float in[4], const char* source) {
     for (int i = 0; i < 4; i++) {
-        if (!isfinite(in[i]) || in[i] < -1 || in[i] > 1) { fatal("checkpoint: hot/cold cost %g is corrupt", in[i]); }
+        if (!isfinite(in[i]) || in[i] < -1 || in[i] > 1) { fatal("%s: hot/cold cost %g is corrupt", source, in[i]); }
     }
     if (in[0] == 0 && in[1] == 0 && in[2] == 0 && in[3] == 0) { return ffn_hot_policy(FFN_HOT_OFF, 0); }
     if (in[0] == 0 && in[2] == 0 && in[3] == 1 && in[1] > 0) { return ffn_hot_policy(FFN_HOT_RATE, in[1]); }
