@@ -41,7 +41,7 @@ static inline void cli_print_help(const char* usage, ArgSpec* specs, int n) {
             snprintf(names, sizeof(names), "    --%s", specs[i].long_name);
         }
         if (specs[i].type == ARG_INT) { snprintf(def, sizeof(def), "%d", *(int*)specs[i].dest); }
-        else if (specs[i].type == ARG_SWITCH) { snprintf(def, sizeof(def), "%s", *(int*)specs[i].dest ? "on" : "off"); }
+        else if (specs[i].type == ARG_SWITCH) { snprintf(def, sizeof(def), "off"); } // (a switch only turns on)
         else if (specs[i].type == ARG_FLOAT) { snprintf(def, sizeof(def), "%g", *(float*)specs[i].dest); }
         else {
             const char* value = *(const char**)specs[i].dest;
