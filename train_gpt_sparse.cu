@@ -499,7 +499,7 @@ int train(const Options* o, Device device) {
     BatchUploader uploader;
     uploader_init(&uploader, M, device);
     OptimConfig optim = o->optim; // the lr schedule: this run's, or on resume perhaps the checkpoint's
-    TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull, 0, 0, 0, 0, 0};
+    TrainState state = {0, B, T_, o->grad_accum, P, rank, (uint64_t)o->seed ^ 0x5A4D504C45ull, 0, 0, 0, 0, 0, 0};
 
     make_dir(o->out_dir);
     char path[4096], log_path[4096];

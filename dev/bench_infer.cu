@@ -208,12 +208,10 @@ static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, in
         const StepBytes* b = bs[i];
         double total = b->attention + b->ffn + b->head + b->kv;
         printf("  %-5s %8.1f MB: attention weights %.1f, FFN %.1f, head %.1f, K and V %.1f | %7.1f us a step = "
-               "%.2f TB/s, %.0f%% of the bandwidth
-", names[i], total / 1e6, b->attention / 1e6, b->ffn / 1e6,
+               "%.2f TB/s, %.0f%% of the bandwidth\n", names[i], total / 1e6, b->attention / 1e6, b->ffn / 1e6,
                b->head / 1e6, b->kv / 1e6, secs[i] * 1e6, total / secs[i] / 1e12, 100 * total / secs[i] / bw);
     }
-    printf("  twell's FFN per layer: the gate %s, then the rows of %.1f units (%s; %.1f fired per row)
-",
+    printf("  twell's FFN per layer: the gate %s, then the rows of %.1f units (%s; %.1f fired per row)\n",
            screened ? "from its int8 copy" : "in bf16", sparse_rows,
            B <= GEMV_MAX_ROWS ? "the union of the rows, each read once a step" : "each row's own",
            fired_per_layer / B);
@@ -226,7 +224,7 @@ static void decode_counts(GPT<bf16, float>* model, InferState<bf16>* s, const in
     const int L = model->config.num_layers;
     model->ffn.mode = FFN_SPARSE;
     infer_state_count_fired(s, model);
-    cuda_graph_free(&s->dev.graph); // captured again with the counters
+    cuda_graph_free(&s->dev.graphs[B - 1]); // captured again with the counters
     ffn_cache_take_union_units(&s->ffn);
     std::vector<int> next(B), pos(B);
     for (int i = 0; i < steps; i++) {

@@ -127,7 +127,7 @@ static void checkpoint_seeds(void) {
     put("checkpoint", "model_v1_inf.bin", v1, size);
     free(v1);
     put_poked("checkpoint", "model_huge_vocab.bin", tmp, 2, INT32_MAX);
-    TrainState s = {7, 2, 8, 1, 1, 0, 42, 0, 150, 15, 1e-3f, 0.1f};
+    TrainState s = {7, 2, 8, 1, 1, 0, 42, 0, 150, 15, 1e-3f, 0.1f, 0};
     DataLoaderState loader;
     memset(&loader, 0, sizeof(loader));
     int32_t ffn[64] = {1, 4, 2}; // (the first of ffn_state_ints(c.num_layers): one layer sparse, W 4, tail 2)

@@ -89,7 +89,7 @@ static void test_round_trip(void) {
 
     float* m = random_floats(n, 2);
     float* v = random_floats(n, 3);
-    TrainState s = {17, 4, 32, 3, 1, 0, 0x1234567890abcdefull, 1, 150, 15, 1e-3f, 0.1f};
+    TrainState s = {17, 4, 32, 3, 1, 0, 0x1234567890abcdefull, 1, 150, 15, 1e-3f, 0.1f, 0};
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
@@ -160,7 +160,7 @@ static void test_resharding(void) {
             float* pv = (float*)mallocCheck(z.owned * sizeof(float));
             zero_pack(pm, m, &z);
             zero_pack(pv, v, &z);
-            TrainState s = {40, 2, 32, 1, writers, r, 99, 0, 0, 0, 0, 0};
+            TrainState s = {40, 2, 32, 1, writers, r, 99, 0, 0, 0, 0, 0, 0};
             state_path(path, sizeof(path), dir.s, 40, r);
             CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
             const int32_t ffn[4 * 2 + 4] = {1, 64, 100 + r, 0, 0, 32, 200 + r, 0}; // tails sized per rank
@@ -372,7 +372,7 @@ static void save_state_with_nan_moment(const void* dir) {
     float* m = (float*)callocCheck(n, sizeof(float));
     float* v = (float*)callocCheck(n, sizeof(float));
     v[10] = NAN;
-    TrainState s = {6, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0};
+    TrainState s = {6, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0, 0};
     char loader[24] = "loader", path[4096];
     state_path(path, sizeof(path), (const char*)dir, 6, 0);
     checkpoint_save_state(path, &c, &s, loader, sizeof(loader), m, v, n, NULL);
@@ -387,7 +387,7 @@ static void test_crafted_state(void) {
     make_dir(dir.s);
     char path[4096];
     state_path(path, sizeof(path), dir.s, 5, 0);
-    TrainState s = {5, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0};
+    TrainState s = {5, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0, 0};
     char loader[20] = "a shorter state";
     checkpoint_save_state(path, &c, &s, loader, sizeof(loader), m, v, n, NULL);
     expect_child_error(load_state_of, dir.s, "20 bytes of data loader state, this build's is 24 bytes");
@@ -536,7 +536,7 @@ static void test_activation_and_head(void) {
     GPTConfig relu_config = small_config();
     size_t nr = num_parameters(&relu_config);
     float* m = random_floats(nr, 22);
-    TrainState st = {17, 2, 32, 1, 1, 0, 7, 0, 0, 0, 0, 0};
+    TrainState st = {17, 2, 32, 1, 1, 0, 7, 0, 0, 0, 0, 0, 0};
     char loader[24] = "position";
     checkpoint_save_state(path, &relu_config, &st, loader, sizeof(loader), m, m, nr, NULL);
     expect_child_error(load_state_silu, dir.s, "is for another model: activation (0 relu, 1 silu) 0 (checkpoint) vs 1 (this run)");
@@ -573,7 +573,7 @@ static void test_newest(void) {
     make_dir(dir.s);
     char path[4096], why[4200];
     CHECK(!checkpoint_model_file(dir.s, path, sizeof(path)), "an empty directory has a model file");
-    TrainState s = {0, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0};
+    TrainState s = {0, 4, 32, 2, 1, 0, 7, 0, 0, 0, 0, 0, 0};
     char loader[24] = "loader";
     for (int step = 10; step <= 30; step += 10) { // 10, 20 complete; 30 a model file alone
         model_path(path, sizeof(path), dir.s, step);
