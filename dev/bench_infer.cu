@@ -198,8 +198,7 @@ static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, in
     const double sparse_rows = B <= GEMV_MAX_ROWS ? union_per_layer : fired_per_layer;
     StepBytes dense = step_bytes(c, B, context, H * D * 2, H);
     StepBytes twell = step_bytes(c, B, context, screened ? screen_bytes : H * D * 2, sparse_rows);
-    printf("bytes model per decode step (batch %d, mean context %.0f; the GPU reads %.2f TB/s, measured here):
-", B,
+    printf("bytes model per decode step (batch %d, mean context %.0f; the GPU reads %.2f TB/s, measured here):\n", B,
            context, bw / 1e12);
     const StepBytes* bs[2] = {&dense, &twell};
     const double secs[2] = {dense_s / steps, twell_s / steps};
