@@ -12,11 +12,13 @@
  The decode step's bytes model: what a step must read at least, by part (the
  attention's and the head's weights; the FFN's: all three matrices dense, or
  the gate (bf16, or its int8 copy where the screen runs) and the rows of W_u
- and W_d^T of the units that fired, once per step for the union of the rows
- up to 8 sequences, once per row beyond; the K and V of every position the
- step attends to), beside the fraction of the GPU's bandwidth the step
- reaches, that bandwidth measured in the same run by a streaming read of 2
- GiB. The fired and union counts come from an extra pass of counted steps.
+ and W_d^T of the units that fired: W_u once per step for the units any row
+ fired up to 8 rows (the fused gate + up), W_d^T once per row and unit it
+ fired; the K and V of every position the step attends to), beside the
+ fraction of the GPU's bandwidth the step reaches, that bandwidth measured
+ in the same run by a streaming read of 2 GiB. The fired counts come from an
+ extra pass of counted steps. The model counts W_u's rows as W_d^T's (per row
+ and unit): below 8 rows that overstates what up reads by the rows' overlap.
 
    build/dev/bench_infer --preset 1.5b --batch 1 --length 128 -n 128
    build/dev/bench_infer -m out --batch 8 --length 512 -n 64
@@ -190,12 +192,12 @@ static StepBytes step_bytes(const GPTConfig* c, int B, double context, double ga
 
 // the bytes model of both paths beside their measured step times
 static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double dense_s,
-                         double twell_s, double fired_per_layer, double union_per_layer) {
+                         double twell_s, double fired_per_layer) {
     const GPTConfig* c = &model->config;
     const double D = c->channels, H = c->hidden, context = T + (steps + 1) / 2.0, bw = measure_read_bandwidth();
     const int screened = ffn_policy_decode_screened(B) && screened_gate_fits(B, c->channels);
     const double screen_bytes = H * D + H * ceil_div(c->channels, SCREEN_GROUP) * 4 + H * 4;
-    const double sparse_rows = B <= GEMV_MAX_ROWS ? union_per_layer : fired_per_layer;
+    const double sparse_rows = fired_per_layer;
     StepBytes dense = step_bytes(c, B, context, H * D * 2, H);
     StepBytes twell = step_bytes(c, B, context, screened ? screen_bytes : H * D * 2, sparse_rows);
     printf("bytes model per decode step (batch %d, mean context %.0f; the GPU reads %.2f TB/s, measured here):\n", B,
@@ -210,21 +212,17 @@ static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, in
                "%.2f TB/s, %.0f%% of the bandwidth\n", names[i], total / 1e6, b->attention / 1e6, b->ffn / 1e6,
                b->head / 1e6, b->kv / 1e6, secs[i] * 1e6, total / secs[i] / 1e12, 100 * total / secs[i] / bw);
     }
-    printf("  twell's FFN per layer: the gate %s, then the rows of %.1f units (%s; %.1f fired per row)\n",
-           screened ? "from its int8 copy" : "in bf16", sparse_rows,
-           B <= GEMV_MAX_ROWS ? "the union of the rows, each read once a step" : "each row's own",
-           fired_per_layer / B);
+    printf("  twell's FFN per layer: the gate %s, then the rows of %.1f units (%.1f fired per row)\n",
+           screened ? "from its int8 copy" : "in bf16", sparse_rows, fired_per_layer / B);
 }
 
-// the fired units per layer and step (summed over the rows) and the union's units per layer and step of
-// the sparse path, from `steps` counted decode steps (the counting is not part of the timed steps)
-static void decode_counts(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, int B, int T, int steps,
-                          double* fired, double* union_units) {
+// the fired units per layer and step of the sparse path (summed over the rows), from `steps` counted
+// decode steps (the counting is not part of the timed steps)
+static double decode_fired(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, int B, int T, int steps) {
     const int L = model->config.num_layers;
     model->ffn.mode = FFN_SPARSE;
     infer_state_count_fired(s, model);
     cuda_graph_free(&s->dev.graphs[B - 1]); // captured again with the counters
-    ffn_cache_take_union_units(&s->ffn);
     std::vector<int> next(B), pos(B);
     for (int i = 0; i < steps; i++) {
         for (int b = 0; b < B; b++) { pos[b] = T + i; next[b] = (int)((tokens[b * T + i % T] + i) % model->config.vocab_size); }
@@ -234,8 +232,7 @@ static void decode_counts(GPT<bf16, float>* model, InferState<bf16>* s, const in
     gpt_fired_read(model, s, counts.data());
     double all = 0;
     for (uint64_t n : counts) { all += (double)n; }
-    *fired = all / ((double)L * steps);
-    *union_units = (double)ffn_cache_take_union_units(&s->ffn) / ((double)L * steps);
+    return all / ((double)L * steps);
 }
 
 // both paths on B random prompts of T tokens (and the synthetic gates' calibration, the hot units), the report
@@ -290,9 +287,8 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     }
     printf("twell / dense: prefill %.2fx, decode %.2fx%s\n", dense.prefill_ms / twell.prefill_ms,
            dense.decode_s / twell.decode_s, have_nvml ? "" : " (energy: NVML unavailable)");
-    double fired = 0, union_units = 0;
-    decode_counts(model, s, tokens, B, T, steps, &fired, &union_units);
-    report_bytes(model, s, B, T, steps, dense.decode_s, twell.decode_s, fired, union_units);
+    double fired = decode_fired(model, s, tokens, B, T, steps);
+    report_bytes(model, s, B, T, steps, dense.decode_s, twell.decode_s, fired);
     bench_decode_parts(model, s, B);
     free(lens);
     free(tokens);

@@ -6,9 +6,9 @@
  and realistic k = 30):
  - dense: g and u by the decode GEMV, h = relu(g) u, y = h WdT by cuBLASLt
    (the kernels of gpu_ffn_dense_decode);
- - sparse: gemv(GateUpRow), then the union's down (those of
+ - sparse: gemv(GateUpRow), then sparse_down_active_kernel (those of
    gpu_ffn_sparse_decode);
- - screened: screened_gate(GateUpRow), then the union's down;
+ - screened: screened_gate(GateUpRow), then sparse_down_active_kernel;
  - the two gates (+ up) alone.
  Per B: units fired and candidates per row (the screen's !(U <= 0)), units
  whose bf16 row was read, the bytes each gate reads, and y (and a) of the
@@ -45,8 +45,7 @@ int main(int argc, char** argv) {
            prop.multiProcessorCount, D, H, iters);
     cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
     cublaslt_init();
-    SparseDecode down; // the union's down scratch
-    sparse_decode_alloc(&down, MAX_B, H, D);
+    sparse_down_allow_smem(H);
     const size_t flush_bytes = (size_t)256 << 20;
     unsigned char* flush = (unsigned char*)cuda_malloc(flush_bytes);
     bf16 *gu = (bf16*)cuda_malloc((size_t)2 * MAX_B * H * sizeof(bf16));
@@ -78,6 +77,7 @@ int main(int argc, char** argv) {
         cudaCheck(cudaEventDestroy(start));
         cudaCheck(cudaEventDestroy(stop));
         for (int B : {1, 2, 4, 8}) {
+            const dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
             auto dense = [&] {
                 bf16 *g = gu, *u = gu + (size_t)B * H;
                 decode_linear(g, f_d, wg_d, B, H, D);
@@ -89,11 +89,13 @@ int main(int argc, char** argv) {
             auto screen_gate = [&] { screened_gate(GateUpRow{a_screen, wu_d, D, H, NULL}, sg, wg_d, f_d, B, NULL); };
             auto sparse = [&] {
                 gate();
-                sparse_down_union(y_sparse, down.partial, down.arrivals, NULL, a_sparse, wdT_d, B, D, H);
+                launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y_sparse,
+                             (const float*)a_sparse, (const bf16*)wdT_d, D, H);
             };
             auto screened = [&] {
                 screen_gate();
-                sparse_down_union(y_screen, down.partial, down.arrivals, NULL, a_screen, wdT_d, B, D, H);
+                launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y_screen,
+                             (const float*)a_screen, (const bf16*)wdT_d, D, H);
             };
             // the counts, and the two sparse paths' outputs, bit for bit
             cudaCheck(cudaMemsetAsync(candidates, 0, (MAX_B + 1) * sizeof(int), main_stream));
@@ -123,7 +125,6 @@ int main(int argc, char** argv) {
         cuda_free(f_d); cuda_free(wg_d); cuda_free(wu_d); cuda_free(wdT_d);
     }
     screen_gate_free(&sg, DEVICE_CUDA);
-    sparse_decode_free(&down);
     cuda_free(flush); cuda_free(gu); cuda_free(a_sparse); cuda_free(a_screen); cuda_free(y_dense);
     cuda_free(y_sparse); cuda_free(y_screen); cuda_free(candidates);
     return 0;

@@ -216,125 +216,29 @@ sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, c
     sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
 }
 
-// Down over the union, after GateUpRow (up to 8 sequences): y_b = sum_n a[b, n] WdT[n] over the units
-// that any sequence fired, each weight row read once for all of them. CTA (x, g) takes 256 columns and
-// the units of group g, a fixed range of unit ids: it lists those that fired for some b, and warp w
-// sums, for every b, a[b, n] WdT[n] over the listed units n with n % SPARSE_WARPS == w in increasing
-// order (DOWN_BATCH rows in flight); the warps' sums go in warp order to the group's partial [g][b][col]
-// (fp32), and the last group of a column slice to finish adds the groups' partials in group order. Which
-// units a sum holds and in which order depends on the unit ids alone (a unit b did not fire adds an
-// exact 0), so a sequence's y is the same bits whatever other sequences share its step. union_count
-// (not NULL) gets the number of units in the union.
-constexpr int DOWN_GROUPS = 16;
-
-static inline __host__ __device__ int down_group_units(int H) { return (H / 8 + DOWN_GROUPS - 1) / DOWN_GROUPS * 8; }
-
-template <int B>
+// down after sparse_gate_up_kernel: the units with a != 0, listed with their values
 __global__ void __launch_bounds__(SPARSE_THREADS)
-sparse_down_union_kernel(bf16* y, float* partial, int* arrivals, unsigned long long* union_count, const float* a,
-                         const bf16* wdT, int D, int H) {
+sparse_down_active_kernel(bf16* y, const float* a, const bf16* wdT, int D, int H) {
     extern __shared__ int s_list[];
-    __shared__ float part[SPARSE_WARPS][SPARSE_DOWN_COLS];
-    __shared__ int s_last;
+    float* s_a = (float*)(s_list + H);
     grid_dependents_launch();
     grid_dependency_wait();
-    const int g = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int per = down_group_units(H), n0 = g * per, units = max(0, min(H, n0 + per) - n0);
-    const int count = units == 0 ? 0 : list_units(s_list, NULL, units, [&](int u) {
-        Float8 v{};
-        #pragma unroll
-        for (int b = 0; b < B; b++) {
-            const float4 lo = reinterpret_cast<const float4*>(a + (size_t)b * H + n0 + u)[0];
-            const float4 hi = reinterpret_cast<const float4*>(a + (size_t)b * H + n0 + u)[1];
-            const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            #pragma unroll
-            for (int e = 0; e < 8; e++) { v.v[e] = x[e] != 0.0f ? 1.0f : v.v[e]; }
-        }
-        return v;
+    const int b = blockIdx.y;
+    const float* ab = a + (size_t)b * H;
+    const int n = list_units(s_list, s_a, H, [&](int u) {
+        const float4 lo = reinterpret_cast<const float4*>(ab + u)[0], hi = reinterpret_cast<const float4*>(ab + u)[1];
+        return Float8{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
     });
-    if (union_count && blockIdx.x == 0 && threadIdx.x == 0 && count > 0) {
-        atomicAdd(union_count, (unsigned long long)count);
-    }
-    const int col = blockIdx.x * SPARSE_DOWN_COLS + lane * 8;
-    float acc[B][8] = {};
-    for (int base = 0; base < count; base += 32) {
-        const int i = base + lane, n = i < count ? n0 + s_list[i] : -1;
-        unsigned int mine = __ballot_sync(0xffffffffu, n >= 0 && n % SPARSE_WARPS == warp);
-        while (mine) { // (warp-uniform)
-            int unit[DOWN_BATCH];
-            #pragma unroll
-            for (int j = 0; j < DOWN_BATCH; j++) {
-                unit[j] = -1;
-                if (mine) {
-                    unit[j] = __shfl_sync(0xffffffffu, n, __ffs(mine) - 1);
-                    mine &= mine - 1;
-                }
-            }
-            Bf16x8 w[DOWN_BATCH];
-            #pragma unroll
-            for (int j = 0; j < DOWN_BATCH; j++) {
-                if (unit[j] >= 0 && col < D) { w[j] = load_bf16x8(wdT + (size_t)unit[j] * D + col); }
-            }
-            #pragma unroll
-            for (int j = 0; j < DOWN_BATCH; j++) {
-                if (unit[j] < 0 || col >= D) { continue; }
-                #pragma unroll
-                for (int b = 0; b < B; b++) {
-                    const float ab = a[(size_t)b * H + unit[j]];
-                    #pragma unroll
-                    for (int e = 0; e < 8; e++) { acc[b][e] += ab * __bfloat162float(w[j].v[e]); }
-                }
-            }
-        }
-    }
-    const int c = blockIdx.x * SPARSE_DOWN_COLS + threadIdx.x;
-    #pragma unroll
-    for (int b = 0; b < B; b++) {
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { part[warp][lane * 8 + e] = acc[b][e]; }
-        __syncthreads();
-        if (c < D) {
-            float sum = 0.0f;
-            for (int w = 0; w < SPARSE_WARPS; w++) { sum += part[w][threadIdx.x]; }
-            partial[((size_t)g * GEMV_MAX_ROWS + b) * D + c] = sum;
-        }
-        __syncthreads();
-    }
-    __threadfence();
-    if (threadIdx.x == 0) { s_last = atomicAdd(&arrivals[blockIdx.x], 1) == (int)gridDim.y - 1; }
-    __syncthreads();
-    if (!s_last) { return; }
-    __threadfence();
-    if (c < D) {
-        #pragma unroll
-        for (int b = 0; b < B; b++) {
-            float sum = 0.0f;
-            for (int q = 0; q < (int)gridDim.y; q++) { sum += __ldcg(partial + ((size_t)q * GEMV_MAX_ROWS + b) * D + c); }
-            y[(size_t)b * D + c] = __float2bfloat16_rn(sum);
-        }
-    }
-    if (threadIdx.x == 0) { arrivals[blockIdx.x] = 0; } // (for the next launch)
+    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
 }
 
-// with its static shared memory the list path's down passes 48 KiB from H ~ 5000
+// with their static shared memory the down kernels pass 48 KiB from H ~ 5000
 static inline void sparse_down_allow_smem(int H) {
+    cudaCheck(cudaFuncSetAttribute(sparse_down_active_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)sparse_down_smem(H)));
     cudaCheck(cudaFuncSetAttribute(sparse_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
-}
-
-// the union's down for B <= GEMV_MAX_ROWS rows; partial: [DOWN_GROUPS, GEMV_MAX_ROWS, D], arrivals:
-// [ceil(D / 256)] zeros (each launch leaves them zero)
-static inline void sparse_down_union(bf16* y, float* partial, int* arrivals, unsigned long long* union_count,
-                                     const float* a, const bf16* wdT, int B, int D, int H) {
-    const dim3 grid(ceil_div(D, SPARSE_DOWN_COLS), DOWN_GROUPS);
-    const size_t smem = down_group_units(H) * sizeof(int);
-    switch (B) {
-#define DOWN_UNION(R) case R: launch_early(sparse_down_union_kernel<R>, grid, SPARSE_THREADS, smem, y, partial, \
-                                           arrivals, union_count, a, wdT, D, H); break;
-    DOWN_UNION(1) DOWN_UNION(2) DOWN_UNION(3) DOWN_UNION(4) DOWN_UNION(5) DOWN_UNION(6) DOWN_UNION(7) DOWN_UNION(8)
-#undef DOWN_UNION
-    default: fatal("sparse decode: the union's down takes 1 to %d rows, not %d", GEMV_MAX_ROWS, B);
-    }
+    prefer_shared_memory(sparse_down_active_kernel);
 }
 
 } // namespace sparse_decode_detail
@@ -342,26 +246,17 @@ static inline void sparse_down_union(bf16* y, float* partial, int* arrivals, uns
 // ----------------------------------------------------------------------------
 // host API
 
-// the decode FFN's scratch for up to B sequences of H units and width D
+// the decode FFN's scratch for up to B sequences of H units
 typedef struct {
-    int* list;       // [B, H] each sequence's active units (the path above 8 sequences)
-    int* count;      // [B] their number
-    float* a;        // [B, H] h of the active units (by list place, or by unit)
-    float* partial;  // [DOWN_GROUPS, GEMV_MAX_ROWS, D] the union's down: each group's sums
-    int* arrivals;   // [ceil(D / 256)] its groups done per column slice (0 between launches)
-    unsigned long long* union_units; // units in the union of a step's rows, summed over layers and steps
+    int* list;    // [B, H] each sequence's active units (the path above 8 sequences)
+    int* count;   // [B] their number
+    float* a;     // [B, H] h of the active units (by list place, or by unit)
 } SparseDecode;
 
-static inline void sparse_decode_alloc(SparseDecode* s, int B, int H, int D) {
-    using namespace sparse_decode_detail;
+static inline void sparse_decode_alloc(SparseDecode* s, int B, int H) {
     s->list = (int*)cuda_malloc((size_t)B * H * sizeof(int));
     s->count = (int*)cuda_malloc((size_t)B * sizeof(int));
     s->a = (float*)cuda_malloc((size_t)B * H * sizeof(float));
-    s->partial = (float*)cuda_malloc((size_t)DOWN_GROUPS * GEMV_MAX_ROWS * D * sizeof(float));
-    s->arrivals = (int*)cuda_malloc(ceil_div(D, SPARSE_DOWN_COLS) * sizeof(int));
-    s->union_units = (unsigned long long*)cuda_malloc(sizeof(unsigned long long));
-    cudaCheck(cudaMemset(s->arrivals, 0, ceil_div(D, SPARSE_DOWN_COLS) * sizeof(int)));
-    cudaCheck(cudaMemset(s->union_units, 0, sizeof(unsigned long long)));
     if ((size_t)H * sizeof(int) > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(sparse_decode_detail::sparse_up_kernel,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(H * sizeof(int))));
@@ -370,10 +265,9 @@ static inline void sparse_decode_alloc(SparseDecode* s, int B, int H, int D) {
 }
 
 static inline void sparse_decode_free(SparseDecode* s) {
-    for (void* p : {(void*)s->list, (void*)s->count, (void*)s->a, (void*)s->partial, (void*)s->arrivals,
-                    (void*)s->union_units}) {
-        cuda_free(p);
-    }
+    cuda_free(s->list);
+    cuda_free(s->count);
+    cuda_free(s->a);
     memset(s, 0, sizeof(*s));
 }
 
@@ -388,12 +282,12 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
     dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
     if (screen && ffn_policy_decode_screened(B) && screened_gate_fits(B, D)) {
         screened_gate(GateUpRow{s->a, wu, D, H, active}, *screen, wg, f, B, (int*)NULL);
-        sparse_down_union(y, s->partial, s->arrivals, s->union_units, s->a, wdT, B, D, H);
+        launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
     }
     if (gemv_fits(B, D)) {
         gemv(GateUpRow{s->a, wu, D, H, active}, f, wg, B, H, D);
-        sparse_down_union(y, s->partial, s->arrivals, s->union_units, s->a, wdT, B, D, H);
+        launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
     }
     gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);

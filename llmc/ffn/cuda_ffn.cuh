@@ -27,7 +27,7 @@ struct FfnCache<bf16> {
 
 static inline void ffn_cache_init(FfnCache<bf16>* cache, const Ffn<bf16>* ffn, int max_seqs) {
     memset(cache, 0, sizeof(*cache));
-    sparse_decode_alloc(&cache->decode, max_seqs, ffn->H, ffn->D);
+    sparse_decode_alloc(&cache->decode, max_seqs, ffn->H);
     twell_prefill_init(&cache->twell, ffn->L, ffn->H);
 }
 
@@ -38,15 +38,6 @@ static inline void ffn_cache_free(FfnCache<bf16>* cache) {
 }
 
 static inline void ffn_cache_stale(FfnCache<bf16>* cache) { cache->screen_stale = 1; }
-
-// the units in the union of the sparse decode steps' rows since the last call, summed over layers and
-// steps (each weight row of the union is read once a step; the batched decode's bytes)
-static inline unsigned long long ffn_cache_take_union_units(FfnCache<bf16>* cache) {
-    unsigned long long n = 0;
-    device_copy(&n, cache->decode.union_units, sizeof(n), DEVICE_CUDA);
-    device_zero(cache->decode.union_units, sizeof(n), DEVICE_CUDA);
-    return n;
-}
 
 // the int8 copy of the gates, outside any graph (a graph keeps its pointers, not its contents)
 static inline void ffn_decode_prepare(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int B) {

@@ -13,7 +13,7 @@
    - with StoreRow: g = bf16(G) equal to the GEMV's, bit for bit, wherever
      the GEMV's g > 0, and equal or +0 elsewhere (so relu(g) is the same);
    - with GateUpRow: every a word equal to gemv(GateUpRow)'s (what
-     the union's down reads);
+     sparse_down_active_kernel reads);
    - the candidates of each row and the units recomputed equal to the CPU
      reference's (it computes the same U bits), and the recomputed G equal
      to the CPU's emulation of the GEMV;
