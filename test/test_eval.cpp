@@ -44,31 +44,15 @@ static void load_path(const void* path) {
     evalset_load(&s, (const char*)path);
 }
 
-static void poke(const char* path, long offset, int32_t value) {
-    FILE* fp = fopenCheck(path, "r+b");
-    fseekCheck(fp, offset, SEEK_SET);
-    fwriteCheck(&value, 4, 1, fp);
-    fcloseCheck(fp);
-}
-
-// path's first `bytes` bytes (a negative count: all of it and that many zero bytes more) into to
-static void copy_bytes(const char* from, const char* to, long bytes) {
-    long size = size_of(from);
-    long keep = bytes < 0 ? size : bytes;
-    char* buf = (char*)callocCheck((size_t)(bytes < 0 ? size - bytes : keep), 1);
-    FILE* in = fopenCheck(from, "rb");
-    freadCheck(buf, 1, (size_t)keep, in);
-    fcloseCheck(in);
-    FILE* out = fopenCheck(to, "wb");
-    fwriteCheck(buf, 1, (size_t)(bytes < 0 ? size - bytes : keep), out);
-    fcloseCheck(out);
-    free(buf);
-}
-
-// a bad file made from the good one: copied, then one int32 poked (offset < 0: none)
-static void expect_bad(const char* good, const char* name, long bytes, long offset, int32_t value, const char* want) {
+// a bad file made from the good one: its first `bytes` bytes, then `zeros` zero bytes, then one int32 poked at
+// offset (< 0: none)
+static void expect_bad(const char* good, const char* name, long bytes, long zeros, long offset, int32_t value,
+                       const char* want) {
     Path p = tmp_path(name);
-    copy_bytes(good, p.s, bytes);
+    copy_prefix(good, p.s, bytes);
+    FILE* fp = fopenCheck(p.s, "ab");
+    for (long i = 0; i < zeros; i++) { fputc(0, fp); }
+    fcloseCheck(fp);
     if (offset >= 0) { poke(p.s, offset, value); }
     expect_child_error(load_path, p.s, want);
 }
@@ -102,20 +86,20 @@ static void test_file(void) {
     size_t n_ctx;
     evalset_list(&s, 0, 0, &n_ctx);
     long first_ending = 1024 + 8 + 4 * (long)n_ctx; // example 0's first ending: its count
-    expect_bad(good.s, "short.bin", 1000, -1, 0, "is 1000 bytes, shorter than the 1024-byte header of an eval file");
-    expect_bad(good.s, "magic.bin", size, 0, 20240520, "is not an eval file: magic 20240520, expected 20261124");
-    expect_bad(good.s, "version.bin", size, 4, 2, "eval file version 2, expected 1");
-    expect_bad(good.s, "count.bin", size, 8, 0, "0 examples, expected 1 to");
-    expect_bad(good.s, "endings.bin", size, 12, 1, "1 endings per example, expected 2 to 64");
-    expect_bad(good.s, "vocab.bin", size, 16, -5, "vocabulary size -5, expected 2 to");
-    expect_bad(good.s, "many.bin", size, 8, 100000, "cannot hold 100000 examples");
-    expect_bad(good.s, "cut.bin", size - 6, -1, 0, "ends early, in example 8 of 9");
-    expect_bad(good.s, "label.bin", size, 1024, 4, "example 0 has label 4, expected 0 to 3");
-    expect_bad(good.s, "negative.bin", size, 1024, -1, "example 0 has label -1, expected 0 to 3");
-    expect_bad(good.s, "token.bin", size, 1024 + 8, 100, "example 0 has token 100, expected 0 to 99");
-    expect_bad(good.s, "empty.bin", size, first_ending, 0, "example 0 has an empty ending");
-    expect_bad(good.s, "huge.bin", size, 1024 + 4, 2000000000, "ends early, in example 0 of 9");
-    expect_bad(good.s, "trailing.bin", -8, -1, 0, "has 8 bytes after its 9 examples");
+    expect_bad(good.s, "short.bin", 1000, 0, -1, 0, "is 1000 bytes, shorter than the 1024-byte header of an eval file");
+    expect_bad(good.s, "magic.bin", size, 0, 0, 20240520, "is not an eval file: magic 20240520, expected 20261124");
+    expect_bad(good.s, "version.bin", size, 0, 4, 2, "eval file version 2, expected 1");
+    expect_bad(good.s, "count.bin", size, 0, 8, 0, "0 examples, expected 1 to");
+    expect_bad(good.s, "endings.bin", size, 0, 12, 1, "1 endings per example, expected 2 to 64");
+    expect_bad(good.s, "vocab.bin", size, 0, 16, -5, "vocabulary size -5, expected 2 to");
+    expect_bad(good.s, "many.bin", size, 0, 8, 100000, "cannot hold 100000 examples");
+    expect_bad(good.s, "cut.bin", size - 6, 0, -1, 0, "ends early, in example 8 of 9");
+    expect_bad(good.s, "label.bin", size, 0, 1024, 4, "example 0 has label 4, expected 0 to 3");
+    expect_bad(good.s, "negative.bin", size, 0, 1024, -1, "example 0 has label -1, expected 0 to 3");
+    expect_bad(good.s, "token.bin", size, 0, 1024 + 8, 100, "example 0 has token 100, expected 0 to 99");
+    expect_bad(good.s, "empty.bin", size, 0, first_ending, 0, "example 0 has an empty ending");
+    expect_bad(good.s, "huge.bin", size, 0, 1024 + 4, 2000000000, "ends early, in example 0 of 9");
+    expect_bad(good.s, "trailing.bin", size, 8, -1, 0, "has 8 bytes after its 9 examples");
     expect_child_error(append_bad_label, NULL, "example 0: label 2, expected 0 to 1");
     evalset_free(&s);
     evalset_free(&t);

@@ -35,12 +35,9 @@ while [ $# -gt 0 ]; do
         *) die "unknown argument '$1' (see the top of $0, or --help)" ;;
     esac
 done
-case $model in
-    gpt2|gpt-2) vocab=gpt2; tokenizer=${tokenizer:-data/r50k_base.tiktoken} ;;
-    llama3|llama-3) vocab=llama3
-        [ -n "$tokenizer" ] || die "-m llama3 needs --tokenizer FILE: Llama-3's tiktoken rank file" ;;
-    *) die "-m is gpt2 or llama3, got '$model'" ;;
-esac
+[ "$model" = gpt2 ] || [ "$model" = llama3 ] || die "-m is gpt2 or llama3, got '$model'"
+[ "$model" = gpt2 ] || [ -n "$tokenizer" ] || die "-m llama3 needs --tokenizer FILE: Llama-3's tiktoken rank file"
+tokenizer=${tokenizer:-data/r50k_base.tiktoken}
 [ -f "$tokenizer" ] || die "tokenizer file $tokenizer does not exist"
 [ -z "$local_file" ] || [ -f "$local_file" ] || die "--local $local_file is not a file"
 [ -n "$local_file" ] || command -v curl > /dev/null || die "missing: curl (apt-get install curl)"
@@ -63,7 +60,7 @@ else
         mv "$jsonl.part" "$jsonl"
     fi
 fi
-./tokenize --hellaswag -o "$dir/hellaswag_val.bin" --vocab "$vocab" -t "$tokenizer" "${count[@]+"${count[@]}"}" "$jsonl"
+./tokenize --hellaswag -o "$dir/hellaswag_val.bin" --vocab "$model" -t "$tokenizer" "${count[@]+"${count[@]}"}" "$jsonl"
 echo "hellaswag: done. Evaluate with"
 echo "  ./train_gpt_sparse --eval-file $dir/hellaswag_val.bin ...   (every --eval-every steps)"
 echo "  ./infer -m out --eval $dir/hellaswag_val.bin"
