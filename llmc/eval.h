@@ -118,7 +118,6 @@ EvalCounts eval_score(GPT<T, G>* model, const EvalSet* s, const EvalRun* run, do
             const int* ctx = evalset_list(s, i, 0, &n_ctx);
             const int* end = evalset_list(s, i, 1 + k, &n_end);
             size_t kept = eval_context_kept(s, i, T_);
-            if (k == 0 && kept < n_ctx) { c.truncated++; }
             int* in = host + (size_t)b * T_;
             int* target = host + M + (size_t)b * T_;
             // the row's tokens: ctx[n_ctx - kept ..], then the ending; position p reads token p, predicts p + 1
@@ -151,10 +150,12 @@ EvalCounts eval_score(GPT<T, G>* model, const EvalSet* s, const EvalRun* run, do
     size_t done = next < rows ? next : rows;
     for (size_t j = 0; (j + 1) * K <= done; j++) {
         int i = run->rank + (int)j * P, choice, choice_norm;
-        size_t len[EVALSET_MAX_ENDINGS];
+        size_t len[EVALSET_MAX_ENDINGS], n_ctx;
         for (int k = 0; k < K; k++) { evalset_list(s, i, 1 + k, &len[k]); }
         eval_choose(sums + j * K, len, K, &choice, &choice_norm);
+        evalset_list(s, i, 0, &n_ctx);
         c.examples++;
+        c.truncated += eval_context_kept(s, i, T_) < n_ctx;
         c.correct += choice == s->labels[i];
         c.correct_norm += choice_norm == s->labels[i];
     }
@@ -171,7 +172,9 @@ EvalCounts eval_score(GPT<T, G>* model, const EvalSet* s, const EvalRun* run, do
 static inline void eval_describe(char* out, size_t len, const EvalCounts* c, const char* path) {
     double n = c->examples > 0 ? c->examples : 1;
     char cut[64] = "";
-    if (c->truncated) { snprintf(cut, sizeof(cut), ", %d context%s cut to fit", c->truncated, c->truncated > 1 ? "s" : ""); }
+    if (c->truncated) {
+        snprintf(cut, sizeof(cut), ", %d context%s cut to fit", c->truncated, c->truncated > 1 ? "s" : "");
+    }
     snprintf(out, len, "acc_norm %.4f (acc %.4f, %d examples of %s%s)", c->correct_norm / n, c->correct / n,
              c->examples, path, cut);
 }

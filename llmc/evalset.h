@@ -147,8 +147,12 @@ static inline void evalset_load(EvalSet* s, const char* path) {
               EVALSET_MAGIC);
     }
     if (version != EVALSET_VERSION) { fatal("%s: eval file version %d, expected %d", path, version, EVALSET_VERSION); }
-    if (N < 1 || N > EVALSET_MAX_EXAMPLES) { fatal("%s: %d examples, expected 1 to %d", path, N, EVALSET_MAX_EXAMPLES); }
-    if (K < 2 || K > EVALSET_MAX_ENDINGS) { fatal("%s: %d endings per example, expected 2 to %d", path, K, EVALSET_MAX_ENDINGS); }
+    if (N < 1 || N > EVALSET_MAX_EXAMPLES) {
+        fatal("%s: %d examples, expected 1 to %d", path, N, EVALSET_MAX_EXAMPLES);
+    }
+    if (K < 2 || K > EVALSET_MAX_ENDINGS) {
+        fatal("%s: %d endings per example, expected 2 to %d", path, K, EVALSET_MAX_ENDINGS);
+    }
     if (V < 2 || V > EVALSET_MAX_VOCAB) { fatal("%s: vocabulary size %d, expected 2 to %d", path, V, EVALSET_MAX_VOCAB); }
     // an example is at least a label and K + 1 lists of one token: the header's count must fit the bytes
     size_t body = (size_t)size - EVALSET_HEADER_BYTES, least = 4 + 8 * ((size_t)K + 1);

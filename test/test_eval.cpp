@@ -113,7 +113,8 @@ static void test_choose(void) {
     double nll1[4] = {4.0, 3.0, 6.0, 3.0};
     size_t len1[4] = {1, 3, 3, 1};
     eval_choose(nll1, len1, 4, &choice, &norm);
-    CHECK(choice == 1 && norm == 1, "lowest sum 3 at 1 and 3 (first wins), lowest mean 1 at 1: got %d %d", choice, norm);
+    CHECK(choice == 1 && norm == 1, "lowest sum 3 at 1 and 3 (the first wins), lowest mean 1 at 1: got %d %d", choice,
+          norm);
     double nll2[2] = {2.0, 3.0};
     size_t len2[2] = {1, 6};
     eval_choose(nll2, len2, 2, &choice, &norm);
