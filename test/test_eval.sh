@@ -4,8 +4,8 @@
 # (test/data/eval/make_expected.mjs: gpt-tokenizer) and rejects bad input with one line; dev/data/hellaswag.sh
 # tokenizes a local file and "downloads" one from a file:// address; the trainer's --eval-file scores a tiny
 # model at step 0, every --eval-every steps and at the end (console and log.jsonl), resumes without
-# repeating or losing an evaluation, and refuses bad flags and files; infer --eval gives the trainer's
-# numbers on the same checkpoint and examples, whatever its rows per forward.
+# repeating or losing an evaluation (also one cut short by a stop), and refuses bad flags and files;
+# infer --eval gives the trainer's numbers on the same checkpoint and examples, whatever its rows per forward.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 TEST_NAME=test_eval
@@ -101,6 +101,23 @@ train -o "$work/res" -x 6 -n 3 --eval-file "$expected" -y 1 > "$work/res.txt" 2>
 check "resumed run exits 0" test $? -eq 0
 check "resumed log equals the uninterrupted one, evaluations included" \
     cmp -s <(strip_timing "$work/run/log.jsonl") <(strip_timing "$work/res/log.jsonl")
+# a stop during the last step's evaluation (of 48 examples, a while): both it and that step's validation
+# are cut short, the checkpoint marks them to do, and the resumed run logs them as the uninterrupted run did
+. test/train_lib.sh
+for _ in $(seq 6); do cat $fixture; done > "$work/many.jsonl"
+./tokenize --hellaswag -o "$work/many.bin" "$work/many.jsonl" > /dev/null 2>&1
+long=(-x 3 -n 0 --eval-file "$work/many.bin" --eval-every 0)
+train -o "$work/sref" "${long[@]}" > /dev/null 2>&1
+./train_gpt_sparse "${tiny[@]}" -o "$work/sig" "${long[@]}" > "$work/sig.txt" 2>&1 & # (the trainer itself: $! is its pid)
+stop_at "$work/sig" 3 $! TERM # the evaluation starts right after the train line of step 3 and its short validation
+check "stopped in the evaluation: exit 143 (got $rc)" test "$rc" -eq 143
+check "the validation and evaluation of step 3 are cut short" \
+    grep -q "^step 3 | validation and evaluation cut short by the stop; they run when the run continues$" "$work/sig.txt"
+check "no evaluation of step 3 logged" bash -c '! grep -q "\"type\":\"eval\",\"step\":3" "$0"' "$work/sig/log.jsonl"
+train -o "$work/sig" "${long[@]}" -y 1 > "$work/sig2.txt" 2>&1
+check "the resumed run evaluates step 3" grep -q "^step 3 | eval acc_norm" "$work/sig2.txt"
+check "the resumed log equals the uninterrupted one" \
+    cmp -s <(strip_timing "$work/sref/log.jsonl") <(strip_timing "$work/sig/log.jsonl")
 expect_error "--eval-every needs --eval-file" train -o "$work/e" -x 2 --eval-every 1
 expect_error "--eval-examples needs --eval-file" train -o "$work/e" -x 2 --eval-examples 3
 expect_error "cannot open $work/missing.bin" train -o "$work/e" -x 2 --eval-file "$work/missing.bin"
