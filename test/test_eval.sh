@@ -46,7 +46,7 @@ printf '\n \n' > "$work/empty.jsonl"
 expect_error "no examples in the input" ./tokenize --hellaswag -o "$work/x.bin" "$work/empty.jsonl"
 expect_error "the input holds $N examples, --total-docs says 10042" \
     ./tokenize --hellaswag -o "$work/x.bin" --total-docs 10042 $fixture
-expect_error "--hellaswag writes one eval file: -s is for shards" ./tokenize --hellaswag -s 100 -o "$work/x.bin" $fixture
+expect_error "--hellaswag writes one eval file: --shard-tokens is for shards" ./tokenize --hellaswag -s 100 -o "$work/x.bin" $fixture
 check "no eval file written by a failed run" test ! -e "$work/x.bin"
 
 # 2. dev/data/hellaswag.sh, offline
