@@ -125,6 +125,19 @@ static inline void zero_free(Zero* z) {
     memset(z, 0, sizeof(*z));
 }
 
+// calls visit(offset in flat, offset in packed, count / P, count % P) for each
+// bucket of `layer`, as one NCCL group
+template <typename Visit>
+static void zero_layer_buckets(Zero* z, int layer, Visit visit) {
+    const size_t P = (size_t)z->proc.size;
+    ncclCheck(ncclGroupStart());
+    for (int b = 0; b < z->layout.num_buckets; b++) {
+        const ZeroBucket* k = &z->layout.buckets[b];
+        if (k->layer == layer) { visit(k->offset, z->layout.bucket_packed[b], k->count / P, k->count % P); }
+    }
+    ncclCheck(ncclGroupEnd());
+}
+
 // the buckets that layer `layer`'s backward completed, reduce-scattered on
 // z->stream behind the work queued so far (gpt_backward's grads_ready hook)
 static void zero_grads_ready(void* ctx, int layer) {
@@ -132,21 +145,16 @@ static void zero_grads_ready(void* ctx, int layer) {
     if (!z->reduce_in_backward) { return; }
     cudaCheck(cudaEventRecord(z->event, main_stream));
     cudaCheck(cudaStreamWaitEvent(z->stream, z->event, 0));
-    int P = z->proc.size, last = z->proc.rank == P - 1;
-    ncclCheck(ncclGroupStart());
-    for (int b = 0; b < z->layout.num_buckets; b++) {
-        const ZeroBucket* k = &z->layout.buckets[b];
-        if (k->layer != layer) { continue; }
-        size_t q = k->count / P, rest = k->count - q * P;
-        float* mine = z->owned_grads + z->layout.bucket_packed[b];
-        if (q) { ncclCheck(ncclReduceScatter(z->grads + k->offset, mine, q, ncclFloat, ncclSum, z->comm, z->stream)); }
+    const int P = z->proc.size, last = z->proc.rank == P - 1;
+    zero_layer_buckets(z, layer, [&](size_t offset, size_t packed_at, size_t q, size_t rest) {
+        float* mine = z->owned_grads + packed_at;
+        if (q) { ncclCheck(ncclReduceScatter(z->grads + offset, mine, q, ncclFloat, ncclSum, z->comm, z->stream)); }
         // the last rank owns what does not divide by P; only it receives
         if (rest) {
-            ncclCheck(ncclReduce(z->grads + k->offset + q * P, last ? mine + q : z->owned_grads, rest, ncclFloat, ncclSum,
+            ncclCheck(ncclReduce(z->grads + offset + q * P, last ? mine + q : z->owned_grads, rest, ncclFloat, ncclSum,
                                  P - 1, z->comm, z->stream));
         }
-    }
-    ncclCheck(ncclGroupEnd());
+    });
 }
 
 // the main stream waits for what the second stream has queued
@@ -168,19 +176,14 @@ static inline void zero_all_reduce_max(Zero* z, int* x) {
 template <typename T>
 static void zero_all_gather_layer(Zero* z, T* full, const T* packed, int layer, cudaStream_t stream) {
     ncclDataType_t type = sizeof(T) == 4 ? ncclFloat : ncclBfloat16;
-    int P = z->proc.size, last = z->proc.rank == P - 1;
-    ncclCheck(ncclGroupStart());
-    for (int b = 0; b < z->layout.num_buckets; b++) {
-        const ZeroBucket* k = &z->layout.buckets[b];
-        if (k->layer != layer) { continue; }
-        size_t q = k->count / P, rest = k->count - q * P;
-        const T* mine = packed + z->layout.bucket_packed[b];
-        if (q) { ncclCheck(ncclAllGather(mine, full + k->offset, q, type, z->comm, stream)); }
+    const int P = z->proc.size, last = z->proc.rank == P - 1;
+    zero_layer_buckets(z, layer, [&](size_t offset, size_t packed_at, size_t q, size_t rest) {
+        const T* mine = packed + packed_at;
+        if (q) { ncclCheck(ncclAllGather(mine, full + offset, q, type, z->comm, stream)); }
         if (rest) {
-            ncclCheck(ncclBroadcast(last ? mine + q : packed, full + k->offset + q * P, rest, type, P - 1, z->comm, stream));
+            ncclCheck(ncclBroadcast(last ? mine + q : packed, full + offset + q * P, rest, type, P - 1, z->comm, stream));
         }
-    }
-    ncclCheck(ncclGroupEnd());
+    });
 }
 
 // packed <- this process's share of full[flat], for the buckets of `layer`

@@ -10,14 +10,7 @@ set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=ddp
 . test/check.sh
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$gpus" -lt 2 ]; then
-    echo "SKIP ddp: every data-parallel test (needs 2 GPUs, this machine has $gpus)"
-    echo "ddp: 0 passed, 0 failed"
-    exit 0
-fi
-export NCCL_NVLS_ENABLE=0
-ffn=${FFN:-dense}
+NEED_GPUS=2
 source test/gpu/ddp_lib.sh
 echo "ddp: FFN path $ffn"
 two() { scripts/launch_local.sh 2 "$@"; }

@@ -8,16 +8,10 @@ set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=ddp_all
 . test/check.sh
-n=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$n" -lt 3 ]; then
-    echo "SKIP ddp_all: every test (needs 3 or more GPUs, this machine has $n)"
-    echo "ddp_all: 0 passed, 0 failed"
-    exit 0
-fi
-export NCCL_NVLS_ENABLE=0
-ffn=${FFN:-dense}
-tokens=$((n * 128))
+NEED_GPUS=3
 source test/gpu/ddp_lib.sh
+n=$gpus
+tokens=$((n * 128))
 echo "ddp_all: $n GPUs, FFN path $ffn, $tokens tokens per step"
 
 scripts/launch_local.sh "$n" "${small[@]}" -b 1 -o "$work/all" > "$work/all.txt" 2>&1
