@@ -1,10 +1,10 @@
 # Shared by the data-parallel tests (sourced from test_ddp.sh and test_ddp_all.sh):
-# the GPU count ($gpus, at least $NEED_GPUS or the test skips), a small model's
+# the GPU count ($gpus, at least the first argument or the test skips), a small model's
 # flags, and reading and comparing the train losses of two runs.
 
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [ "$gpus" -lt "$NEED_GPUS" ]; then
-    echo "SKIP $TEST_NAME: every test (needs $NEED_GPUS or more GPUs, this machine has $gpus)"
+if [ "$gpus" -lt "$1" ]; then
+    echo "SKIP $TEST_NAME: every test (needs $1 or more GPUs, this machine has $gpus)"
     echo "$TEST_NAME: 0 passed, 0 failed"
     exit 0
 fi
