@@ -127,11 +127,15 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     const bf16* kb = k_cache + seq * KVD + kvh * HD;
     const bf16* vb = v_cache + seq * KVD + kvh * HD;
     const int v = tid % VECS, grp = tid / VECS;
-    if (t0 + tid < n - 1) { // thread tid brings position t0 + tid
-        #pragma unroll
-        for (int e = 0; e < VECS; e++) {
-            cp_async_16(ks + tid * KS + e * 8, kb + (size_t)(t0 + tid) * KVD + e * 8, true);
-            cp_async_16(vs + tid * HD + e * 8, vb + (size_t)(t0 + tid) * KVD + e * 8, true);
+    // the split's positions before the new one, 16 bytes a thread: consecutive threads take one row's
+    // consecutive pieces, so that a warp reads whole rows (a thread per row read 16 of each 32-byte sector
+    // at a time, and L2 served every sector twice)
+    #pragma unroll
+    for (int i = tid; i < DECODE_SPLIT * VECS; i += DECODE_SPLIT) {
+        const int t = i / VECS, e = i % VECS;
+        if (t0 + t < n - 1) {
+            cp_async_16(ks + t * KS + e * 8, kb + (size_t)(t0 + t) * KVD + e * 8, true);
+            cp_async_16(vs + t * HD + e * 8, vb + (size_t)(t0 + t) * KVD + e * 8, true);
         }
     }
     cp_async_commit();

@@ -77,9 +77,10 @@ static inline void upload_bf16(bf16* out, const float* in, size_t n) {
 // ----------------------------------------------------------------------------
 // A CUDA graph of the work that `body` queues on main_stream, captured at the
 // first launch and launched again while `key` stays the same (a new key
-// captures it again). Before a capture, body also runs once as ordinary
-// launches, in which cuBLASLt picks its algorithms and kernels set their
-// attributes: nothing of that kind may happen inside a capture.
+// captures it again). A launch that captures runs body as ordinary launches
+// (in which cuBLASLt picks its algorithms and kernels set their attributes:
+// nothing of that kind may happen inside a capture) and only captures it
+// then, so that the work runs once per launch (it may add to counters).
 
 typedef struct {
     cudaGraphExec_t exec; // NULL until the first launch
@@ -98,6 +99,7 @@ static void cuda_graph_launch(CudaGraph* g, long long key, Body body) {
         cudaCheck(cudaGraphInstantiate(&g->exec, graph, 0));
         cudaCheck(cudaGraphDestroy(graph));
         g->key = key;
+        return;
     }
     cudaCheck(cudaGraphLaunch(g->exec, main_stream));
 }

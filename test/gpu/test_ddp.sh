@@ -10,8 +10,7 @@ set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=ddp
 . test/check.sh
-NEED_GPUS=2
-source test/gpu/ddp_lib.sh
+source test/gpu/ddp_lib.sh 2 # skips with fewer GPUs
 echo "ddp: FFN path $ffn"
 two() { scripts/launch_local.sh 2 "$@"; }
 copy_ckpt() { mkdir -p "$2"; cp "$1"/model_00000010.bin "$1"/state_00000010_* "$1"/log.jsonl "$2/"; }

@@ -8,8 +8,7 @@ set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=ddp_all
 . test/check.sh
-NEED_GPUS=3
-source test/gpu/ddp_lib.sh
+source test/gpu/ddp_lib.sh 3 # skips with fewer GPUs
 n=$gpus
 tokens=$((n * 128))
 echo "ddp_all: $n GPUs, FFN path $ffn, $tokens tokens per step"
