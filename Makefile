@@ -111,7 +111,7 @@ build/san/fuzz_%: fuzz/fuzz_%.cpp $(FUZZ_DEPS)
 	@mkdir -p build/san
 	$(CXX) $(TEST_FLAGS) $(SAN_FLAGS) -DFUZZ_REPLAY -DFUZZ_TARGET='"$*"' $< -o $@ -lm
 
-build/fuzz/seeds/.done: fuzz/seeds.cpp $(FUZZ_DEPS) test/data/tokenizer_vectors.txt
+build/fuzz/seeds/.done: fuzz/seeds.cpp $(FUZZ_DEPS) test/data/tokenizer_vectors.txt test/data/eval/hellaswag_fixture.bin
 	@mkdir -p build/fuzz
 	$(CXX) $(TEST_FLAGS) $< -o build/fuzz/seeds_gen -lm
 	rm -rf build/fuzz/seeds && build/fuzz/seeds_gen && touch $@

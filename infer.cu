@@ -24,8 +24,10 @@
  token limit or max_seq_len.
 
  With --analyze PATTERN it generates nothing and runs the sparsity analysis of
- ./analyze instead (llmc/analyze.h; its flags here are --analyze-NAME). The
- GPU paths' timing is build/dev/bench_infer (dev/bench_infer.cu).
+ ./analyze instead (llmc/analyze.h; its flags here are --analyze-NAME); with
+ --eval FILE it scores the model on a multiple-choice eval file, as the
+ trainer's --eval-file does (llmc/eval.h). The GPU paths' timing is
+ build/dev/bench_infer (dev/bench_infer.cu).
 
  --serve serves the model over HTTP instead: OpenAI's completions API, the
  requests batched continuously (llmc/serve/, docs/SERVE.md); built when
@@ -40,6 +42,7 @@
 #include "llmc/analyze.h"
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
+#include "llmc/eval.h"
 #include "llmc/inference.h"
 #include "llmc/sampler.h"
 #include "llmc/tokenizer.h"
@@ -59,6 +62,8 @@ typedef struct {
     int serve_on, port, slots, queue, chunk, max_body; // --serve and its flags
     const char* host;
     float timeout;
+    const char* eval_path;  // --eval FILE (NULL: generate)
+    int eval_examples, eval_batch;
     // from the flags and the machine
     int ffn_mode;        // FFN_DENSE or FFN_SPARSE (--ffn)
     int ffn_given;       // --ffn was given (else a SiLU model runs dense by itself)
@@ -444,6 +449,7 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
     o->device_name = "auto";
     o->ffn_name = "twell";
     o->max_tokens = 256, o->seed = 42, o->graph = 1, o->twell_min_rows = TWELL_PREFILL_MIN_ROWS, o->max_batch = 64;
+    o->eval_batch = 16;
     o->temperature = 1.0f, o->top_p = 1.0f;
     o->host = "127.0.0.1", o->port = 8080, o->slots = 16, o->queue = 64, o->chunk = 256, o->max_body = 1 << 20;
     o->timeout = 600.0f;
@@ -475,14 +481,28 @@ static void parse_options(int argc, char** argv, InferOptions* o) {
         {0, "timeout", ARG_FLOAT, &o->timeout, 0.1, 1e6, "--serve: seconds a request may take, from its first byte to its last token (408 after)", 0},
         {0, "chunk", ARG_INT, &o->chunk, 1, 1 << 20, "--serve: prompt tokens prefilled per step (a longer prompt takes several steps)", 0},
         {0, "max-body", ARG_INT, &o->max_body, 1024, 1 << 30, "--serve: bytes of a request body (more get 413)", 0},
+        {0, "eval", ARG_STRING, &o->eval_path, 0, 0, "instead of generating, score the model on this multiple-choice eval file (dev/data/hellaswag.sh)", 0},
+        {0, "eval-examples", ARG_INT, &o->eval_examples, 0, EVALSET_MAX_EXAMPLES, "--eval: its first N examples (0 = all)", 0},
+        {0, "eval-batch", ARG_INT, &o->eval_batch, 1, 4096, "--eval: endings (rows) per forward", 0},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     cli_parse(argc, argv, "usage: ./infer [flags]\nGenerates text with a train_gpt_sparse checkpoint, serves it over HTTP with --serve,\n"
-              "or with --analyze measures the sparsity of its FFN activations on shards of text (as ./analyze does).",
+              "with --analyze measures the sparsity of its FFN activations on shards of text (as ./analyze does), or\n"
+              "with --eval scores it on a multiple-choice eval file (as train_gpt_sparse --eval-file does).",
               specs, num_specs);
     if (o->prompt && o->prompt_file) { fatal("give the prompt with --prompt or --prompt-file, not both"); }
     if (o->analyze.pattern && (o->prompt || o->prompt_file)) { fatal("--analyze reads shards, not a prompt: drop --prompt/--prompt-file"); }
     if (o->analyze.pattern && o->dump_logits) { fatal("--dump-logits writes the logits of generation: drop --analyze"); }
+    if (o->eval_path && (o->prompt || o->prompt_file || o->dump_logits || o->analyze.pattern || o->serve_on)) {
+        fatal("--eval scores the model on a file: drop --prompt, --prompt-file, --dump-logits, --analyze and --serve");
+    }
+    if (o->eval_path && cli_given(specs, num_specs, "ffn")) { fatal("--eval runs the dense forward: drop --ffn"); }
+    if (o->eval_path == NULL) {
+        const char* needs[] = {"eval-examples", "eval-batch"};
+        for (int i = 0; i < 2; i++) {
+            if (cli_given(specs, num_specs, needs[i])) { fatal("--%s needs --eval", needs[i]); }
+        }
+    }
     if (o->serve_on) {
         const char* per_request[] = {"prompt", "prompt-file", "dump-logits", "temperature", "top-k", "top-p", "quiet",
                                      "max-batch", "analyze"};
@@ -538,6 +558,7 @@ int main(int argc, char** argv) {
     parse_options(argc, argv, &o);
     if (o.analyze.pattern) { analyze_checkpoint(&o.analyze); }
     else if (o.serve_on) { return serve_main(&o); }
+    else if (o.eval_path) { eval_checkpoint(o.model_path, o.eval_path, o.eval_examples, o.eval_batch, o.use_gpu, o.quiet); }
     else { generate_main(&o); }
     return 0;
 }

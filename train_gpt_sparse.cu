@@ -12,7 +12,8 @@
  --l1-ramp grows lambda from lambda / R so that the model first adapts to
  ReLU. The default model ramps lambda over its whole run (llmc/model.h). This
  file is the training loop: flags, data, the optimizer step, the
- logs, validation, samples and checkpoints. The model's forward and backward
+ logs, validation, multiple-choice evaluation (--eval-file, llmc/eval.h),
+ samples and checkpoints. The model's forward and backward
  live in llmc/gpt.h over the kernels of the backend.
 
  Backends: on a CUDA GPU, bf16 weights and activations with fp32 gradients,
@@ -30,6 +31,7 @@
 #include "llmc/checkpoint.h"
 #include "llmc/cli.h"
 #include "llmc/dataloader.h"
+#include "llmc/eval.h"
 #include "llmc/inference.h"
 #include "llmc/logger.h"
 #include "llmc/optimizer.h"
@@ -178,6 +180,8 @@ typedef struct {
     const char* val_pattern;
     const char* out_dir;
     const char* tokenizer_path;
+    const char* eval_file;     // multiple-choice eval file (llmc/evalset.h), or NULL
+    int eval_every, eval_examples; // steps between evaluations (0: only at the end); examples each (0: all)
     GPTConfig config;
     OptimConfig optim;
     int B, T, total_batch, grad_accum;
@@ -327,6 +331,20 @@ double evaluate(GPT<T, float>* model, Zero* zero, DataLoader* val, int batches, 
     return model->ce;
 }
 
+// the evaluation's counts summed over every process, in fp32 (exact: an eval file holds fewer than 2^24
+// examples), after the forwards (which waited for the last step's all-gather, unless a process had none)
+static void reduce_eval_counts(Zero* zero, EvalCounts* c) {
+    if (zero == NULL) { return; }
+    float v[4] = {(float)c->examples, (float)c->correct, (float)c->correct_norm, (float)c->truncated};
+    float* d = (float*)cuda_malloc(sizeof(v));
+    zero_join(zero);
+    device_copy(d, v, sizeof(v), DEVICE_CUDA);
+    zero_all_reduce_sum(zero, d, 4);
+    device_copy(v, d, sizeof(v), DEVICE_CUDA);
+    cuda_free(d);
+    *c = (EvalCounts){(int)v[0], (int)v[1], (int)v[2], (int)v[3]};
+}
+
 // rank 0 writes the model; every process its optimizer state (`owned` moments)
 // and the layers' FFN choices (3 ints per layer)
 static void save_checkpoint(const Options* o, int step, const float* params, const TrainState* state,
@@ -445,6 +463,12 @@ static float lambda_at_step(const Options* o, int step) {
     return (float)((double)o->lambda * (step + 1) / o->l1_ramp);
 }
 
+// validations (or evaluations) every `every` steps, at step 0 and at the last, still to come after `step`
+static int due_left(int every, int step, int total) {
+    int left = every > 0 ? total / every - step / every : 0;
+    return left + (every == 0 || total % every != 0);
+}
+
 // trains to o->optim.total_steps; returns 1 if a signal stopped the run first
 template <typename T>
 int train(const Options* o, Device device) {
@@ -478,6 +502,20 @@ int train(const Options* o, Device device) {
     if (master) {
         printf("train: %zu tokens in %zu shards | val: %zu tokens\n", dataloader_num_tokens(&train_loader),
                train_loader.num_shards, dataloader_num_tokens(&val_loader));
+    }
+    EvalSet eval_set;
+    int eval_examples = 0;
+    if (o->eval_file) {
+        evalset_load(&eval_set, o->eval_file);
+        eval_examples = o->eval_examples > 0 && o->eval_examples < eval_set.num_examples ? o->eval_examples
+                                                                                          : eval_set.num_examples;
+        eval_check(&eval_set, o->eval_file, eval_examples, config->vocab_size, T_);
+        if (master) {
+            char every[32] = "at the end";
+            if (o->eval_every > 0) { snprintf(every, sizeof(every), "every %d steps", o->eval_every); }
+            printf("eval: %s, %d of its %d examples (%d endings each), %s; an ending a row of %d positions, %d rows a "
+                   "forward\n", o->eval_file, eval_examples, eval_set.num_examples, eval_set.num_endings, every, T_, B);
+        }
     }
 
     GPT<T, float> model;
@@ -679,29 +717,48 @@ int train(const Options* o, Device device) {
     stop_vote_init(&vote, zero);
     int stopping = 0;         // every process agreed to stop (a signal)
     int nonfinite = 0;        // steps in a row skipped for a non-finite loss or gradient norm
-    // for the ETA: this process's step times (but its first, which warms up) and its last validation's per batch
-    double step_seconds = 0, val_batch_seconds = -1;
+    // for the ETA: this process's step times (but its first, which warms up), its last validation's per batch and
+    // its last evaluation's
+    double step_seconds = 0, val_batch_seconds = -1, eval_seconds = -1;
     int timed_steps = 0;
     for (int step = first_step;; step++) {
         int last = step == total;
         int done_before = step == first_step && first_evaluated;
         int val_due = !done_before && ((o->val_every > 0 && step % o->val_every == 0) || last);
         int sample_due = !done_before && o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last);
-        if (val_due && !stopping) {
-            watchdog_arm(&watchdog, o->timeout, "rank %d: validation at step %d", rank, step);
-            double t0 = now_seconds();
+        int eval_due = o->eval_file && !done_before && ((o->eval_every > 0 && step % o->eval_every == 0) || last);
+        if ((val_due || eval_due) && !stopping) {
+            double val_ce = 0, t0 = now_seconds(), val_s = 0;
             int batches = last ? final_val_batches : val_batches;
-            double val_ce = evaluate(&model, zero, &val_loader, batches, &uploader, step, master);
+            if (val_due) {
+                watchdog_arm(&watchdog, o->timeout, "rank %d: validation at step %d", rank, step);
+                val_ce = evaluate(&model, zero, &val_loader, batches, &uploader, step, master);
+                watchdog_disarm(&watchdog);
+                val_s = now_seconds() - t0;
+            }
+            EvalCounts counts = {0, 0, 0, 0};
+            if (eval_due) {
+                // each process scores its share with no collective in between, so the deadline covers only the sum
+                char label[64];
+                snprintf(label, sizeof(label), "step %d | evaluation", step);
+                EvalRun run = {eval_examples, rank, P, B, T_, &stop_signal, master ? stdout : NULL, label};
+                counts = eval_score(&model, &eval_set, &run, (double*)NULL);
+            }
+            watchdog_arm(&watchdog, o->timeout, "rank %d: %s at step %d", rank, eval_due ? "evaluation" : "validation", step);
+            if (eval_due) { reduce_eval_counts(zero, &counts); }
             stop_vote_send(&vote);
             stopping = stop_vote_result(&vote);
             watchdog_disarm(&watchdog);
             if (stopping) {
                 if (master) {
-                    printf("step %d | validation cut short by the stop; it runs when the run continues\n", step);
+                    printf("step %d | %s cut short by the stop; %s when the run continues\n", step,
+                           val_due && eval_due ? "validation and evaluation" : val_due ? "validation" : "evaluation",
+                           val_due && eval_due ? "they run" : "it runs");
                 }
             } else {
-                val_batch_seconds = (now_seconds() - t0) / batches;
-                if (master) {
+                if (val_due) { val_batch_seconds = val_s / batches; }
+                if (eval_due) { eval_seconds = now_seconds() - t0 - val_s; }
+                if (master && val_due) {
                     long tokens = (long)batches * B * T_ * P;
                     if (batches == all_val_batches) {
                         printf("step %d | val ce %.4f on %ld tokens (the whole val set: %d batches)\n", step, val_ce,
@@ -711,6 +768,13 @@ int train(const Options* o, Device device) {
                                tokens, batches, all_val_batches, last ? ": --final-val-batches" : "");
                     }
                     log_val(log_path, step, val_ce, tokens);
+                }
+                if (master && eval_due) {
+                    char line[4400];
+                    eval_describe(line, sizeof(line), &counts, o->eval_file);
+                    printf("step %d | eval %s\n", step, line);
+                    log_eval(log_path, step, (double)counts.correct / counts.examples,
+                             (double)counts.correct_norm / counts.examples, counts.examples, counts.truncated);
                 }
             }
         }
@@ -730,7 +794,7 @@ int train(const Options* o, Device device) {
         }
         if (checkpoint) {
             state.step = step;
-            state.eval_pending = stopping && (val_due || sample_due);
+            state.eval_pending = stopping && (val_due || sample_due || eval_due);
             state.sched_steps = optim.total_steps;
             state.sched_warmup = optim.warmup_steps;
             state.sched_lr = optim.lr;
@@ -838,14 +902,19 @@ int train(const Options* o, Device device) {
             entry.mfu = flops_per_step / (ms / 1000) / peak_flops;
             entry.mem_gib = peak_mem_gib;
         }
-        // the steps left at the mean step time, and the validation batches left at the last validation's time per
-        // batch (before one ran: a forward is about a third of a training micro-batch); the last validation is
-        // one of them
+        // the steps left at the mean step time, the validation batches left at the last validation's time per batch
+        // (before one ran: a forward is about a third of a training micro-batch; the last validation is one of
+        // them), and the evaluations left at the last one's time
         double mean_step = timed_steps ? step_seconds / timed_steps : ms / 1000;
-        int vals_left = o->val_every > 0 ? total / o->val_every - step / o->val_every : 0;
-        if (o->val_every == 0 || total % o->val_every != 0) { vals_left++; }
-        double batch_time = val_batch_seconds >= 0 ? val_batch_seconds : mean_step / o->grad_accum / 3;
+        double forward = mean_step / o->grad_accum / 3;
+        int vals_left = due_left(o->val_every, step, total);
+        double batch_time = val_batch_seconds >= 0 ? val_batch_seconds : forward;
         entry.eta_s = (total - step - 1) * mean_step + ((vals_left - 1.0) * val_batches + final_val_batches) * batch_time;
+        if (o->eval_file) {
+            double rows = ceil((double)eval_examples / P) * eval_set.num_endings;
+            double eval_time = eval_seconds >= 0 ? eval_seconds : ceil(rows / B) * forward;
+            entry.eta_s += due_left(o->eval_every, step, total) * eval_time;
+        }
         entry.num_layers = L;
         entry.hidden = config->hidden;
         entry.layers = model.stats;
@@ -870,6 +939,7 @@ int train(const Options* o, Device device) {
     gpt_free(&model);
     dataloader_free(&train_loader);
     dataloader_free(&val_loader);
+    if (o->eval_file) { evalset_free(&eval_set); }
     stop_vote_free(&vote);
     if (zero) { zero_free(zero); }
     watchdog_stop(&watchdog);
@@ -885,6 +955,8 @@ int main(int argc, char** argv) {
     const char* out_dir = "out";
     const char* preset_name = "default";
     const char* tokenizer_path = TOKENIZER_DEFAULT_PATH;
+    const char* eval_file = NULL;
+    int eval_every = 0, eval_examples = 0;
     const char* device_name = "auto";
     const char* ffn_name = "auto";
     int dead_reinit = 0, untied_head = 0, l1_ramp = L1_RAMP_WHOLE_RUN;
@@ -937,6 +1009,9 @@ int main(int argc, char** argv) {
         {'v', "val-every", ARG_INT, &val_every, 0, 1 << 30, "steps between validations (0 = only at the end)", 0},
         {'m', "val-batches", ARG_INT, &val_batches, 1, 1 << 30, "micro-batches per validation, but the last", 0},
         {0, "final-val-batches", ARG_INT, &final_val_batches, 0, 1 << 30, "micro-batches of the last validation (0 = the whole val set)", 0},
+        {0, "eval-file", ARG_STRING, &eval_file, 0, 0, "multiple-choice eval file (dev/data/hellaswag.sh writes HellaSwag's) to score during the run", 0},
+        {0, "eval-every", ARG_INT, &eval_every, 0, 1 << 30, "steps between evaluations on --eval-file (also at step 0 and the end; 0 = only at the end; default: --val-every's)", 0},
+        {0, "eval-examples", ARG_INT, &eval_examples, 0, EVALSET_MAX_EXAMPLES, "examples of --eval-file per evaluation, its first (0 = all)", 0},
         {'s', "sample-every", ARG_INT, &sample_every, 0, 1 << 30, "steps between text samples (0 = never)", 0},
         {'g', "sample-tokens", ARG_INT, &sample_tokens, 1, 1 << 20, "tokens per text sample", 0},
         {'n', "ckpt-every", ARG_INT, &ckpt_every, -1, 1 << 30, "steps between checkpoints (0 = only at the end, -1 = never)", 0},
@@ -979,6 +1054,14 @@ int main(int argc, char** argv) {
     o.val_pattern = val_pattern;
     o.out_dir = out_dir;
     o.tokenizer_path = tokenizer_path;
+    o.eval_file = eval_file;
+    o.eval_examples = eval_examples;
+    if (!eval_file) {
+        const char* needs[] = {"eval-every", "eval-examples"};
+        for (int i = 0; i < 2; i++) {
+            if (cli_given(specs, num_specs, needs[i])) { fatal("--%s needs --eval-file (the examples to score)", needs[i]); }
+        }
+    }
     GPTConfig* c = &o.config;
     if (init_from) {
         // the shape is the checkpoint's; the run sets max_seq_len (RoPE has no length) and may set the activation
@@ -1105,6 +1188,7 @@ int main(int argc, char** argv) {
         if (!cli_given(specs, num_specs, "val-batches")) { o.val_batches = 4; }
     }
     if (o.l1_ramp == L1_RAMP_WHOLE_RUN) { o.l1_ramp = o.optim.total_steps; }
+    o.eval_every = cli_given(specs, num_specs, "eval-every") ? eval_every : o.val_every;
     int stopped;
     if (on_gpu) {
         int gpu = o.proc.local_rank >= 0 ? o.proc.local_rank : o.proc.rank % gpus;

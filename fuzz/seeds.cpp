@@ -66,6 +66,17 @@ static void put_poked(const char* target, const char* name, const char* base, in
     free(data);
 }
 
+// the fixture's eval file, and variants with a header field or example 0's label changed
+static void evalset_seeds(void) {
+    const char* base = "test/data/eval/hellaswag_fixture.bin";
+    put_file("evalset", "fixture.bin", base, SIZE_MAX);
+    put_file("evalset", "header_only.bin", base, 1024);
+    put_poked("evalset", "many_examples.bin", base, 2, 1000);
+    put_poked("evalset", "two_endings.bin", base, 3, 2);
+    put_poked("evalset", "small_vocab.bin", base, 4, 100);
+    put_poked("evalset", "label_4.bin", base, 256, 4);
+}
+
 static void shard_seeds(void) {
     char tmp[512];
     snprintf(tmp, sizeof(tmp), "%s/tmp_shard.bin", seed_dir);
@@ -295,6 +306,7 @@ static void serve_request_seeds(void) {
 int main(void) {
     make_dir(seed_dir);
     shard_seeds();
+    evalset_seeds();
     dataloader_seeds();
     checkpoint_seeds();
     tokenizer_seeds();

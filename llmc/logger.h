@@ -3,7 +3,7 @@
  as one JSON object per line in <output dir>/log.jsonl, with the per-layer
  sparsity statistics (mean and max L0, dead fraction) as arrays. A step skipped
  for a non-finite loss or gradient norm is a "skip" line (JSON has no NaN: a
- non-finite value is null).
+ non-finite value is null); validations and evaluations have lines of their own.
 */
 #ifndef LLMC_LOGGER_H
 #define LLMC_LOGGER_H
@@ -92,6 +92,15 @@ static inline void log_skip(const char* path, int step, int max_steps, double lo
 static inline void log_val(const char* path, int step, double val_ce, long tokens) {
     FILE* fp = fopenCheck(path, "a");
     fprintf(fp, "{\"type\":\"val\",\"step\":%d,\"val_ce\":%.9g,\"tokens\":%ld}\n", step, val_ce, tokens);
+    fcloseCheck(fp);
+}
+
+// a multiple-choice evaluation (llmc/eval.h): accuracies by summed and by mean loss, of n examples, `truncated`
+// of them with their context cut to fit
+static inline void log_eval(const char* path, int step, double acc, double acc_norm, int n, int truncated) {
+    FILE* fp = fopenCheck(path, "a");
+    fprintf(fp, "{\"type\":\"eval\",\"step\":%d,\"acc\":%.9g,\"acc_norm\":%.9g,\"n\":%d,\"truncated\":%d}\n", step, acc,
+            acc_norm, n, truncated);
     fcloseCheck(fp);
 }
 

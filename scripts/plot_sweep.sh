@@ -5,6 +5,8 @@
 #   DIR/l0_per_layer.png   mean L0 per layer (log scale), one line per lambda
 #   DIR/loss_curves.png    training CE against step per lambda (a moving average over 1/25 of
 #                          the run), the whole run and its second half
+#   DIR/acc_vs_l0.png      the last multiple-choice evaluation's acc_norm (and acc) against mean
+#                          L0 as % of H, one labelled point per lambda (runs with --eval-file only)
 # It reads DIR/results.csv (scripts/sweep_results.sh writes it) and DIR/lambda_*/log.jsonl.
 #
 # usage: scripts/plot_sweep.sh DIR
@@ -27,12 +29,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # results.csv as whitespace-separated columns (runs without a numeric L0 are left out):
-# lambda l0_pct_h val_ce, and per layer one block "layer l0_mean" per lambda
-awk -F, -v pts="$tmp/points.dat" -v layers="$tmp/layers.dat" -v names="$tmp/names.txt" '
+# lambda l0_pct_h val_ce; lambda l0_pct_h acc_norm acc; and per layer one block "layer l0_mean" per lambda
+: > "$tmp/acc.dat"
+awk -F, -v pts="$tmp/points.dat" -v accs="$tmp/acc.dat" -v layers="$tmp/layers.dat" -v names="$tmp/names.txt" '
     NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
     {
         L = $col["layers"] + 0
         if ($col["l0_pct_h"] ~ /^[0-9.eE+-]+$/ && $col["val_ce"] ~ /^[0-9.eE+-]+$/) print $1, $col["l0_pct_h"], $col["val_ce"] > pts
+        if ($col["l0_pct_h"] ~ /^[0-9.eE+-]+$/ && $col["acc_norm"] ~ /^[0-9]/) print $1, $col["l0_pct_h"], $col["acc_norm"], $col["acc"] > accs
         if (L == 0) next
         if (blocks++) printf "\n\n" > layers
         for (l = 0; l < L; l++) print l, $col["l0_mean_layer" l] > layers
@@ -126,4 +130,24 @@ set yrange [STATS_min - 0.05 * (STATS_max - STATS_min):STATS_max + 0.05 * (STATS
 plot for [i = 1:$n_curves] "$tmp/curves.dat" index (i - 1) using 1:2 with lines lw 2 lc i title word(curves, i)
 unset multiplot
 EOF
-echo "plots: $dir/val_ce_vs_l0.png, $dir/l0_per_layer.png, $dir/loss_curves.png"
+plots="$dir/val_ce_vs_l0.png, $dir/l0_per_layer.png, $dir/loss_curves.png"
+if [ -s "$tmp/acc.dat" ]; then
+    gnuplot <<EOF
+set terminal $term size 900,600
+set grid lc rgb "#dddddd"
+set output "$dir/acc_vs_l0.png"
+set title "Multiple-choice accuracy (the last evaluation) against FFN sparsity, one point per lambda"
+set xlabel "mean L0: firing FFN units per token, % of H (log scale)"
+set ylabel "accuracy"
+set logscale x
+set xrange [$xmin:$xmax]
+set xtics ("0.1" 0.1, "0.2" 0.2, "0.5" 0.5, "1" 1, "2" 2, "5" 5, "10" 10, "20" 20, "50" 50, "100" 100)
+set format y "%.3f"
+set key outside right top
+plot "$tmp/acc.dat" using 2:3 with linespoints pt 7 ps 1.3 lw 1.5 lc rgb "#444444" title "acc_norm" noenhanced, \
+     "" using 2:4 with linespoints pt 6 ps 1.1 lw 1 dt 2 lc rgb "#888888" title "acc", \
+     "" using 2:3:(sprintf("%s", stringcolumn(1))) with labels offset 1.2, 0.8 left font ",10" notitle
+EOF
+    plots="$plots, $dir/acc_vs_l0.png"
+fi
+echo "plots: $plots"

@@ -15,7 +15,8 @@
 #   --bin PATH             the trainer (default: train_gpt_sparse in the repository root)
 #   --report-only          train nothing; rebuild the tables and plots from the runs in DIR
 #   -h, --help             this text
-#   -- TRAIN_ARGS          passed to every run, e.g. -- -x 2000 --model default
+#   -- TRAIN_ARGS          passed to every run, e.g. -- -x 2000 --model default; with
+#                          --eval-file FILE (dev/data/hellaswag.sh) the table and plots show accuracy
 #
 # Resumable: a run whose log.jsonl has the validation line of its last step and
 # whose last checkpoint exists is skipped; an unfinished run continues from its

@@ -3,6 +3,8 @@
 # Reads DIR/lambda_*/log.jsonl and writes DIR/results.csv and DIR/results.md,
 # one row per lambda in increasing order:
 #   val CE       the last validation line, and its change against lambda = 0 in %
+#   accuracy     the last multiple-choice evaluation line (--eval-file): acc_norm and acc, and
+#                the examples scored; "-" for a run without one
 #   L0           the last training step's mean number of firing FFN units per token
 #                (over layers, as % of H, and per layer), and its max per layer
 #   dead %       the last training step's fraction of units that fired for no token
@@ -36,7 +38,7 @@ hidden_of() {
 }
 
 # one tab-separated record per run: lambda steps val_ce l0_mean l0_max dead tok_per_s mem_gib H L
-# l0_mean per layer, l0_max per layer, dead per layer (the last three comma-separated)
+# l0_mean per layer, l0_max per layer, dead per layer (those three comma-separated), acc_norm acc eval_n
 records=$(mktemp)
 trap 'rm -f "$records"' EXIT
 for d in "$dir"/lambda_*; do
@@ -64,6 +66,7 @@ for d in "$dir"/lambda_*; do
         }
         /^\{"type":"train"/ { train = $0; m = num($0, "mem_gib"); if (m != "" && (mem == "" || m + 0 > mem + 0)) mem = m }
         /^\{"type":"val"/ { val = num($0, "val_ce") }
+        /^\{"type":"eval"/ { acc_norm = num($0, "acc_norm"); acc = num($0, "acc"); eval_n = num($0, "n") }
         END {
             if (train == "") { steps = "-"; l0 = "-"; l0max = "-"; dead = "-"; L = "-"; lm = lx = ld = "" }
             else {
@@ -72,7 +75,9 @@ for d in "$dir"/lambda_*; do
                 L = split(lm, parts, ",")
             }
             if (mem == "") mem = "-"
-            printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", lambda, steps, val, l0, l0max, dead, tok, mem, H, L, lm, lx, ld
+            if (eval_n == "") acc_norm = acc = eval_n = "-"
+            printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", lambda, steps, val, l0, l0max, dead, tok, mem, H, L, lm, lx, ld,
+                acc_norm, acc, eval_n
         }' "$d/log.jsonl" >> "$records"
 done
 [ -s "$records" ] || die "$dir holds no run with a validation line (lambda_*/log.jsonl)"
@@ -100,7 +105,7 @@ sort -t "$(printf '\t')" -k1,1g "$records" | awk -F '\t' -v csv="$dir/results.cs
     }
     END {
         # results.csv
-        printf "lambda,steps,val_ce,val_ce_delta_pct,l0_mean,l0_pct_h,l0_max,dead_pct,tok_per_s,peak_mem_gib,hidden,layers" > csv
+        printf "lambda,steps,val_ce,val_ce_delta_pct,acc_norm,acc,eval_n,l0_mean,l0_pct_h,l0_max,dead_pct,tok_per_s,peak_mem_gib,hidden,layers" > csv
         for (l = 0; l < maxL; l++) printf ",l0_mean_layer%d", l > csv
         for (l = 0; l < maxL; l++) printf ",l0_max_layer%d", l > csv
         for (l = 0; l < maxL; l++) printf ",dead_pct_layer%d", l > csv
@@ -109,8 +114,8 @@ sort -t "$(printf '\t')" -k1,1g "$records" | awk -F '\t' -v csv="$dir/results.cs
             val = r[k, 3]; H = r[k, 9]; l0 = r[k, 4]
             delta[k] = (ref != "" && isnum(val)) ? 100 * (val - ref) / ref : ""
             pct[k] = (isnum(H) && isnum(l0) && H > 0) ? 100 * l0 / H : ""
-            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s", r[k, 1], r[k, 2], val, fmt("%.4f", delta[k]), l0,
-                fmt("%.4f", pct[k]), r[k, 5], fmt("%.4f", 100 * r[k, 6]), r[k, 7], r[k, 8], H, r[k, 10] > csv
+            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s", r[k, 1], r[k, 2], val, fmt("%.4f", delta[k]), r[k, 14],
+                r[k, 15], r[k, 16], l0, fmt("%.4f", pct[k]), r[k, 5], fmt("%.4f", 100 * r[k, 6]), r[k, 7], r[k, 8], H, r[k, 10] > csv
             for (j = 11; j <= 13; j++) {
                 cnt = split(r[k, j], p, ",")
                 for (l = 1; l <= maxL; l++) printf ",%s", (l <= cnt ? (j == 13 ? sprintf("%.4f", 100 * p[l]) : p[l]) : "") > csv
@@ -118,12 +123,13 @@ sort -t "$(printf '\t')" -k1,1g "$records" | awk -F '\t' -v csv="$dir/results.cs
             printf "\n" > csv
         }
         # results.md
-        print "| lambda | steps | val CE | vs lambda = 0 | mean L0 (% of H) | L0 mean per layer | L0 max per layer | dead % | tok/s | peak mem (GiB) |" > md
-        print "|---:|---:|---:|---:|---:|---|---|---:|---:|---:|" > md
+        print "| lambda | steps | val CE | vs lambda = 0 | acc_norm (acc) | mean L0 (% of H) | L0 mean per layer | L0 max per layer | dead % | tok/s | peak mem (GiB) |" > md
+        print "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|" > md
         for (k = 1; k <= n; k++) {
             d = r[k, 1] + 0 == 0 ? "ref." : fmt("%+.2f%%", delta[k])
             l0 = isnum(r[k, 4]) ? sprintf("%.1f (%s)", r[k, 4], fmt("%.2f%%", pct[k])) : "-"
-            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r[k, 1], r[k, 2], fmt("%.4f", r[k, 3]), d, l0,
+            acc = isnum(r[k, 14]) ? sprintf("%.4f (%.4f)", r[k, 14], r[k, 15]) : "-"
+            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r[k, 1], r[k, 2], fmt("%.4f", r[k, 3]), d, acc, l0,
                 join(r[k, 11], "%.1f", " / ", 1), join(r[k, 12], "%d", " / ", 1), fmt("%.1f", 100 * r[k, 6]),
                 fmt("%.0f", r[k, 7]), fmt("%.2f", r[k, 8]) > md
         }

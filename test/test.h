@@ -66,6 +66,27 @@ static inline void make_tmp_dir(const char* name) {
     if (mkdtemp(tmp_dir) == NULL) { fatal("mkdtemp: %s", strerror(errno)); }
 }
 
+// overwrites 4 bytes at offset (a crafted field of a file)
+static inline void poke(const char* path, long offset, int32_t value) {
+    FILE* fp = fopenCheck(path, "r+b");
+    fseekCheck(fp, offset, SEEK_SET);
+    fwriteCheck(&value, 4, 1, fp);
+    fcloseCheck(fp);
+}
+
+// the first `bytes` bytes of the file at from (at most its size) into the file at to
+static inline void copy_prefix(const char* from, const char* to, long bytes) {
+    FILE* in = fopenCheck(from, "rb");
+    FILE* out = fopenCheck(to, "wb");
+    for (long i = 0; i < bytes; i++) {
+        int c = fgetc(in);
+        if (c == EOF) { break; }
+        fputc(c, out);
+    }
+    fcloseCheck(in);
+    fcloseCheck(out);
+}
+
 // run fn(arg) in a child with stderr captured; returns its exit status, stderr in out
 static inline int run_child(void (*fn)(const void*), const void* arg, char* out, size_t outlen) {
     const Path log_path = tmp_path("child_stderr.txt");

@@ -54,22 +54,6 @@ static void load_state_other_config(const void* dir) {
     load_state_as((const char*)dir, 17, &other);
 }
 
-// overwrites 4 bytes at offset
-static void poke(const char* path, long offset, int32_t value) {
-    FILE* fp = fopenCheck(path, "r+b");
-    fseekCheck(fp, offset, SEEK_SET);
-    fwriteCheck(&value, 4, 1, fp);
-    fcloseCheck(fp);
-}
-
-static void copy_prefix(const char* from, const char* to, long bytes) {
-    FILE* in = fopenCheck(from, "rb");
-    FILE* out = fopenCheck(to, "wb");
-    for (long i = 0; i < bytes; i++) { fputc(fgetc(in), out); }
-    fcloseCheck(in);
-    fcloseCheck(out);
-}
-
 static void test_round_trip(void) {
     GPTConfig c = small_config();
     size_t n = num_parameters(&c);

@@ -87,6 +87,17 @@ check "the export took relufied's newest checkpoint" grep -q "^model: relufied/m
 doc './analyze -m out "data/corpus_val_*.bin" -o analysis.json'
 check "the analysis was written" test -s "$scratch/analysis.json"
 
+# HellaSwag (README and docs/TRAINING.md): the data script on the test fixture through a file:// address (the
+# download needs the network), writing into the scratch checkout; then the runs that score it
+doc "bash dev/data/hellaswag.sh" \
+    "bash dev/data/hellaswag.sh=>HELLASWAG_URL=file://$repo/test/data/eval/hellaswag_fixture.jsonl bash $repo/dev/data/hellaswag.sh -o $scratch/dev/data/hellaswag"
+check "the data script wrote the eval file" test -s "$scratch/dev/data/hellaswag/hellaswag_val.bin"
+doc "./train_gpt_sparse --eval-file dev/data/hellaswag/hellaswag_val.bin -i ... -j ..." "-i ... -j ...=>-x 1 $tiny -o hellaswag"
+check "the run logged its evaluations" grep -q '"type":"eval","step":1,' "$scratch/hellaswag/log.jsonl"
+doc "./train_gpt_sparse --eval-file dev/data/hellaswag/hellaswag_val.bin [--eval-every N] [--eval-examples N] ..." \
+    "[--eval-every N] [--eval-examples N] ...=>--eval-every 1 --eval-examples 4 -x 1 $tiny -o hellaswag4"
+check "the run scored 4 examples" grep -q '"n":4,' "$scratch/hellaswag4/log.jsonl"
+
 # serving: a server runs until it is stopped (test_serve.sh starts one on a free loopback port and queries it)
 skip "./infer --serve --port 8080 &" "a server on a fixed port; test_serve.sh serves on a free one"
 skip "./infer -m out --serve --port 8080" "a server on a fixed port; test_serve.sh serves on a free one"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests of the L1 sweep on the CPU path with a tiny model: scripts/sweep_l1.sh
 # trains one run per lambda and writes results.csv and results.md with the
-# right rows and columns; a finished sweep is skipped, an interrupted one
+# right rows and columns (the accuracy of --eval-file beside CE and L0, "-"
+# without it); a finished sweep is skipped, an interrupted one
 # resumes to the same logs and checkpoints as an uninterrupted one, a longer
 # -x continues the runs; bad flags are one-line errors; the plots are valid
 # PNG files (when gnuplot is installed); infer --analyze reports L0 per layer,
@@ -14,6 +15,8 @@ TEST_NAME=test_sweep
 
 # 2 layers, D 64, H 128; 2 x 32 tokens per step; validation on 2 batches
 tiny=(--layers 2 --dim 64 --heads 4 --hidden 128 -b 2 -t 32 -u 2 -l 3e-3 -m 2 --final-val-batches 2 -s 0)
+# a multiple-choice evaluation of 4 examples at each validation
+eval_args=(--eval-file test/data/eval/hellaswag_fixture.bin --eval-examples 4)
 sweep() { scripts/sweep_l1.sh "$@"; }
 csv_col() { # csv_col FILE COLUMN_NAME: the column's values, one per row
     awk -F, -v name="$2" 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == name) c = i; next} {print $c}' "$1"
@@ -33,7 +36,7 @@ expect_error "holds no run with a validation line" scripts/sweep_results.sh "$wo
 check "no run directory made by a bad command" test ! -e "$work/e"
 
 # 2. a sweep of two lambdas: tables with one row per lambda
-sweep -l 0,1e-3 -o "$work/sw" -g cpu -- "${tiny[@]}" -x 6 -v 3 -n 3 > "$work/sw.txt" 2>&1
+sweep -l 0,1e-3 -o "$work/sw" -g cpu -- "${tiny[@]}" "${eval_args[@]}" -x 6 -v 3 -n 3 > "$work/sw.txt" 2>&1
 check "sweep exits 0" test $? -eq 0
 check "sweep trains on the CPU" grep -q "lambda 1e-3: training on the CPU" "$work/sw.txt"
 check "each run has its directory, log and final checkpoint" \
@@ -42,7 +45,7 @@ check "each run records its command" grep -q -- "-a 1e-3 -o $work/sw/lambda_1e-3
 csv="$work/sw/results.csv"
 check "results.csv: a header and 2 rows" test "$(wc -l < "$csv")" -eq 3
 check "results.csv: every row has the header's columns" \
-    awk -F, 'NR == 1 {n = NF} NF != n {bad = 1} END {exit bad || n != 18}' "$csv"
+    awk -F, 'NR == 1 {n = NF} NF != n {bad = 1} END {exit bad || n != 21}' "$csv"
 check "results.csv: per-layer columns" grep -q "l0_mean_layer0,l0_mean_layer1,l0_max_layer0,l0_max_layer1,dead_pct_layer0,dead_pct_layer1" "$csv"
 check "results.csv: lambdas in order" test "$(csv_col "$csv" lambda | tr '\n' ' ')" = "0 1e-3 "
 check "results.csv: 6 steps" test "$(csv_col "$csv" steps | tr '\n' ' ')" = "6 6 "
@@ -53,13 +56,20 @@ delta=$(csv_col "$csv" val_ce_delta_pct | tail -n 1)
 check "results.csv: the change against lambda 0 ($delta %)" awk -v d="$delta" -v a="$(csv_col "$csv" val_ce | head -n 1)" \
     -v b="$val_log" 'BEGIN {x = 100 * (b - a) / a - d; exit !(x < 1e-3 && x > -1e-3)}'
 l0_last=$(grep '"type":"train"' "$work/sw/lambda_0/log.jsonl" | tail -n 1 | sed -E 's/.*"layers":\{"l0_mean":\[([^]]*)\].*/\1/')
-check "results.csv: per-layer L0 from the last train line" test "$(awk -F, 'NR == 2 {print $13 "," $14}' "$csv")" = "$l0_last"
-check "results.csv: L0 as % of H 128" awk -F, 'NR > 1 {x = $6 - 100 * $5 / 128; if (x > 1e-3 || x < -1e-3) bad = 1} END {exit bad}' "$csv"
-check "results.csv: tok/s is a positive number" awk -F, 'NR > 1 && !($9 > 0) {bad = 1} END {exit bad}' "$csv"
+check "results.csv: per-layer L0 from the last train line" test "$(awk -F, 'NR == 2 {print $16 "," $17}' "$csv")" = "$l0_last"
+check "results.csv: L0 as % of H 128" awk -F, 'NR > 1 {x = $9 - 100 * $8 / 128; if (x > 1e-3 || x < -1e-3) bad = 1} END {exit bad}' "$csv"
+check "results.csv: tok/s is a positive number" awk -F, 'NR > 1 && !($12 > 0) {bad = 1} END {exit bad}' "$csv"
+eval_log=$(grep '"type":"eval","step":6' "$work/sw/lambda_1e-3/log.jsonl")
+for f in acc_norm acc; do
+    v=$(echo "$eval_log" | sed -E "s/.*\"$f\":([0-9.e+-]+).*/\1/")
+    check "results.csv: $f is the last eval line's ($v)" test "$(csv_col "$csv" $f | tail -n 1)" = "$v"
+done
+check "results.csv: 4 examples evaluated" test "$(csv_col "$csv" eval_n | tr '\n' ' ')" = "4 4 "
 check "results.csv: no peak memory on the CPU" test "$(csv_col "$csv" peak_mem_gib | tr '\n' ' ')" = "- - "
 md="$work/sw/results.md"
 check "results.md: header, separator, 2 rows" test "$(grep -c '^|' "$md")" -eq 4
-check "results.md: every row has 10 cells" awk -F'|' '/^\|/ && NF != 12 {bad = 1} END {exit bad}' "$md"
+check "results.md: every row has 11 cells" awk -F'|' '/^\|/ && NF != 13 {bad = 1} END {exit bad}' "$md"
+check "results.md: acc_norm (acc)" grep -qE '^\| 1e-3 \| 6 \| [0-9.]+ \| [-+0-9.]+% \| [01]\.[0-9]{4} \([01]\.[0-9]{4}\) \|' "$md"
 check "results.md: lambda 0 is the reference" grep -q '^| 0 | 6 | [0-9.]* | ref\. |' "$md"
 check "results.md: the target line" grep -q "^Target (mean L0 <= 2% of H with val CE within 3% of lambda = 0): met by" "$md"
 check "results.md: per-layer L0 max as a / b" grep -qE '^\| 1e-3 \|.*\| [0-9]+ / [0-9]+ \|' "$md"
@@ -73,13 +83,16 @@ check "parallel sweep starts a run on each GPU before any ends" \
 check "the third run takes the GPU that is free first" test "$(grep -c "lambda 2e-3: training on GPU [01]" "$work/par.txt")" -eq 1
 check "each run sees its GPU" grep -q "^=== .* on GPU 1: " "$work/par/lambda_1e-3/train.log"
 check "parallel sweep: 3 rows" test "$(wc -l < "$work/par/results.csv")" -eq 4
+check "no --eval-file: no accuracy" test "$(csv_col "$work/par/results.csv" acc_norm | tr '\n' ' ')" = "- - - "
+check "no --eval-file: no accuracy in results.md" grep -qE '^\| 2e-3 \| 3 \| [0-9.]+ \| [-+0-9.]+% \| - \|' "$work/par/results.md"
 
 # 3. the plots
 if command -v gnuplot > /dev/null 2>&1; then
-    for f in val_ce_vs_l0 l0_per_layer loss_curves; do
+    for f in val_ce_vs_l0 l0_per_layer loss_curves acc_vs_l0; do
         check "$f.png is a PNG file" is_png "$work/sw/$f.png"
     done
     check "the plots are not empty" test "$(wc -c < "$work/sw/loss_curves.png")" -gt 5000
+    check "no accuracy plot without --eval-file" test ! -e "$work/par/acc_vs_l0.png"
 else
     echo "SKIP sweep: the PNG checks of the plots (gnuplot is not installed: apt-get install gnuplot-nox)"
     check "the sweep says why it made no plots" grep -q "apt-get install gnuplot-nox" "$work/sw.txt"
@@ -99,21 +112,21 @@ expect_error "gnuplot is not installed: apt-get install gnuplot-nox" env PATH="$
 
 # 4. a finished sweep is skipped; a shorter -x is an error; a longer -x continues both runs
 cp "$work/sw/lambda_0/log.jsonl" "$work/log_before"
-sweep -l 0,1e-3 -o "$work/sw" -g cpu -- "${tiny[@]}" -x 6 -v 3 -n 3 > "$work/sw2.txt" 2>&1
+sweep -l 0,1e-3 -o "$work/sw" -g cpu -- "${tiny[@]}" "${eval_args[@]}" -x 6 -v 3 -n 3 > "$work/sw2.txt" 2>&1
 check "rerun exits 0" test $? -eq 0
 check "rerun skips finished runs" test "$(grep -c "finished .*, skipped" "$work/sw2.txt")" -eq 2
 check "rerun trains nothing" cmp -s "$work/log_before" "$work/sw/lambda_0/log.jsonl"
 expect_error "past -x 3" sweep -l 0 -o "$work/sw" -g cpu -- "${tiny[@]}" -x 3 -v 3 -n 3
-sweep -l 0,1e-3 -o "$work/sw" -g cpu -- "${tiny[@]}" -x 9 -v 3 -n 3 > "$work/sw3.txt" 2>&1
+sweep -l 0,1e-3 -o "$work/sw" -g cpu -- "${tiny[@]}" "${eval_args[@]}" -x 9 -v 3 -n 3 > "$work/sw3.txt" 2>&1
 check "longer -x exits 0" test $? -eq 0
 check "longer -x resumes both runs" test "$(grep -c "resuming on the CPU" "$work/sw3.txt")" -eq 2
 check "longer -x: the trainer resumed from step 6" grep -q "resumed from .*model_00000006.bin at step 6" "$work/sw/lambda_1e-3/train.log"
 check "longer -x: the table shows 9 steps" test "$(csv_col "$csv" steps | tr '\n' ' ')" = "9 9 "
 
 # 5. interrupted: stop the sweep during its first run, then run it again
-sweep -l 0,1e-3 -o "$work/ref" -g cpu -- "${tiny[@]}" -x 24 -v 6 -n 3 > /dev/null 2>&1
+sweep -l 0,1e-3 -o "$work/ref" -g cpu -- "${tiny[@]}" "${eval_args[@]}" -x 24 -v 6 -n 3 > /dev/null 2>&1
 check "uninterrupted reference sweep exits 0" test $? -eq 0
-scripts/sweep_l1.sh -l 0,1e-3 -o "$work/int" -g cpu -- "${tiny[@]}" -x 24 -v 6 -n 3 > "$work/int1.txt" 2>&1 &
+scripts/sweep_l1.sh -l 0,1e-3 -o "$work/int" -g cpu -- "${tiny[@]}" "${eval_args[@]}" -x 24 -v 6 -n 3 > "$work/int1.txt" 2>&1 &
 pid=$!
 for _ in $(seq 600); do
     [ -f "$work/int/lambda_0/state_00000003_00000.bin" ] && break
@@ -128,7 +141,7 @@ check "no trainer left running" bash -c '! ps -eo args | grep -v grep | grep -q 
 # the second run was interrupted before its first checkpoint: a log and no checkpoint
 mkdir -p "$work/int/lambda_1e-3"
 echo '{"type":"train","step":1,"loss":0}' > "$work/int/lambda_1e-3/log.jsonl"
-sweep -l 0,1e-3 -o "$work/int" -g cpu -- "${tiny[@]}" -x 24 -v 6 -n 3 > "$work/int2.txt" 2>&1
+sweep -l 0,1e-3 -o "$work/int" -g cpu -- "${tiny[@]}" "${eval_args[@]}" -x 24 -v 6 -n 3 > "$work/int2.txt" 2>&1
 check "resumed sweep exits 0" test $? -eq 0
 check "a run with a checkpoint resumes" grep -q "lambda 0: resuming on the CPU" "$work/int2.txt"
 check "a run without one starts over" grep -q "lambda 1e-3: training on the CPU" "$work/int2.txt"
@@ -139,7 +152,7 @@ for v in 0 1e-3; do
         cmp -s "$work/ref/lambda_$v/model_00000024.bin" "$work/int/lambda_$v/model_00000024.bin"
 done
 check "resumed table equals the uninterrupted one (but tok/s)" \
-    cmp -s <(cut -d, -f1-8,10- "$work/ref/results.csv") <(cut -d, -f1-8,10- "$work/int/results.csv")
+    cmp -s <(cut -d, -f1-11,13- "$work/ref/results.csv") <(cut -d, -f1-11,13- "$work/int/results.csv")
 
 # 6. infer --analyze on the run's checkpoint and val data: the same 2 batches of 2 x 32 as its validation
 model="$work/ref/lambda_1e-3/model_00000024.bin"

@@ -22,12 +22,19 @@
  thread count. After each complete shard <out>.state records how much of the input the complete shards
  hold; --resume skips that much input and goes on, giving the bytes of a run that never stopped.
 
+ With --hellaswag it writes instead one multiple-choice eval file (llmc/evalset.h) from HellaSwag's JSON
+ lines ({"ctx": ..., "endings": [...], "label": k, ...}): each context as the document-start token then
+ encode(ctx), each ending encode(" " + ending), as llm.c's hellaswag.py renders them; the tokenizer may
+ also be a Hugging Face tokenizer.json there.
+
    ./tokenize -o OUT [options] FILE...        (FILE "-" is standard input; --help lists the options)
+   ./tokenize --hellaswag -o OUT.bin [-t TOKENIZER] [--vocab V] [--total-docs N] FILE...
 */
 #include <fcntl.h>
 #include <omp.h>
 #include <sys/stat.h>
 #include "llmc/cli.h"
+#include "llmc/evalset.h"
 #include "llmc/shard.h"
 #include "llmc/tokenizer.h"
 
@@ -770,10 +777,89 @@ static void make_parent_dirs(const char* out) {
     free(dir);
 }
 
+// ----------------------------------------------------------------------------
+// --hellaswag: JSON lines of HellaSwag's examples to one eval file
+
+// the eval file of the examples of every input; K is the first example's count of endings
+static void tokenize_hellaswag(const Options* o, const Tokenizer* tok) {
+    Reader r;
+    memset(&r, 0, sizeof(r));
+    r.o = o;
+    r.fd = -1;
+    r.cap = (size_t)1 << 22;
+    r.buf = (char*)mallocCheck(r.cap);
+    EvalSet set;
+    memset(&set, 0, sizeof(set));
+    int* ids[EVALSET_MAX_ENDINGS + 1] = {NULL};
+    size_t lens[EVALSET_MAX_ENDINGS + 1], caps[EVALSET_MAX_ENDINGS + 1] = {0};
+    char* spaced = NULL; // " " + an ending
+    size_t spaced_cap = 0, tokens = 0, longest = 0;
+    const char* text;
+    size_t len, used;
+    while (reader_next(&r, &text, &len, &used)) {
+        if (blank(text, len)) { continue; }
+        char where[4200];
+        snprintf(where, sizeof(where), "%s:%zu", input_name(o->inputs[r.input]), r.count);
+        JsonValue v;
+        json_parse(text, len, where, &v);
+        const JsonValue* ctx = json_get(&v, "ctx");
+        const JsonValue* endings = json_get(&v, "endings");
+        const JsonValue* label = json_get(&v, "label");
+        if (ctx == NULL || ctx->type != JSON_STRING) { fatal("%s: expected a string \"ctx\" (the context)", where); }
+        if (endings == NULL || endings->type != JSON_ARRAY) { fatal("%s: expected an array \"endings\"", where); }
+        int K = set.num_examples ? set.num_endings : (int)endings->length;
+        if (set.num_examples == 0) {
+            if (K < 2 || K > EVALSET_MAX_ENDINGS) {
+                fatal("%s: %zu endings, expected 2 to %d", where, endings->length, EVALSET_MAX_ENDINGS);
+            }
+            evalset_init(&set, K, tok->vocab_size);
+        }
+        if ((int)endings->length != K) {
+            fatal("%s: %zu endings, the first example has %d", where, endings->length, K);
+        }
+        if (label == NULL || label->type != JSON_NUMBER || !label->is_integer || label->integer < 0 ||
+            label->integer >= K) {
+            fatal("%s: expected \"label\", the index of the right ending: an integer from 0 to %d", where, K - 1);
+        }
+        lens[0] = 0;
+        tokenizer_push(tok->eot_token, &ids[0], &lens[0], &caps[0]);
+        // JSON strings are valid UTF-8 (json_parse checks), so encoding cannot fail
+        tokenizer_encode(tok, ctx->string, ctx->length, &ids[0], &lens[0], &caps[0]);
+        for (int k = 0; k < K; k++) {
+            const JsonValue* e = &endings->items[k];
+            if (e->type != JSON_STRING) { fatal("%s: ending %d is not a string", where, k); }
+            if (e->length + 1 > spaced_cap) {
+                spaced_cap = 2 * (e->length + 1);
+                spaced = (char*)reallocCheck(spaced, spaced_cap);
+            }
+            spaced[0] = ' ';
+            memcpy(spaced + 1, e->string, e->length);
+            lens[1 + k] = 0;
+            tokenizer_encode(tok, spaced, e->length + 1, &ids[1 + k], &lens[1 + k], &caps[1 + k]);
+            if (lens[0] + lens[1 + k] > longest) { longest = lens[0] + lens[1 + k]; }
+        }
+        for (int j = 0; j <= K; j++) { tokens += lens[j]; }
+        evalset_append(&set, (int)label->integer, (const int* const*)ids, lens);
+        json_free(&v);
+    }
+    if (set.num_examples == 0) { fatal("no examples in the input"); }
+    if (o->total_docs > 0 && (size_t)set.num_examples != o->total_docs) { // a download cut short, say
+        fatal("the input holds %d examples, --total-docs says %zu", set.num_examples, o->total_docs);
+    }
+    make_parent_dirs(o->out);
+    evalset_save(&set, o->out);
+    printf("tokenize: %d examples of %d endings, %zu tokens (the longest context and ending %zu) in %s\n",
+           set.num_examples, set.num_endings, tokens, longest, o->out);
+    for (int j = 0; j <= EVALSET_MAX_ENDINGS; j++) { free(ids[j]); }
+    free(spaced);
+    free(r.buf);
+    evalset_free(&set);
+}
+
 int main(int argc, char** argv) {
     const char *out = NULL, *rank_file = NULL, *jsonl_field = NULL, *vocab = "gpt2", *invalid_utf8 = "stop";
     int records = 0, resume = 0, shard_tokens = 100000000, val_docs = 0, max_shards = 0, total_docs = 0, first_doc = 0;
-    int batch_docs = 16384;
+    int batch_docs = 16384, hellaswag = 0;
     ArgSpec specs[] = {
         {'o', "output", ARG_STRING, &out, 0, 0, "shard prefix (required): OUT_val_000000.bin, OUT_train_000001.bin, ...; OUT.state while unfinished", 0},
         {'s', "shard-tokens", ARG_INT, &shard_tokens, 1, INT32_MAX, "tokens per shard (1e8 as llm.c's fineweb.py)", 0},
@@ -789,11 +875,13 @@ int main(int argc, char** argv) {
         {0, "max-shards", ARG_INT, &max_shards, 0, INT32_MAX, "stop after N complete shards, leaving OUT.state (to test resuming; 0 = never)", 0},
         {0, "invalid-utf8", ARG_STRING, &invalid_utf8, 0, 0, "a document that is not valid UTF-8: stop (an error), replace (U+FFFD per ill-formed sequence, as Python's errors=\"replace\") or skip (left out)", 0},
         {0, "batch-docs", ARG_INT, &batch_docs, 1, INT32_MAX, "documents per parallel batch", 0},
+        {0, "hellaswag", ARG_SWITCH, &hellaswag, 0, 0, "instead of shards, one multiple-choice eval file OUT of HellaSwag's JSON lines (ctx, endings, label); -t may also be a tokenizer.json, --total-docs counts the examples", 0},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     int first_input = cli_parse_args(argc, argv, "usage: ./tokenize -o OUT [flags] FILE...\n"
         "Turns text into llm.c token shards: each FILE (- is standard input) is one document, or each line of it\n"
-        "with --jsonl, or each record with --records. Threads: OMP_NUM_THREADS (default: all cores).", specs, num_specs);
+        "with --jsonl, or each record with --records. Threads: OMP_NUM_THREADS (default: all cores).\n"
+        "       ./tokenize --hellaswag -o OUT.bin [-t TOKENIZER] [--vocab V] [--total-docs N] FILE...", specs, num_specs);
     if (cli_given(specs, num_specs, "val-docs") && cli_given(specs, num_specs, "val_docs")) {
         fatal("--val_docs is the older spelling of --val-docs: give one");
     }
@@ -815,6 +903,21 @@ int main(int argc, char** argv) {
               "%d lines)", LLAMA3_RANKS);
     }
     if (o.rank_file == NULL) { o.rank_file = default_input(TOKENIZER_DEFAULT_PATH, "-t"); }
+    if (hellaswag) {
+        const char* shard_flags[] = {"shard-tokens", "jsonl", "records", "val-docs", "val_docs", "resume", "first-doc",
+                                     "max-shards", "invalid-utf8", "batch-docs"};
+        for (size_t i = 0; i < sizeof(shard_flags) / sizeof(shard_flags[0]); i++) {
+            if (cli_given(specs, num_specs, shard_flags[i])) {
+                fatal("--hellaswag writes one eval file: --%s is for shards", shard_flags[i]);
+            }
+        }
+        Tokenizer tok;
+        if (o.llama3) { tokenizer_init_pattern(&tok, o.rank_file, TOKENIZER_PATTERN_LLAMA3); }
+        else { tokenizer_load(&tok, o.rank_file); }
+        tokenize_hellaswag(&o, &tok);
+        tokenizer_free(&tok);
+        return 0;
+    }
 
     // the total input size, for the ETA, and a clear error for a missing input before any work
     double start = now_seconds(); // the first progress line comes one interval after the start
