@@ -375,7 +375,6 @@ static inline int dataloader_try_set_state(DataLoader* dl, const DataLoaderState
 static inline void dataloader_set_state(DataLoader* dl, const DataLoaderState* s, const char* source) {
     char err[SHARD_ERR_LEN];
     if (dataloader_try_set_state(dl, s, err, sizeof(err)) != 0) {
-        dataloader_prefetch_join(dl); // a shard read in flight ends before the exit, not under it
         fatal("%s: %s", source, err);
     }
 }
