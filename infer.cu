@@ -38,6 +38,7 @@
 */
 #include <cuda_runtime.h>
 #include <unistd.h>
+#include <type_traits>
 
 #include "llmc/analyze.h"
 #include "llmc/checkpoint.h"
@@ -305,6 +306,47 @@ static void report(const InferOptions* opt, const Sequence* seqs, int nseq, int 
             generated / decode_s, eot, limit, full);
 }
 
+// the line that says which model runs where (stderr)
+static void print_model(const InferOptions* opt, const GPTConfig* c, int step, int ffn_mode) {
+    if (opt->use_gpu) {
+        fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d, %s) on the GPU (%s), FFN %s, bf16\n", opt->model_path,
+                step, c->num_layers, c->channels, c->hidden, activation_names[c->activation], opt->gpu_name,
+                ffn_mode == FFN_SPARSE ? "twell" : "dense");
+    } else {
+        fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d) on the CPU reference path%s\n", opt->model_path, step,
+                c->num_layers, c->channels, c->hidden, opt->gpus ? "" : " (no CUDA GPU present)");
+    }
+}
+
+// the model on its device with params' weights (params freed) and a cache of `seqs` sequences of cache_len
+// positions, prefill calls of up to `tokens` rows; the GPU paths' flags from opt
+template <typename T, typename G>
+static void model_open(GPT<T, G>* model, InferState<T>* s, const InferOptions* opt, const GPTConfig* config,
+                       float* params, int ffn_mode, Device device, int seqs, int tokens, int cache_len) {
+    gpt_build(model, config, device);
+    model->ffn.mode = ffn_mode;
+    infer_state_alloc(s, model, seqs, tokens, cache_len);
+    s->dev.use_graph = opt->graph;
+    if constexpr (std::is_same<T, bf16>::value) { s->ffn.twell.min_rows = opt->twell_min_rows; }
+    gpt_load_params(model, params);
+    free(params);
+}
+
+// the prompts generated on `device`; returns when the generation started (after the model was built)
+template <typename T>
+static double generate_on(const InferOptions* opt, const GPTConfig* config, float* params, int ffn_mode, Device device,
+                          Sequence* seqs, int nseq, const GenerateOptions* o, int total_tokens, int cache_len,
+                          double* prefill_s) {
+    GPT<T, float> model;
+    InferState<T> s;
+    model_open(&model, &s, opt, config, params, ffn_mode, device, nseq, total_tokens, cache_len);
+    double t0 = now_seconds();
+    generate(&model, &s, seqs, nseq, o, prefill_s);
+    infer_state_free(&s, &model);
+    gpt_free(&model);
+    return t0;
+}
+
 // generation, the default mode: the prompts generated on the GPU or on the CPU reference path
 static void generate_main(const InferOptions* opt) {
     GPTConfig config;
@@ -320,16 +362,7 @@ static void generate_main(const InferOptions* opt) {
         if ((int)seqs[i].n_ids > longest) { longest = (int)seqs[i].n_ids; }
     }
     int ffn_mode = opt->use_gpu ? ffn_mode_for(opt, &config) : FFN_DENSE;
-    if (!opt->quiet) {
-        if (opt->use_gpu) {
-            fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d, %s) on the GPU (%s), FFN %s, bf16\n",
-                    opt->model_path, step, config.num_layers, config.channels, config.hidden,
-                    activation_names[config.activation], opt->gpu_name, ffn_mode == FFN_SPARSE ? "twell" : "dense");
-        } else {
-            fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d) on the CPU reference path%s\n", opt->model_path,
-                    step, config.num_layers, config.channels, config.hidden, opt->gpus ? "" : " (no CUDA GPU present)");
-        }
-    }
+    if (!opt->quiet) { print_model(opt, &config, step, ffn_mode); }
 
     GenerateOptions o;
     o.tok = &tok;
@@ -343,33 +376,11 @@ static void generate_main(const InferOptions* opt) {
     // the cache holds each sequence's prompt and the tokens to come
     long long want = (long long)longest + opt->max_tokens;
     int cache_len = want < config.max_seq_len ? (int)want : config.max_seq_len;
-    double t0 = 0, prefill_s = 0;
-    if (opt->use_gpu) {
-        GPT<bf16, float> model;
-        InferState<bf16> s;
-        gpt_build(&model, &config, DEVICE_CUDA);
-        model.ffn.mode = ffn_mode;
-        infer_state_alloc(&s, &model, nseq, total_tokens, cache_len);
-        s.dev.use_graph = opt->graph;
-        s.ffn.twell.min_rows = opt->twell_min_rows;
-        gpt_load_params(&model, params);
-        free(params);
-        t0 = now_seconds();
-        generate(&model, &s, seqs, nseq, &o, &prefill_s);
-        infer_state_free(&s, &model);
-        gpt_free(&model);
-    } else {
-        GPT<float, float> model;
-        InferState<float> s;
-        gpt_build(&model, &config, DEVICE_CPU);
-        infer_state_alloc(&s, &model, nseq, total_tokens, cache_len);
-        gpt_load_params(&model, params);
-        free(params);
-        t0 = now_seconds();
-        generate(&model, &s, seqs, nseq, &o, &prefill_s);
-        infer_state_free(&s, &model);
-        gpt_free(&model);
-    }
+    double prefill_s = 0;
+    double t0 = opt->use_gpu ? generate_on<bf16>(opt, &config, params, ffn_mode, DEVICE_CUDA, seqs, nseq, &o, total_tokens,
+                                                 cache_len, &prefill_s)
+                             : generate_on<float>(opt, &config, params, ffn_mode, DEVICE_CPU, seqs, nseq, &o, total_tokens,
+                                                  cache_len, &prefill_s);
     double decode_s = now_seconds() - t0 - prefill_s;
     if (o.dump) { fcloseCheck(o.dump); }
     report(opt, seqs, nseq, o.stream, prefill_s, decode_s);
@@ -390,13 +401,7 @@ static int serve_model(const InferOptions* opt, const GPTConfig* config, float* 
                        int ffn_mode, Device device) {
     GPT<T, G> model;
     InferState<T> state;
-    gpt_build(&model, config, device);
-    model.ffn.mode = ffn_mode;
-    infer_state_alloc(&state, &model, opt->slots, opt->chunk, config->max_seq_len);
-    state.dev.use_graph = opt->graph;
-    if constexpr (std::is_same<T, bf16>::value) { state.ffn.twell.min_rows = opt->twell_min_rows; }
-    gpt_load_params(&model, params);
-    free(params);
+    model_open(&model, &state, opt, config, params, ffn_mode, device, opt->slots, opt->chunk, config->max_seq_len);
     ServeModel<T, G> sm = {&model, &state};
     ServeEngine engine = serve_engine(&sm);
     const char* slash = strrchr(opt->model_path, '/');
@@ -424,14 +429,7 @@ static int serve_main(const InferOptions* opt) {
     float* params = checkpoint_load_model(opt->model_path, &config, &step);
     tokenizer_load_for_model(&tok, opt->tokenizer_path, config.vocab_size, opt->model_path);
     int ffn_mode = opt->use_gpu ? ffn_mode_for(opt, &config) : FFN_DENSE;
-    if (opt->use_gpu) {
-        fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d, %s) on the GPU (%s), FFN %s, bf16\n", opt->model_path,
-                step, config.num_layers, config.channels, config.hidden, activation_names[config.activation],
-                opt->gpu_name, ffn_mode == FFN_SPARSE ? "twell" : "dense");
-    } else {
-        fprintf(stderr, "model: %s (step %d, %d layers, D %d, H %d) on the CPU reference path%s\n", opt->model_path, step,
-                config.num_layers, config.channels, config.hidden, opt->gpus ? "" : " (no CUDA GPU present)");
-    }
+    print_model(opt, &config, step, ffn_mode);
     int rc = opt->use_gpu ? serve_model<bf16, float>(opt, &config, params, &tok, ffn_mode, DEVICE_CUDA)
                           : serve_model<float, float>(opt, &config, params, &tok, ffn_mode, DEVICE_CPU);
     tokenizer_free(&tok);
