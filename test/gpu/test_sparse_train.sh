@@ -12,14 +12,15 @@
 #   activity falls (the log says which and when), and the loss curve matches
 #   the same run with --ffn dense;
 # - --dead-reinit 1 trains (its kernel is checked in test_sparse_ffn).
-# The runs' L1 term is a weak constant one (-a 2e-5, no ramp) unless said: the
-# default model's 2e-2 ramped over the run leaves the first runs' units no
-# room to overflow and makes their curves chaotic.
+# The L1 term is constant (no ramp), and weak in the first runs ($weak): the
+# default model's 2e-2 ramped over the run leaves their units no room to
+# overflow and makes their curves chaotic.
 set -u
 cd "$(dirname "$0")/../.."
 TEST_NAME=sparse_train
 . test/check.sh
-small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 1024 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0 -n 0 -a 2e-5 --l1-ramp 0)
+small=(--layers 2 --dim 128 --heads 4 --kv-heads 2 --hidden 1024 -b 8 -t 128 -u 10 -l 3e-3 -s 0 -m 4 --final-val-batches 4 -v 0 -n 0 --l1-ramp 0)
+weak=(-a 2e-5)
 losses() { grep '"type":"train"' "$1" | sed -E 's/.*"loss":([-0-9.e+]+).*/\1/'; }
 # Two runs that differ only in bf16 rounding drift apart step by step (chaos), so
 # the curves are compared as means over windows of 10 steps (tolerance $3), and
@@ -32,14 +33,14 @@ compare() {
               exit !(n == steps && win < tol && step < 3 * tol) }'
 }
 
-./train_gpt_sparse "${small[@]}" -x 40 -o "$work/dense" --ffn dense > "$work/dense.txt" 2>&1
+./train_gpt_sparse "${small[@]}" "${weak[@]}" -x 40 -o "$work/dense" --ffn dense > "$work/dense.txt" 2>&1
 check "dense run exits 0" test $? -eq 0
-./train_gpt_sparse "${small[@]}" -x 40 -o "$work/sparse" --ffn sparse --hot-rate 0 > "$work/sparse.txt" 2>&1
+./train_gpt_sparse "${small[@]}" "${weak[@]}" -x 40 -o "$work/sparse" --ffn sparse --hot-rate 0 > "$work/sparse.txt" 2>&1
 check "sparse run exits 0" test $? -eq 0
 grep "^ffn" "$work/sparse.txt" | head -n 4
 check "the tail overflow is logged and the forward redone" grep -q "forward redone" "$work/sparse.txt"
 check "sparse loss curve matches dense" compare "$work/sparse/log.jsonl" "$work/dense/log.jsonl" 0.05 40
-./train_gpt_sparse "${small[@]}" -x 40 -o "$work/hot" --ffn sparse --hot-rate 0.05 > "$work/hot.txt" 2>&1
+./train_gpt_sparse "${small[@]}" "${weak[@]}" -x 40 -o "$work/hot" --ffn sparse --hot-rate 0.05 > "$work/hot.txt" 2>&1
 check "sparse run with hot units exits 0" test $? -eq 0
 grep "hot units (" "$work/hot.txt" | head -n 6
 check "hot sets change during the run" grep -qE "^ffn: layer [01]: [1-9][0-9]* -> [0-9]+ hot units" "$work/hot.txt"
