@@ -28,6 +28,13 @@ work=$(mktemp -d /tmp/bench_serve_XXXXXX)
 pid=0
 trap 'kill $pid 2> /dev/null; rm -rf "$work"' EXIT
 . test/serve_lib.sh
+# the load client is Node's: the machine's, else a copy packed into .deps/node.xz (`xz -c "$(command -v node)" >
+# .deps/node.xz` where Node is installed) for a machine without it, such as the GPU machine
+node=$(command -v node || true)
+if [ -z "$node" ] && [ -f .deps/node.xz ]; then
+    xz -dc .deps/node.xz > "$work/node" && chmod +x "$work/node" && node="$work/node"
+fi
+[ -n "$node" ] || { echo "error: the load client needs Node.js: apt-get install nodejs, or carry .deps/node.xz (above)"; exit 1; }
 gpu=0
 command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 && gpu=1
 paths=(cpu)
@@ -36,7 +43,7 @@ for ffn in "${paths[@]}"; do
     ffn_flag=(); [ "$ffn" != cpu ] && ffn_flag=(--ffn "$ffn")
     start_server "$ffn" -m "$model" "${ffn_flag[@]}" --slots "$streams" --chunk "$chunk" --max-tokens "$max_tokens" \
         --queue $((requests + streams))
-    node dev/serve_client.mjs bench "$url" streams="$streams" prompt="$prompt" max_tokens="$max_tokens" \
+    "$node" dev/serve_client.mjs bench "$url" streams="$streams" prompt="$prompt" max_tokens="$max_tokens" \
         requests="$requests" label="server $ffn" | tee -a "$work/results.jsonl"
     curl -s --max-time 10 "$url/metrics" | grep -E "^serve_(ffn_active_units_per_token|decode_(steps|rows)_total)" \
         > "$work/$ffn.metrics" || true
@@ -48,7 +55,7 @@ if [ -n "$hf" ]; then
     python3 dev/bench_hf_generate.py "$hf" --batch "$streams" --prompt "$prompt" --max-tokens "$max_tokens" |
         tee -a "$work/results.jsonl"
 fi
-node -e '
+"$node" -e '
     const rows = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
     const by = Object.fromEntries(rows.map((r) => [r.label, r]));
     const s = by["server twell"], d = by["server dense"], h = by["hf generate"];
