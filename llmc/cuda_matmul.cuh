@@ -18,6 +18,7 @@
 #define LLMC_CUDA_MATMUL_CUH
 
 #include <cublasLt.h>
+#include <type_traits>
 #include "llmc/cuda_common.cuh"
 
 static inline void cublas_check(cublasStatus_t status, const char* file, int line) {
@@ -243,19 +244,26 @@ static inline bool gemv_fits(int B, int K) {
     return B <= GEMV_MAX_ROWS && K % 8 == 0 && (size_t)B * K * sizeof(bf16) <= 48 * 1024;
 }
 
+// calls rows(std::integral_constant<int, B>()) for 1 <= B <= GEMV_MAX_ROWS: a kernel built for each row
+// count, chosen at run time
+template <typename F>
+static void with_rows(int B, F rows) {
+    switch (B) {
+    case 1: rows(std::integral_constant<int, 1>()); break;
+    case 2: rows(std::integral_constant<int, 2>()); break;
+    case 3: rows(std::integral_constant<int, 3>()); break;
+    case 4: rows(std::integral_constant<int, 4>()); break;
+    case 5: rows(std::integral_constant<int, 5>()); break;
+    case 6: rows(std::integral_constant<int, 6>()); break;
+    case 7: rows(std::integral_constant<int, 7>()); break;
+    case 8: rows(std::integral_constant<int, 8>()); break;
+    default: fatal("%d rows: the decode kernels are built for 1 to %d", B, GEMV_MAX_ROWS);
+    }
+}
+
 template <typename Epilogue>
 static void gemv(const Epilogue& epilogue, const bf16* x, const bf16* w, int B, int N, int K) {
-    switch (B) {
-    case 1: gemv_launch<1>(epilogue, x, w, N, K); break;
-    case 2: gemv_launch<2>(epilogue, x, w, N, K); break;
-    case 3: gemv_launch<3>(epilogue, x, w, N, K); break;
-    case 4: gemv_launch<4>(epilogue, x, w, N, K); break;
-    case 5: gemv_launch<5>(epilogue, x, w, N, K); break;
-    case 6: gemv_launch<6>(epilogue, x, w, N, K); break;
-    case 7: gemv_launch<7>(epilogue, x, w, N, K); break;
-    case 8: gemv_launch<8>(epilogue, x, w, N, K); break;
-    default: fatal("gemv: %d rows, built for 1 to %d", B, GEMV_MAX_ROWS);
-    }
+    with_rows(B, [&](auto rows) { gemv_launch<decltype(rows)::value>(epilogue, x, w, N, K); });
 }
 
 // y = x W^T for a decode step: the GEMV where it fits, else cuBLASLt

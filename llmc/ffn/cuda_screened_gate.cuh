@@ -242,16 +242,7 @@ static void screened_gate(const Epilogue& epilogue, const ScreenedGate& sg, cons
                           int* candidates) {
     using namespace screen_detail;
     if (!screened_gate_fits(B, sg.D)) { fatal("screened gate: %d rows of width %d, built for 1 to 8 rows, D %% 16 == 0, D <= %d", B, sg.D, SCREEN_MAX_GROUPS * SCREEN_GROUP); }
-    switch (B) {
-    case 1: screened_gate_launch<1>(epilogue, sg, wg, x, candidates); break;
-    case 2: screened_gate_launch<2>(epilogue, sg, wg, x, candidates); break;
-    case 3: screened_gate_launch<3>(epilogue, sg, wg, x, candidates); break;
-    case 4: screened_gate_launch<4>(epilogue, sg, wg, x, candidates); break;
-    case 5: screened_gate_launch<5>(epilogue, sg, wg, x, candidates); break;
-    case 6: screened_gate_launch<6>(epilogue, sg, wg, x, candidates); break;
-    case 7: screened_gate_launch<7>(epilogue, sg, wg, x, candidates); break;
-    default: screened_gate_launch<8>(epilogue, sg, wg, x, candidates); break;
-    }
+    with_rows(B, [&](auto rows) { screened_gate_launch<decltype(rows)::value>(epilogue, sg, wg, x, candidates); });
 }
 
 #endif // LLMC_FFN_CUDA_SCREENED_GATE_CUH
