@@ -149,26 +149,29 @@ static inline void gemm_pair(bf16* C1, bf16* C2, const bf16* A, const bf16* B1, 
 }
 
 // ----------------------------------------------------------------------------
-// The first ROW_PREFETCH 256-column steps of a weight row, loaded into a lane's
+// The first STEPS 256-column steps of a weight row, loaded into a lane's
 // registers before the kernel waits for the ones before it (launch_early): the
-// weights stream in while those finish. K <= 2048 is the whole row.
+// weights stream in while those finish. With ROW_PREFETCH steps, K <= 2048 is the whole row.
 constexpr int ROW_PREFETCH = 8;
-struct RowPrefetch { Bf16x8 v[ROW_PREFETCH]; };
+template <int STEPS>
+struct RowSteps { Bf16x8 v[STEPS]; };
+typedef RowSteps<ROW_PREFETCH> RowPrefetch;
 
-__device__ __forceinline__ void prefetch_row(RowPrefetch& r, const bf16* row, int K, int lane) {
+template <int STEPS>
+__device__ __forceinline__ void prefetch_row(RowSteps<STEPS>& r, const bf16* row, int K, int lane) {
     #pragma unroll
-    for (int s = 0; s < ROW_PREFETCH; s++) {
+    for (int s = 0; s < STEPS; s++) {
         if ((s * 32 + lane) * 8 < K) { r.v[s] = load_bf16x8(row + (s * 32 + lane) * 8); }
     }
 }
 
 // acc[b] += x_b . row over K (x [B, K] in shared memory, the row's first steps in
-// r), lanes over 8 columns per step
-template <int B>
-__device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, const RowPrefetch& r, const bf16* row,
-                                              int K, int lane) {
+// r), lanes over 8 columns per step; the sums' order, and so their bits, do not depend on STEPS
+template <int B, int STEPS>
+__device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, const RowSteps<STEPS>& r,
+                                              const bf16* row, int K, int lane) {
     #pragma unroll
-    for (int s = 0; s < ROW_PREFETCH; s++) {
+    for (int s = 0; s < STEPS; s++) {
         const int k = (s * 32 + lane) * 8;
         if (k >= K) { break; }
         #pragma unroll
@@ -179,7 +182,7 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, c
         }
     }
     #pragma unroll 4
-    for (int k = (ROW_PREFETCH * 32 + lane) * 8; k < K; k += 256) {
+    for (int k = (STEPS * 32 + lane) * 8; k < K; k += 256) {
         Bf16x8 wv = load_bf16x8(row + k);
         #pragma unroll
         for (int b = 0; b < B; b++) {
@@ -194,11 +197,16 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, c
 
 // ----------------------------------------------------------------------------
 // the linear layers of a decode step for B <= 8 rows: y[B, N] = x[B, K] W[N, K]^T
-// as a GEMV: x in shared memory, a warp per row n of W reading it once (the row
-// loaded into registers before the wait of the early launch), fp32 sums, then
-// an epilogue per row: a bf16 store (decode_linear), or the sparse decode FFN's gate
-// and up (llmc/ffn/cuda_decode.cuh)
+// as a GEMV: x in shared memory, a warp per row n of W reading it once (the row's
+// first steps loaded into registers before the wait of the early launch), fp32
+// sums, then an epilogue per row: a bf16 store (decode_linear), or the sparse
+// decode FFN's gate and up (llmc/ffn/cuda_decode.cuh). A product whose blocks all
+// fit on the GPU at once prefetches the whole row (122 registers, two blocks an
+// SM); a larger one (qkv, the gate, the head) prefetches ROW_PREFETCH_STREAM steps
+// at 80 registers, three blocks an SM, so it runs in fewer waves (dev/RESULTS.md,
+// "The decode GEMV's occupancy").
 constexpr int GEMV_MAX_ROWS = 8, GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32;
+constexpr int ROW_PREFETCH_STREAM = 4;
 
 // the epilogue of a plain product: y[b, n] = bf16(acc_b)
 struct StoreRow {
@@ -213,12 +221,12 @@ struct StoreRow {
     }
 };
 
-template <int B, typename Epilogue>
-__global__ void __launch_bounds__(GEMV_THREADS)
+template <int B, int STEPS, typename Epilogue>
+__global__ void __launch_bounds__(GEMV_THREADS, STEPS == ROW_PREFETCH_STREAM ? 3 : 2)
 gemv_kernel(Epilogue epilogue, const bf16* x, const bf16* w, int N, int K) {
     extern __shared__ __align__(16) bf16 xs[];
     const int n = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    RowPrefetch r;
+    RowSteps<STEPS> r;
     if (n < N) { prefetch_row(r, w + (size_t)n * K, K, lane); }
     grid_dependents_launch();
     grid_dependency_wait();
@@ -233,10 +241,18 @@ gemv_kernel(Epilogue epilogue, const bf16* x, const bf16* w, int N, int K) {
 // the product with `epilogue` per row of W [N, K] for B <= 8 rows of x
 template <int B, typename Epilogue>
 static void gemv_launch(const Epilogue& epilogue, const bf16* x, const bf16* w, int N, int K) {
-    static bool configured = false;
-    if (!configured) { prefer_shared_memory(gemv_kernel<B, Epilogue>); configured = true; }
-    launch_early(gemv_kernel<B, Epilogue>, ceil_div(N, GEMV_WARPS), GEMV_THREADS, (size_t)B * K * sizeof(bf16), epilogue,
-                 x, w, N, K);
+    auto whole_row = gemv_kernel<B, ROW_PREFETCH, Epilogue>, streaming = gemv_kernel<B, ROW_PREFETCH_STREAM, Epilogue>;
+    static int num_sms = 0;
+    if (num_sms == 0) {
+        prefer_shared_memory(whole_row);
+        prefer_shared_memory(streaming);
+        num_sms = device_attribute(cudaDevAttrMultiProcessorCount);
+    }
+    const int blocks = ceil_div(N, GEMV_WARPS);
+    const size_t smem = (size_t)B * K * sizeof(bf16);
+    int per_sm = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, whole_row, GEMV_THREADS, smem));
+    launch_early(blocks <= per_sm * num_sms ? whole_row : streaming, blocks, GEMV_THREADS, smem, epilogue, x, w, N, K);
 }
 
 // whether the GEMV takes B rows of K (K % 8 == 0, x in 48 KiB)

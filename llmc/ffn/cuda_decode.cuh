@@ -104,7 +104,7 @@ struct GateUpRow {
         }
         if (any) { // the same for every lane of the warp
             float u[B] = {};
-            RowPrefetch r;
+            RowSteps<ROW_PREFETCH_STREAM> r; // (fewer registers: the GEMV's streaming kernel runs this too)
             prefetch_row(r, wu + (size_t)n * D, D, lane);
             warp_dot_rows<B>(u, xs, r, wu + (size_t)n * D, D, lane);
             #pragma unroll
