@@ -9,12 +9,37 @@
  finds the maximum and the sum of exponentials (online over tiles: the sum is rescaled when a tile
  raises the maximum), then writes dlogits from the registers. A longer row streams through in tiles of 64K and reads
  all but its last tile a second time (from L2, mostly).
+     greedy_kernel: best[m] = min { i < V : z_i = max_{j<V} z_j }, or -1 where some z_i (i < V) is not
+         finite: greedy decoding's token without the logits' trip to the host (logits_greedy, llmc/sampler.h)
 */
 #ifndef LLMC_CUDA_CLASSIFIER_CUH
 #define LLMC_CUDA_CLASSIFIER_CUH
 
 #include <math.h>
 #include "llmc/cuda_common.cuh"
+
+// a logit and its index as one key whose maximum is the largest logit at its first index (-0 taken as 0, as
+// the host's comparison takes it)
+__device__ __forceinline__ unsigned long long greedy_key(float z, int i) {
+    uint32_t bits = __float_as_uint(z == 0.0f ? 0.0f : z);
+    uint32_t ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+    return (unsigned long long)ordered << 32 | (0xffffffffu - (uint32_t)i);
+}
+
+// a block per row of Vp logits
+__global__ void greedy_kernel(int* best, const bf16* logits, int V, int Vp) {
+    const bf16* row = logits + (size_t)blockIdx.x * Vp;
+    unsigned long long key = 0;
+    int bad = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float z = __bfloat162float(row[i]);
+        bad |= !isfinite(z);
+        key = max(key, greedy_key(z, i));
+    }
+    key = block_reduce<Max>(key);
+    bad = block_reduce<Max>(bad);
+    if (threadIdx.x == 0) { best[blockIdx.x] = bad ? -1 : (int)(0xffffffffu - (uint32_t)key); }
+}
 
 constexpr int CE_THREADS = 1024;
 constexpr int CE_VECS = 8;                            // 8-logit vectors per thread in a tile

@@ -3,7 +3,8 @@
  behind calls both backends answer, so that the engine never asks which one
  runs: a decode step's CUDA graph (one per batch size, so that a server whose
  batch changes as requests come and go captures each size once), the decode
- attention's split scratch, and the pinned buffer the logits take to the host.
+ attention's split scratch, and the pinned buffers the logits and the greedy
+ tokens take to the host.
  On the CPU path a step runs as plain calls and the logits are read in place.
  The CUDA half exists only when the file is compiled by nvcc, as in
  llmc/memory.h.
@@ -14,10 +15,12 @@
 #include <stdint.h>
 #include "llmc/memory.h"
 #include "llmc/model.h"
+#include "llmc/sampler.h"
 #include "llmc/utils.h"
 #ifdef __CUDACC__
 #include <type_traits>
 #include "llmc/cuda_attention_cached.cuh"
+#include "llmc/cuda_classifier.cuh"
 #endif
 
 typedef struct {
@@ -28,6 +31,7 @@ typedef struct {
     int max_seqs;             // the batch sizes there are graphs for
     int use_graph;            // 1 (the GPU's default): a decode step is one CUDA graph
     uint16_t* logits_pinned;  // [max_seqs, Vp] bf16 bits: the logits' way to the host
+    int *greedy, *greedy_pinned; // [max_seqs] each row's greedy token, on the device and its way to the host
     // the decode attention's splits (llmc/cuda_attention_cached.cuh); NULL on the CPU
     float *part_o, *part_ml;
     int* splits_done;
@@ -46,6 +50,8 @@ static inline void infer_device_init(InferDevice* d, const GPTConfig* c, int max
     }
     if (main_stream == 0) { cudaCheck(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking)); }
     cudaCheck(cudaMallocHost(&d->logits_pinned, (size_t)max_seqs * c->padded_vocab_size * sizeof(uint16_t)));
+    cudaCheck(cudaMallocHost(&d->greedy_pinned, max_seqs * sizeof(int)));
+    d->greedy = (int*)cuda_malloc(max_seqs * sizeof(int));
     attention_decode_alloc(&d->part_o, &d->part_ml, &d->splits_done, max_seqs, c->num_heads, hd, cache_len);
     d->graphs = (CudaGraph*)callocCheck((size_t)max_seqs, sizeof(CudaGraph));
     d->max_seqs = max_seqs;
@@ -59,6 +65,8 @@ static inline void infer_device_free(InferDevice* d) {
         for (int b = 0; b < d->max_seqs; b++) { cuda_graph_free(&d->graphs[b]); }
         free(d->graphs);
         cudaCheck(cudaFreeHost(d->logits_pinned));
+        cudaCheck(cudaFreeHost(d->greedy_pinned));
+        cuda_free(d->greedy);
         for (void* p : {(void*)d->part_o, (void*)d->part_ml, (void*)d->splits_done}) { cuda_free(p); }
     }
 #endif
@@ -78,21 +86,32 @@ void infer_device_step(InferDevice* d, int B, long long key, F step) {
     step();
 }
 
-// out (host floats, may be NULL) = the first count logits, once the device's work is done
+// The host's view of the logits [rows, Vp] of a step (V real tokens), once the device's work is done:
+// out (floats, may be NULL) all of them; best (may be NULL) each row's greedy token (logits_greedy), which on
+// the GPU comes back as rows ints instead of the logits
 template <typename T>
-void infer_device_logits(InferDevice* d, float* out, const T* logits, size_t count) {
+void infer_device_logits(InferDevice* d, float* out, int* best, const T* logits, int rows, int V, int Vp) {
+    size_t count = (size_t)rows * Vp;
 #ifdef __CUDACC__
     if constexpr (std::is_same<T, bf16>::value) {
+        if (best) {
+            greedy_kernel<<<rows, 1024, 0, main_stream>>>(d->greedy, logits, V, Vp);
+            cudaCheck(cudaGetLastError());
+            cudaCheck(cudaMemcpyAsync(d->greedy_pinned, d->greedy, rows * sizeof(int), cudaMemcpyDeviceToHost,
+                                      main_stream));
+        }
         if (out) {
             cudaCheck(cudaMemcpyAsync(d->logits_pinned, logits, count * sizeof(bf16), cudaMemcpyDeviceToHost,
                                       main_stream));
         }
         cudaCheck(cudaStreamSynchronize(main_stream));
         for (size_t i = 0; out && i < count; i++) { out[i] = float_from_bf16(d->logits_pinned[i]); }
+        if (best) { memcpy(best, d->greedy_pinned, rows * sizeof(int)); }
     } else
 #endif
     {
         for (size_t i = 0; out && i < count; i++) { out[i] = (float)logits[i]; }
+        for (int r = 0; best && r < rows; r++) { best[r] = logits_greedy(logits + (size_t)r * Vp, V); }
     }
 }
 

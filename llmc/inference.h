@@ -205,7 +205,7 @@ void gpt_prefill_chunks(GPT<T, G>* model, InferState<T>* s, const int* tokens, c
     gpt_forward_cached(model, s, M, seq_rows.data(), lens, seq_starts.data(), nseq, 0);
     gather_rows(s->last, s->normed, s->last_row, nseq, c->channels);
     linear_forward(s->logits, s->last, model->param[output_head(c)], nseq, c->channels, c->padded_vocab_size);
-    infer_device_logits(&s->dev, logits, s->logits, (size_t)nseq * c->padded_vocab_size);
+    infer_device_logits(&s->dev, logits, (int*)NULL, s->logits, nseq, c->vocab_size, c->padded_vocab_size);
 }
 
 // Prefill: prompt i (tokens[first_i .. first_i + lens[i]), the prompts
@@ -285,12 +285,13 @@ void infer_hot_calibrate(GPT<T, G>* model, InferState<T>* s, const int* tokens, 
 
 // Decode: row b feeds tokens[b] at position pos[b] to the sequence in cache
 // slot slots[b] (NULL: slot b; its cache holds positions 0..pos[b]-1); logits
-// (host, [B, Vp], may be NULL) gets the next-token logits. Each row is its
-// own: on the CPU path its logits do not depend on the other rows or on the
-// slot it sits in.
+// (host, [B, Vp], may be NULL) gets the next-token logits, best (host, [B], may
+// be NULL) each row's greedy token (logits_greedy, llmc/sampler.h; on the GPU
+// without the logits' trip to the host). Each row is its own: on the CPU path
+// its logits do not depend on the other rows or on the slot it sits in.
 template <typename T, typename G>
 void gpt_decode_slots(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* pos, const int* slots, int B,
-                      float* logits) {
+                      float* logits, int* best) {
     if (B < 1 || B > s->max_seqs) { fatal("decode of %d sequences, the model holds 1 to %d", B, s->max_seqs); }
     std::vector<int> slot(B);
     for (int b = 0; b < B; b++) {
@@ -306,7 +307,7 @@ void gpt_decode_slots(GPT<T, G>* model, InferState<T>* s, const int* tokens, con
     ffn_decode_prepare(&s->ffn, &model->ffn, B);
     // one graph per batch size, captured again when the FFN mode changes
     infer_device_step(&s->dev, B, model->ffn.mode, [&] { gpt_decode_step(model, s, B); });
-    infer_device_logits(&s->dev, logits, s->logits, (size_t)B * model->config.padded_vocab_size);
+    infer_device_logits(&s->dev, logits, best, s->logits, B, model->config.vocab_size, model->config.padded_vocab_size);
 }
 
 // Decode: sequence b (cache slot b) gets tokens[b] at position pos[b] (its
@@ -314,7 +315,7 @@ void gpt_decode_slots(GPT<T, G>* model, InferState<T>* s, const int* tokens, con
 // next-token logits.
 template <typename T, typename G>
 void gpt_decode(GPT<T, G>* model, InferState<T>* s, const int* tokens, const int* pos, int B, float* logits) {
-    gpt_decode_slots(model, s, tokens, pos, (const int*)NULL, B, logits);
+    gpt_decode_slots(model, s, tokens, pos, (const int*)NULL, B, logits, (int*)NULL);
 }
 
 #endif // LLMC_INFERENCE_H

@@ -26,6 +26,19 @@ static inline int compare_prob_desc(const void* a, const void* b) {
     return x->id - y->id; // ties in id order so the result never depends on qsort
 }
 
+// greedy decoding's token: the first index of the largest of the V logits; -1 where one is not finite
+// (the GPU's greedy_kernel, llmc/cuda_classifier.cuh, gives the same)
+template <typename T>
+int logits_greedy(const T* logits, int V) {
+    int best = 0;
+    for (int i = 0; i < V; i++) {
+        float x = (float)logits[i];
+        if (!isfinite(x)) { return -1; }
+        if (x > (float)logits[best]) { best = i; }
+    }
+    return best;
+}
+
 // scratch must hold V entries
 template <typename T>
 int sample_token(const T* logits, int V, const SamplerConfig* cfg, uint64_t* rng, ProbIndex* scratch) {

@@ -302,11 +302,15 @@ static void fake_prefill(void* ctx, const int* tokens, const int* lens, const in
     f->prefills++;
 }
 
-static void fake_decode(void* ctx, const int* tokens, const int* pos, const int* slots, int B, float* logits) {
+static void fake_decode(void* ctx, const int* tokens, const int* pos, const int* slots, int B, float* logits,
+                        int* best) {
     Fake* f = (Fake*)ctx;
+    std::vector<float> row(f->Vp);
     for (int b = 0; b < B; b++) {
         f->cache[(size_t)slots[b] * f->context + pos[b]] = tokens[b];
-        fake_logits(f, slots[b], pos[b], logits + (size_t)b * f->Vp);
+        fake_logits(f, slots[b], pos[b], row.data());
+        best[b] = logits_greedy(row.data(), f->Vp); // (the padding's logits are 0, below the chosen token's)
+        if (logits) { memcpy(logits + (size_t)b * f->Vp, row.data(), f->Vp * sizeof(float)); }
     }
     f->decodes++;
     f->max_batch = B > f->max_batch ? B : f->max_batch;
@@ -555,7 +559,8 @@ static void test_engine_slots(void) {
             dslot.push_back(slots[i]);
         }
         if (!rows.empty()) {
-            gpt_decode_slots(&model, &four, dtok.data(), dpos.data(), dslot.data(), (int)rows.size(), logits.data());
+            gpt_decode_slots(&model, &four, dtok.data(), dpos.data(), dslot.data(), (int)rows.size(), logits.data(),
+                             (int*)NULL);
             for (size_t b = 0; b < rows.size(); b++) {
                 int i = rows[b];
                 same &= memcmp(logits.data() + b * Vp, alone[i].data() + (size_t)(1 + taken[i]) * Vp, Vp * sizeof(float)) == 0;

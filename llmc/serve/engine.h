@@ -26,9 +26,10 @@ static void serve_model_prefill(void* ctx, const int* tokens, const int* lens, c
 }
 
 template <typename T, typename G>
-static void serve_model_decode(void* ctx, const int* tokens, const int* pos, const int* slots, int B, float* logits) {
+static void serve_model_decode(void* ctx, const int* tokens, const int* pos, const int* slots, int B, float* logits,
+                               int* best) {
     ServeModel<T, G>* m = (ServeModel<T, G>*)ctx;
-    gpt_decode_slots(m->model, m->state, tokens, pos, slots, B, logits);
+    gpt_decode_slots(m->model, m->state, tokens, pos, slots, B, logits, best);
 }
 
 template <typename T, typename G>

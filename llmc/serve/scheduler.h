@@ -49,8 +49,10 @@ typedef struct {
     // logits [n, padded_vocab] gets the next-token logits after each chunk's last token
     void (*prefill)(void* ctx, const int* tokens, const int* lens, const int* slots, const int* starts, int n,
                     float* logits);
-    // row b: token tokens[b] at position pos[b] of the sequence in slot slots[b]; logits [B, padded_vocab]
-    void (*decode)(void* ctx, const int* tokens, const int* pos, const int* slots, int B, float* logits);
+    // row b: token tokens[b] at position pos[b] of the sequence in slot slots[b]; logits [B, padded_vocab] (NULL:
+    // not needed) the next-token logits; best [B] each row's greedy token (logits_greedy, llmc/sampler.h),
+    // which a GPU gives without sending the logits to the host
+    void (*decode)(void* ctx, const int* tokens, const int* pos, const int* slots, int B, float* logits, int* best);
     // adds to fired[layers] the FFN units that fired in the decode steps since the last call (NULL: none counted)
     void (*fired)(void* ctx, uint64_t* fired);
 } ServeEngine;
@@ -97,7 +99,7 @@ typedef struct {
     // the step's buffers (the scheduler thread's)
     ServeRequest** rows;      // the step's running sequences, oldest first
     ServeRequest** batch;     // the decode batch's
-    int *tokens, *lens, *slots, *starts, *pos;
+    int *tokens, *lens, *slots, *starts, *pos, *best;
     float* logits;
     ProbIndex* scratch;
     int fired_rows;           // decoded rows since the engine's counts were last read
@@ -124,6 +126,7 @@ static inline void scheduler_init(Scheduler* s, const ServeEngine* engine, const
     s->slots = (int*)mallocCheck((size_t)S * sizeof(int));
     s->starts = (int*)mallocCheck((size_t)S * sizeof(int));
     s->pos = (int*)mallocCheck((size_t)S * sizeof(int));
+    s->best = (int*)mallocCheck((size_t)S * sizeof(int));
     s->logits = (float*)mallocCheck((size_t)S * engine->padded_vocab * sizeof(float));
     s->scratch = (ProbIndex*)mallocCheck((size_t)engine->vocab * sizeof(ProbIndex));
 }
@@ -280,22 +283,25 @@ static inline void scheduler_admit_locked(Scheduler* s, double now) {
     pthread_mutex_unlock(&s->metrics->lock);
 }
 
-// the next token of r from its logits (the lock held): its text to the
-// client, and the end of r when it is end-of-text, completes a stop string or
-// reaches max_tokens. A non-finite logit ends r with an error.
-static inline void scheduler_take_token(Scheduler* s, ServeRequest* r, const float* logits, double now) {
+// whether r samples (else it decodes greedily, from the logits' greedy token alone)
+static inline int request_samples(const ServeRequest* r) { return r->params.temperature > 0; }
+
+// the next token of r from its logits, or for a greedy request from its
+// greedy token (logits_greedy; the logits may then be NULL), the lock held:
+// its text to the client, and the end of r when it is end-of-text, completes
+// a stop string or reaches max_tokens. A non-finite logit ends r with an error.
+static inline void scheduler_take_token(Scheduler* s, ServeRequest* r, const float* logits, int greedy, double now) {
     const int V = s->engine->vocab;
-    for (int i = 0; i < V; i++) {
-        if (!isfinite(logits[i])) {
-            fprintf(stderr, "serve: the logits of a sequence are not finite (token %d: %g); its request ends with an "
-                    "error\n", i, logits[i]);
-            r->cancel = CANCEL_ERROR;
-            request_end_locked(s, r, NULL);
-            return;
-        }
+    int finite = greedy >= 0;
+    for (int i = 0; request_samples(r) && i < V; i++) { finite &= isfinite(logits[i]); }
+    if (!finite) {
+        fprintf(stderr, "serve: the logits of a sequence are not finite; its request ends with an error\n");
+        r->cancel = CANCEL_ERROR;
+        request_end_locked(s, r, NULL);
+        return;
     }
     SamplerConfig cfg = {r->params.temperature, r->params.top_k, r->params.top_p};
-    int token = sample_token(logits, V, &cfg, &r->rng, s->scratch);
+    int token = request_samples(r) ? sample_token(logits, V, &cfg, &r->rng, s->scratch) : greedy;
     r->completion_tokens++;
     Metrics* m = s->metrics;
     pthread_mutex_lock(&m->lock);
@@ -360,7 +366,8 @@ static inline int scheduler_step(Scheduler* s) {
             ServeRequest* r = s->rows[s->pos[c]];
             r->prefilled += s->lens[c];
             if (r->prefilled == r->params.n_ids && r->state == REQ_RUNNING) {
-                scheduler_take_token(s, r, s->logits + (size_t)c * Vp, now);
+                const float* logits = s->logits + (size_t)c * Vp;
+                scheduler_take_token(s, r, logits, logits_greedy(logits, e->vocab), now);
             }
         }
         pthread_mutex_unlock(&s->lock);
@@ -370,11 +377,12 @@ static inline int scheduler_step(Scheduler* s) {
         pthread_mutex_unlock(&s->metrics->lock);
     }
     // 2. one token for every sequence that has one to feed (those that ended just now are gone)
-    int B = 0;
+    int B = 0, samples = 0;
     pthread_mutex_lock(&s->lock);
     for (int i = 0; i < n; i++) {
         ServeRequest* r = s->rows[i];
         if (r->state != REQ_RUNNING || r->prefilled < r->params.n_ids) { continue; }
+        samples |= request_samples(r);
         s->batch[B] = r;
         s->tokens[B] = r->next_token;
         s->pos[B] = r->params.n_ids + r->completion_tokens - 1;
@@ -382,11 +390,13 @@ static inline int scheduler_step(Scheduler* s) {
     }
     pthread_mutex_unlock(&s->lock);
     if (B > 0) {
-        e->decode(e->ctx, s->tokens, s->pos, s->slots, B, s->logits);
+        e->decode(e->ctx, s->tokens, s->pos, s->slots, B, samples ? s->logits : NULL, s->best);
         double now = now_seconds();
         pthread_mutex_lock(&s->lock);
         for (int b = 0; b < B; b++) {
-            if (s->batch[b]->state == REQ_RUNNING) { scheduler_take_token(s, s->batch[b], s->logits + (size_t)b * Vp, now); }
+            if (s->batch[b]->state == REQ_RUNNING) {
+                scheduler_take_token(s, s->batch[b], samples ? s->logits + (size_t)b * Vp : NULL, s->best[b], now);
+            }
         }
         pthread_mutex_unlock(&s->lock);
         s->fired_rows += B;
@@ -477,6 +487,7 @@ static inline void scheduler_free(Scheduler* s) {
     free(s->slots);
     free(s->starts);
     free(s->pos);
+    free(s->best);
     free(s->logits);
     free(s->scratch);
     memset(s, 0, sizeof(*s));

@@ -629,7 +629,9 @@ static void test_model_silu(void) {
 // logits against the CPU path doing the same, FFN dense and sparse; the decode
 // steps as graphs (one per batch size) and launched directly, the same bits;
 // the FFN's fired units counted on the GPU (relu_mul for dense, the sparse
-// decode's gate for sparse) against the CPU's count of the same steps.
+// decode's gate for sparse) against the CPU's count of the same steps; each
+// decode row's greedy token (the GPU's greedy_kernel on the CUDA path) equal
+// to logits_greedy of the logits it came with.
 struct SlotOp {
     bool decode;
     std::vector<int> slot, start, len, tokens; // prefill: chunks; decode: start = position, len 1
@@ -644,7 +646,13 @@ static std::vector<std::vector<float>> run_slot_ops(GPT<T, G>* model, InferState
         int n = (int)op.slot.size();
         std::vector<float> logits((size_t)n * Vp, NAN);
         if (op.decode) {
-            gpt_decode_slots(model, s, op.tokens.data(), op.start.data(), op.slot.data(), n, logits.data());
+            std::vector<int> best(n, -7);
+            gpt_decode_slots(model, s, op.tokens.data(), op.start.data(), op.slot.data(), n, logits.data(), best.data());
+            for (int b = 0; b < n; b++) {
+                int want = logits_greedy(logits.data() + (size_t)b * Vp, model->config.vocab_size);
+                CHECK(best[b] == want, "decode row %d of %d: greedy token %d, the logits' greedy token is %d", b, n,
+                      best[b], want);
+            }
         } else {
             gpt_prefill_chunks(model, s, op.tokens.data(), op.len.data(), op.slot.data(), op.start.data(), n, logits.data());
         }

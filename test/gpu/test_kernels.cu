@@ -4,8 +4,8 @@
  Every check draws fresh seeded random inputs; bf16 inputs are rounded once and the same values, as
  doubles, feed the reference (as floats where the reference must add in fp32 in the GPU's order).
  Every output buffer is poisoned with NaN bytes (0xFF) before a GPU run; outputs that accumulate are
- pre-filled with the same random values on both sides. Any NaN fails. Counts must match exactly, and
- every kernel that reduces runs twice and must give the same bits.
+ pre-filled with the same random values on both sides. Any NaN fails. Counts and greedy tokens must match
+ exactly, and every kernel that reduces runs twice and must give the same bits.
 
  Thresholds, on max|gpu - ref| / max|ref| (ref in double, so the error is the GPU's):
  - bf16 outputs: 1e-2. One rounding to bf16 (8 significant bits) is at most 2^-8 = 0.4% of the
@@ -31,6 +31,7 @@
 #include "llmc/adamw.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/rng.h"
+#include "llmc/sampler.h"
 #include "llmc/cuda_common.cuh"
 #include "llmc/cuda_adamw.cuh"
 #include "llmc/cuda_classifier.cuh"
@@ -477,6 +478,40 @@ static void test_crossentropy(int M, int V, int Vp) {
     cuda_free(d_logits); cuda_free(d_dlogits); cuda_free(d_targets); cuda_free(d_losses); cuda_free(d_inplace);
 }
 
+// greedy_kernel against logits_greedy (llmc/sampler.h) on rows of bf16 logits:
+// random (few distinct values, so the largest often repeats: the first wins),
+// a row whose largest is 0 and -0, rows with a NaN or an infinity (-1), the
+// padding holding a larger value (ignored); the output poisoned first
+static void test_greedy(int M, int V, int Vp) {
+    char shape[64];
+    snprintf(shape, sizeof(shape), "M %d, V %d, Vp %d", M, V, Vp);
+    std::vector<bf16> logits(M * (size_t)Vp);
+    for (bf16& z : logits) { z = __float2bfloat16((float)rng_below(&rng, 64) / 8.0f - 6.0f); }
+    for (int m = 0; m < M; m++) {
+        bf16* row = logits.data() + (size_t)m * Vp;
+        for (int i = V; i < Vp; i++) { row[i] = __float2bfloat16(100.0f); }
+        if (m % 5 == 1) { row[rng_below(&rng, V)] = __float2bfloat16(NAN); }
+        if (m % 5 == 2) { row[rng_below(&rng, V)] = __float2bfloat16(m % 2 ? INFINITY : -INFINITY); }
+        if (m % 5 == 3) {
+            for (int i = 0; i < V; i++) { row[i] = __float2bfloat16(-1.0f); }
+            row[V / 2] = __float2bfloat16(-0.0f);
+            row[V - 1] = __float2bfloat16(0.0f);
+        }
+    }
+    std::vector<int> want(M);
+    for (int m = 0; m < M; m++) { want[m] = logits_greedy(logits.data() + (size_t)m * Vp, V); }
+    bf16* d_logits = upload(logits);
+    int* d_best = poisoned<int>(M);
+    greedy_kernel<<<M, 1024>>>(d_best, d_logits, V, Vp);
+    cudaCheck(cudaGetLastError());
+    std::vector<int> best = download(d_best, M);
+    int wrong = 0;
+    for (int m = 0; m < M; m++) { wrong += best[m] != want[m]; }
+    CHECK(wrong == 0, "greedy (%s): %d of %d rows differ from logits_greedy (row 0: %d, want %d)", shape, wrong, M,
+          best[0], want[0]);
+    cuda_free(d_logits); cuda_free(d_best);
+}
+
 static void test_stats(int L, int M, int H) {
     char shape[64];
     snprintf(shape, sizeof(shape), "L %d, M %d", L, M);
@@ -746,6 +781,9 @@ int main(int argc, char** argv) {
     test_crossentropy(64, 50257, 50304);
     test_crossentropy(1000, 100, 128);   // a small vocab: most threads own no logit
     test_crossentropy(3, 70000, 70016);  // two tiles: the first one is read twice
+    test_greedy(16, 50257, 50304);
+    test_greedy(5, 100, 128);            // fewer logits than threads
+    test_greedy(3, 70000, 70016);
 
     test_stats(1, 1, 128);
     test_stats(2, 7, 128);
