@@ -679,7 +679,7 @@ int train(const Options* o, Device device) {
         if (o->l1_ramp > 0) { snprintf(ramp, sizeof(ramp), " (ramped up from lambda / %d over %d steps)", o->l1_ramp, o->l1_ramp); }
         printf("batch: %d x %d tokens x %d accumulation%s = %d tokens per step | lambda %g%s | lr %g\n", B, T_,
                o->grad_accum, processes, o->total_batch, o->lambda, ramp, optim.lr);
-        const char* ffn_names[] = {"dense", "sparse", "auto (each layer dense, sparse or split, whichever the costs measured on the device say is fastest)"};
+        const char* ffn_names[] = {"dense", "sparse", "auto (each layer dense, sparse or split, whichever its measured costs say is fastest)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
         if (o->ffn_mode != FFN_DENSE && model.ffn.hot.mode != FFN_HOT_OFF) {
             char hot[256];

@@ -439,8 +439,8 @@ void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source)
         FfnPairPrices p = {s[5], s[6], 0.0f, 0.0f};
         memcpy(&p.busy, s + 7, sizeof(float));
         memcpy(&p.rest, s + 8, sizeof(float));
-        if (s[4] < -FFN_PATH_MIN_STEPS || p.at < -1 || p.at >= H || p.split < 0 || p.split > H || !(p.busy >= 0) ||
-            !(p.rest >= 0) || p.busy > 1 || p.rest > 1) {
+        int priced = p.at < 0 || (p.busy > 0 && p.rest > 0 && p.busy <= 1 && p.rest <= 1); // (NaN: not priced)
+        if (s[4] < -FFN_PATH_MIN_STEPS || p.at < -1 || p.at >= H || p.split < 0 || p.split > H || !priced) {
             fatal("%s: FFN path of layer %d (changed at %d, prices %d, %d, %g, %g) is corrupt", source, l, s[4], p.at,
                   p.split, p.busy, p.rest);
         }

@@ -517,10 +517,11 @@ void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count
         if (h < 0) { continue; }
         if (verbose) {
             ffn_path_name(path, sizeof(path), h, H, dense);
-            char moved[64] = "", why[128];
-            if (now < H && h < H && now + h > 0) {
-                int joined = ffn_hot_joined(perm.data(), h, now);
-                snprintf(moved, sizeof(moved), ", %d hot joined, %d left", joined, now - (h - joined));
+            char moved[96] = "", why[128];
+            if (h > 0 && h < H) {
+                int joined = ffn_hot_joined(perm.data(), h, now < H ? now : 0);
+                snprintf(moved, sizeof(moved), ", %d hot joined, %d left, %.0f%% of the firing hot", joined,
+                         (now < H ? now : 0) - (h - joined), 100 * ffn_hot_share(c, perm.data(), H, h));
             }
             if (measured) {
                 snprintf(why, sizeof(why), "%.3f -> %.3f ms by the measured costs", 1e3 * M * times[0], 1e3 * M * times[1]);
@@ -530,8 +531,8 @@ void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count
                 snprintf(why, sizeof(why), "%.2f -> %.2f of the dense layer's time by the prior costs", times[0] / H,
                          times[1] / H);
             }
-            printf("ffn: layer %d -> %s (was %s; %.1f of %d units active per token%s, %.0f%% of the firing hot): %s\n",
-                   l, path, was, prefix[H], H, moved, 100 * ffn_hot_share(c, perm.data(), H, h), why);
+            printf("ffn: layer %d -> %s (was %s; %.1f of %d units active per token%s): %s\n", l, path, was,
+                   prefix[H], H, moved, why);
         }
         ffn_set_path(ffn, l, h, perm.data(), step, prefix[H] - prefix[h]);
     }
