@@ -357,6 +357,19 @@ static void test_model(void) {
         optimizer_free(&o);
         gpt_free(&m);
     }
+    // --ffn sparse with hot units off (--hot-rate 0): no layer leaves all cold, however busy
+    GPT<float, float> off;
+    gpt_build(&off, &c, DEVICE_CPU);
+    off.ffn.mode = FFN_SPARSE;
+    memcpy(off.params, w.data(), w.size() * sizeof(float));
+    gpt_stats_reset(&off);
+    gpt_forward(&off, inputs.data(), targets.data(), B, T, 1.0f / M);
+    gpt_backward(&off, inputs.data(), 0.0f);
+    gpt_stats_read(&off, M);
+    gpt_ffn_update(&off, 0, M, 0);
+    CHECK(off.ffn.layer[0].on && off.ffn.layer[0].hot.units == 0 && off.ffn.layer[1].hot.units == 0,
+          "--ffn sparse, hot units off: all cold (%d, %d hot)", off.ffn.layer[0].hot.units, off.ffn.layer[1].hot.units);
+    gpt_free(&off);
     double worst = 0;
     for (int step = 0; step < 12; step++) { worst = fmax(worst, fabs(loss[1][step] - loss[0][step]) / loss[0][step]); }
     CHECK(changes > 0, "the hot sets changed during the run (%d times)", changes);

@@ -339,6 +339,7 @@ static inline int ffn_hot_joined(const int* perm, int units, int now) {
 template <typename T>
 void ffn_hot_rechoose(Ffn<T>* ffn, const uint32_t* count, double tokens, const FfnHotPolicy* policy, int verbose) {
     const int H = ffn->H;
+    if (!ffn_hot_active(policy)) { return; }
     const FfnCosts costs = ffn_hot_model(policy);
     std::vector<int> perm(H);
     std::vector<double> prefix(H + 1);
@@ -346,8 +347,8 @@ void ffn_hot_rechoose(Ffn<T>* ffn, const uint32_t* count, double tokens, const F
         FfnLayer<T>* f = &ffn->layer[l];
         const uint32_t* c = count + (size_t)l * H;
         ffn_hot_order(perm.data(), prefix.data(), c, H, tokens);
-        int units = ffn_path_choose(perm.data(), prefix.data(), c, H, f->hot.units, tokens, &costs, &ffn_no_prices, 0,
-                                    ffn_hot_active(policy), FFN_PATH_MIN_STEPS, (double*)NULL);
+        int units = ffn_path_choose(perm.data(), prefix.data(), c, H, f->hot.units, tokens, &costs, &ffn_no_prices, 0, 1,
+                                    FFN_PATH_MIN_STEPS, (double*)NULL);
         if (units < 0) { continue; }
         ffn_hot_permute(f->wg, f->wu, f->wdT, l, perm.data(), H, ffn->D, &ffn->hooks, ffn->device);
         if (verbose) {
@@ -456,7 +457,8 @@ static inline void ffn_path_name(char* out, size_t n, int h, int H, int dense) {
 // - every FFN_HOT_EVERY steps, a layer running a path of cold units it was not
 //   yet timed on is timed (its pair prices, ffn_prices_fit), then every
 //   layer's path is chosen again (ffn_path_choose); a new one reorders its
-//   units, and under --ffn auto turns it dense or sparse (ffn_set_path).
+//   units, and under --ffn auto turns it dense or sparse (ffn_set_path);
+//   --ffn sparse changes paths only where hot units are on.
 // Everything timed is agreed on through the hooks, and the choice depends on
 // the step's number and on state the checkpoint keeps, not on when a run
 // started, so every process and a resumed run make the same ones. Logs what
@@ -491,7 +493,8 @@ void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count
             }
         }
     }
-    if (step % FFN_HOT_EVERY != 0) { return; }
+    // (--ffn sparse without hot units, or before its costs are measured: every layer stays all cold)
+    if (step % FFN_HOT_EVERY != 0 || (!dense && !ffn_hot_active(policy))) { return; }
     const FfnCosts costs = ffn_hot_model(policy);
     std::vector<int> perm(H);
     std::vector<double> prefix(H + 1);
