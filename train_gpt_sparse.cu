@@ -679,7 +679,7 @@ int train(const Options* o, Device device) {
         if (o->l1_ramp > 0) { snprintf(ramp, sizeof(ramp), " (ramped up from lambda / %d over %d steps)", o->l1_ramp, o->l1_ramp); }
         printf("batch: %d x %d tokens x %d accumulation%s = %d tokens per step | lambda %g%s | lr %g\n", B, T_,
                o->grad_accum, processes, o->total_batch, o->lambda, ramp, optim.lr);
-        const char* ffn_names[] = {"dense", "sparse", "auto (each layer sparse or dense from its measured activity)"};
+        const char* ffn_names[] = {"dense", "sparse", "auto (each layer dense, sparse or split, whichever its measured costs say is fastest)"};
         printf("ffn: %s\n", ffn_names[o->ffn_mode]);
         if (o->ffn_mode != FFN_DENSE && model.ffn.hot.mode != FFN_HOT_OFF) {
             char hot[256];
@@ -861,7 +861,7 @@ int train(const Options* o, Device device) {
         if (o->dead_reinit && !skipped) {
             gpt_dead_reinit(&model, opt.master, (uint64_t)o->seed * 1000003u + (uint64_t)step);
         }
-        if (!skipped) { gpt_hot_update(&model, step + 1, (double)o->total_batch, master); }
+        if (!skipped) { gpt_ffn_update(&model, step + 1, (double)o->total_batch, master); }
         double ms = (now_seconds() - t0) * 1000;
         watchdog_disarm(&watchdog);
         if (step > first_step) {
@@ -1025,7 +1025,7 @@ int main(int argc, char** argv) {
         {0, "tokenizer", ARG_STRING, &tokenizer_path, 0, 0, "GPT-2 rank file, for the text samples", 0},
         {0, "device", ARG_STRING, &device_name, 0, 0, "auto, cpu or cuda", 0},
         {0, "recompute", ARG_INT, &recompute, 0, 1, "1 = recompute the FFN activations in the backward (less memory)", 0},
-        {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer sparse or dense from its activity), dense or sparse", 0},
+        {0, "ffn", ARG_STRING, &ffn_name, 0, 0, "FFN path: auto (each layer dense, sparse or split with hot units, whichever its measured costs say is fastest), dense or sparse", 0},
         {0, "hot-rate", ARG_FLOAT, &hot_rate, -1, 1, "sparse layers run their busiest units as dense products: -1 = as many as the costs measured on the GPU say (none on the CPU), 0 = none, R = those firing for more than R of the tokens", 0},
         {0, "dead-reinit", ARG_INT, &dead_reinit, 0, 1, "1 = move gate rows that fired for no token of a step a tenth toward new noise", 0},
         {0, "synthetic-sparse", ARG_FLOAT, &synthetic_k, 0, 1e6, "benchmarks: init with about this many units firing per token (needs -n -1)", 0},

@@ -9,8 +9,10 @@
  against dense, the hot/cold costs measured as training measures them
  (ffn_costs: the dense part over two numbers of units, the gate, the sparse
  layer per pair) and the hot
- units it gives (ffn_hot_choose, the busiest first, as training orders them),
- what --ffn auto runs, the bytes each keeps for the backward, the errors
+ units it gives (ffn_path_choose, the busiest first, as training orders them),
+ what --ffn auto runs (the path training's choice takes with the dense layer
+ and the layer's paths timed here; one not timed yet is timed for it), the
+ bytes each keeps for the backward, the errors
  against dense and the sparse stages' times. The ELL width and tail are sized
  from the dense run's counts, as the model does from the previous step's.
 
@@ -74,7 +76,7 @@ static int bench_model(int argc, char** argv) {
             gpt_backward(&model, d_in, 2e-5f / (c.num_layers * M));
             optimizer_step(&opt, &model, &oc, 0.0f, i + 1);
             gpt_stats_read(&model, M);
-            gpt_hot_update(&model, i, M, i == 0); // (the costs measured, the first hot sets)
+            gpt_ffn_update(&model, i, M, i == 0); // (the costs measured, the first hot sets)
             if (i >= 3) { t += now_seconds() - t0; }
         }
         tps[mode] = (double)M * steps / t;
@@ -243,89 +245,124 @@ static void bench_pattern(Bench* b, const char* name) {
     measured.costs = ffn_costs(t_small, small, t_large, large, t_gate, t_sfb, pairs, H, M);
     measured.measured = 1;
     std::vector<int> perm(H);
-    int units = ffn_hot_choose(perm.data(), counts.data(), H, 0, M, &measured);
+    std::vector<double> prefix(H + 1);
+    ffn_hot_order(perm.data(), prefix.data(), counts.data(), H, M);
+    int units = ffn_path_choose(perm.data(), prefix.data(), counts.data(), H, 0, M, &measured.costs, &ffn_no_prices, 0,
+                                1, FFN_PATH_MIN_STEPS, (double*)NULL);
     if (units < 0) { // no hot set pays: all cold, in their order
         units = 0;
         for (int n = 0; n < H; n++) { perm[n] = n; }
     }
-    double hot_pairs = 0;
-    for (int n = 0; n < units; n++) { hot_pairs += counts[perm[n]]; }
-    cudaCheck(cudaMemcpy(b->perm, perm.data(), H * sizeof(int), cudaMemcpyHostToDevice));
-    permute_rows_cuda(b->pwg, b->wg, b->perm, H, D);
-    permute_rows_cuda(b->pwu, b->wu, b->perm, H, D);
-    permute_rows_cuda(b->pwdT, b->wdT, b->perm, H, D);
-    // the dense run again: the sparse path used g's buffer as its scratch, and the timing added to the gradients
-    for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[0][i], 0, HD * 4)); }
-    dense_fwd();
-    dense_bwd();
-    std::vector<int> cold_counts(M); // the cold units' count per row, for the pattern's sizes
-    {
-        std::vector<int> is_cold(H, 0);
-        for (int n = units; n < H; n++) { is_cold[perm[n]] = 1; }
-        std::vector<bf16> g = download(b->g, MH);
-        for (int m = 0; m < M; m++) {
-            int c = 0;
-            for (int n = 0; n < H; n++) { c += is_cold[n] && __bfloat162float(g[(size_t)m * H + n]) > 0.0f; }
-            cold_counts[m] = c;
+    // the split with the first `units` units of `order` hot (the weights permuted to that order): its times
+    // beside dense's, its halves alone, its error against dense and the state it keeps
+    struct SplitRun {
+        float t_df, t_hf, t_dfb, t_hfb, t_hot, t_cold;
+        double err, mb, hot_share;
+    };
+    auto run_split = [&](const std::vector<int>& order, int units) {
+        SplitRun r;
+        double hot_pairs = 0;
+        for (int n = 0; n < units; n++) { hot_pairs += counts[order[n]]; }
+        cudaCheck(cudaMemcpy(b->perm, order.data(), H * sizeof(int), cudaMemcpyHostToDevice));
+        permute_rows_cuda(b->pwg, b->wg, b->perm, H, D);
+        permute_rows_cuda(b->pwu, b->wu, b->perm, H, D);
+        permute_rows_cuda(b->pwdT, b->wdT, b->perm, H, D);
+        // the dense run again: the sparse path used g's buffer as its scratch, and the timing added to the gradients
+        for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[0][i], 0, HD * 4)); }
+        dense_fwd();
+        dense_bwd();
+        std::vector<int> cold_counts(M); // the cold units' count per row, for the pattern's sizes
+        {
+            std::vector<int> is_cold(H, 0);
+            for (int n = units; n < H; n++) { is_cold[order[n]] = 1; }
+            std::vector<bf16> g = download(b->g, MH);
+            for (int m = 0; m < M; m++) {
+                int c = 0;
+                for (int n = 0; n < H; n++) { c += is_cold[n] && __bfloat162float(g[(size_t)m * H + n]) > 0.0f; }
+                cold_counts[m] = c;
+            }
         }
-    }
-    Cold cold = cold_alloc(b, H - units, cold_counts);
-    bf16* hot_buf = (bf16*)cuda_malloc(5 * (size_t)M * units * 2 + 16); // g, u; the scratch
-    FfnHot<bf16> hot = {units, hot_buf, hot_buf + (size_t)M * units};
-    bf16* hot_scratch = hot_buf + 2 * (size_t)M * units;
-    auto split_fwd = [&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT, M,
-                          D, H, &b->scratch);
+        Cold cold = cold_alloc(b, H - units, cold_counts);
+        bf16* hot_buf = (bf16*)cuda_malloc(5 * (size_t)M * units * 2 + 16); // g, u; the scratch
+        FfnHot<bf16> hot = {units, hot_buf, hot_buf + (size_t)M * units};
+        bf16* hot_scratch = hot_buf + 2 * (size_t)M * units;
+        auto split_fwd = [&] {
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT, M,
+                              D, H, &b->scratch);
+        };
+        auto split_bwd = [&] {
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot, &cold.t,
+                               cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale, M, D, H,
+                               &b->scratch);
+        };
+        for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[1][i], 0, HD * 4)); }
+        split_fwd();
+        split_bwd();
+        if (units < H && download(b->tail_used, 1)[0] > cold.p.tail_capacity) { fatal("tail overflow in the benchmark"); }
+        double err_split = fmax(rel_err(b->y[1], b->y[0], MD), rel_err(b->df[1], b->df[0], MD));
+        for (int i = 0; i < 3; i++) { // against the dense gradients in the split's unit order
+            permute_rows_cuda(b->grad_perm, b->grads[0][i], b->perm, H, D);
+            err_split = fmax(err_split, rel_err(b->grads[1][i], b->grad_perm, HD));
+        }
+        std::vector<float> side2 = median_ms_interleaved({dense_fwd, split_fwd, [&] { dense_fwd(); dense_bwd(); },
+                                                          [&] { split_fwd(); split_bwd(); }});
+        float t_df2 = side2[0], t_hf = side2[1], t_dfb2 = side2[2], t_hfb = side2[3];
+        // the split's two halves alone: all units cold but the hot ones (pointers past them), and the hot ones alone
+        FfnHot<bf16> hot_only = hot;
+        const size_t off = (size_t)units * D;
+        float t_cold = units < H ? median_ms([&] {
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &none, (bf16*)NULL, b->g, b->f, b->pwg + off, b->pwu + off,
+                              b->pwdT + off, M, D, H - units, &b->scratch);
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &none, &cold.t,
+                               cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg + off, b->pwu + off, b->pwdT + off,
+                               l1_scale, M, D, H - units, &b->scratch);
+        }) : 0.0f;
+        float t_hot = units > 0 ? median_ms([&] {
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot_only, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT,
+                              M, D, units, &b->scratch);
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot_only,
+                               &cold.t, cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale,
+                               M, D, units, &b->scratch);
+        }) : 0.0f;
+        double split_mb = ((units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
+                           2.0 * M * units * 2) / 1e6;
+        cold_free(&cold);
+        cuda_free(hot_buf);
+        r.t_df = t_df2, r.t_hf = t_hf, r.t_dfb = t_dfb2, r.t_hfb = t_hfb, r.t_hot = t_hot, r.t_cold = t_cold;
+        r.err = err_split, r.mb = split_mb, r.hot_share = pairs > 0 ? hot_pairs / pairs : 0.0;
+        return r;
     };
-    auto split_bwd = [&] {
-        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot, &cold.t,
-                           cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale, M, D, H,
-                           &b->scratch);
-    };
-    for (int i = 0; i < 3; i++) { cudaCheck(cudaMemset(b->grads[1][i], 0, HD * 4)); }
-    split_fwd();
-    split_bwd();
-    if (units < H && download(b->tail_used, 1)[0] > cold.p.tail_capacity) { fatal("tail overflow in the benchmark"); }
-    double err_split = fmax(rel_err(b->y[1], b->y[0], MD), rel_err(b->df[1], b->df[0], MD));
-    for (int i = 0; i < 3; i++) { // against the dense gradients in the split's unit order
-        permute_rows_cuda(b->grad_perm, b->grads[0][i], b->perm, H, D);
-        err_split = fmax(err_split, rel_err(b->grads[1][i], b->grad_perm, HD));
+    SplitRun split = run_split(perm, units);
+    // what --ffn auto runs on this layer (llmc/ffn/hot.h): with the dense layer and the layer's paths timed as
+    // training times them (its prices from all cold, then from the split it tries), the path with the least
+    // modelled time (a layer starts dense); one neither timed here nor dense is timed now
+    FfnCosts costs = measured.costs;
+    costs.dense = split.t_dfb / M;
+    FfnPairPrices prices = ffn_prices_fit(&costs, &ffn_no_prices, H, 0, t_sfb / M, prefix.data());
+    if (units > 0 && units < H) { prices = ffn_prices_fit(&costs, &prices, H, units, split.t_hfb / M, prefix.data()); }
+    std::vector<int> auto_perm(H);
+    ffn_hot_order(auto_perm.data(), prefix.data(), counts.data(), H, M);
+    int auto_h = ffn_path_choose(auto_perm.data(), prefix.data(), counts.data(), H, H, M, &costs, &prices, 1, 1,
+                                 FFN_PATH_MIN_STEPS, (double*)NULL);
+    double auto_ratio = 1.0;
+    char auto_name[32];
+    ffn_path_name(auto_name, sizeof(auto_name), auto_h < 0 ? H : auto_h, H, 1);
+    if (auto_h == 0) { auto_ratio = t_dfb / t_sfb; }
+    else if (auto_h == units) { auto_ratio = split.t_dfb / split.t_hfb; }
+    else if (auto_h > 0 && auto_h < H) {
+        SplitRun other = run_split(auto_perm, auto_h);
+        auto_ratio = other.t_dfb / other.t_hfb;
     }
-    std::vector<float> side2 = median_ms_interleaved({dense_fwd, split_fwd, [&] { dense_fwd(); dense_bwd(); },
-                                                      [&] { split_fwd(); split_bwd(); }});
-    float t_df2 = side2[0], t_hf = side2[1], t_dfb2 = side2[2], t_hfb = side2[3];
-    // the split's two halves alone: all units cold but the hot ones (pointers past them), and the hot ones alone
-    FfnHot<bf16> hot_only = hot;
-    const size_t off = (size_t)units * D;
-    float t_cold = units < H ? median_ms([&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &none, (bf16*)NULL, b->g, b->f, b->pwg + off, b->pwu + off,
-                          b->pwdT + off, M, D, H - units, &b->scratch);
-        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &none, &cold.t,
-                           cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg + off, b->pwu + off, b->pwdT + off,
-                           l1_scale, M, D, H - units, &b->scratch);
-    }) : 0.0f;
-    float t_hot = units > 0 ? median_ms([&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot_only, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT,
-                          M, D, units, &b->scratch);
-        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot_only,
-                           &cold.t, cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale,
-                           M, D, units, &b->scratch);
-    }) : 0.0f;
-    double dense_mb = 3.0 * MH * 2 / 1e6;
-    double split_mb = ((units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
-                       2.0 * M * units * 2) / 1e6;
-    cold_free(&cold);
-    cuda_free(hot_buf);
-    // what --ffn auto runs for a layer with this activity (llmc/ffn/policy.h): the split up to the limit, else dense
-    int auto_sparse = mean <= FFN_AUTO_MAX_ACTIVE * H;
-    printf("%-13s %5.1f | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %5d %4.0f%% | %6s %5.2fx |"
+    printf("%-13s %5.1f | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %5d %4.0f%% | %10s %5.2fx |"
            " %7.1f %7.1f | %7.1e %7.1e\n",
-           name, mean, t_df, t_sf, t_df / t_sf, t_hf, t_df2 / t_hf, t_dfb, t_sfb, t_dfb / t_sfb, t_hfb, t_dfb2 / t_hfb,
-           units, pairs > 0 ? 100 * hot_pairs / pairs : 0.0, auto_sparse ? "split" : "dense",
-           auto_sparse ? t_dfb2 / t_hfb : 1.0, dense_mb, split_mb, err_sparse, err_split);
+           name, mean, t_df, t_sf, t_df / t_sf, split.t_hf, split.t_df / split.t_hf, t_dfb, t_sfb, t_dfb / t_sfb,
+           split.t_hfb, split.t_dfb / split.t_hfb, units, 100 * split.hot_share, auto_name, auto_ratio,
+           3.0 * MH * 2 / 1e6, split.mb, err_sparse, split.err);
     printf("%-13s stages of the sparse path (ms): gate+pack %.3f | up %.3f | down %.3f | transpose %.3f | dh+wgrad %.3f |"
            " df %.3f; the split's fwd+bwd: hot units alone %.3f, cold alone %.3f; dense part over %d / %d units %.3f / "
-           "%.3f\n", "", t_gate, st[0], st[1], st[2], st[3], st[4], t_hot, t_cold, small, large, t_small, t_large);
+           "%.3f; the dense layer %.3f, modelled from the dense part %.3f\n", "", t_gate, st[0], st[1], st[2], st[3],
+           st[4], split.t_hot, split.t_cold, small, large, t_small, t_large, split.t_dfb,
+           M * ffn_path_fixed(&measured.costs, H, H));
 }
 
 int main(int argc, char** argv) {
@@ -353,7 +390,7 @@ int main(int argc, char** argv) {
     b.tail_used = (int*)cuda_malloc(sizeof(int));
     sparse_scratch_alloc_cuda(&b.scratch, M, H);
 
-    printf("%-13s %5s | %7s %7s %6s %7s %6s | %7s %7s %6s %7s %6s | %5s %5s | %6s %6s | %7s %7s | %7s %7s\n",
+    printf("%-13s %5s | %7s %7s %6s %7s %6s | %7s %7s %6s %7s %6s | %5s %5s | %10s %6s | %7s %7s | %7s %7s\n",
            "pattern", "k", "dense f", "sparse", "ratio", "split", "ratio", "dense fb", "sparse", "ratio", "split",
            "ratio", "hot", "pairs", "auto", "ratio", "dense MB", "split MB", "err sp", "err spl");
     std::vector<float> hdy(MD);
@@ -382,7 +419,8 @@ int main(int argc, char** argv) {
     }
     printf("ratio = dense time / that path's time (> 1: faster than dense); split = hot units dense, the rest sparse"
            " (llmc/ffn/split.h), with the hot units the costs measured on this pattern give, as in training; hot ="
-           " hot units, pairs = their share of the (token, unit) pairs; auto = what --ffn auto runs at this k (fwd+bwd);"
+           " hot units, pairs = their share of the (token, unit) pairs; auto = the path --ffn auto runs on this"
+           " pattern (llmc/ffn/hot.h, with this run's times; fwd+bwd);"
            " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u);"
            " err = max over y, df, dW of ||path - dense|| / ||dense||\n");
     sparse_scratch_free_cuda(&b.scratch);

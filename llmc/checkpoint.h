@@ -364,10 +364,10 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
         fatal("%s: %d bytes of data loader state, this build's is %zu bytes (from another version?)", path, h[22],
               loader_bytes);
     }
-    // (3 ints per layer: written before the hot/cold split)
-    if (h[23] != 0 && h[23] != 3 * run->num_layers && h[23] != ffn_state_ints(run->num_layers)) {
-        fatal("%s: %d ints of FFN state, expected 0, %d or %d", path, h[23], ffn_state_ints(run->num_layers),
-              3 * run->num_layers);
+    // (fewer ints per layer: an older file, llmc/model.h)
+    if (h[23] != 0 && !ffn_state_ints_known(h[23], run->num_layers)) {
+        fatal("%s: %d ints of FFN state, expected 0, %d, %d or %d", path, h[23], ffn_state_ints(run->num_layers),
+              4 * run->num_layers + 4, 3 * run->num_layers);
     }
     ZeroLayout z;
     zero_layout_init(&z, run, s->num_processes, s->rank);

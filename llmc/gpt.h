@@ -268,12 +268,12 @@ void gpt_load_params(GPT<T, G>* model, const float* params) {
     device_upload_params(model->params, params, model->num_parameters, model->device);
 }
 
-// The hot sets after optimizer step `step` of `tokens` tokens (llmc/ffn/ffn.h,
-// ffn_hot_update), from the step's firing counts (gpt_stats_read); costs are
-// measured on a layer's input of the last step, with the projection and
+// The FFN's paths after optimizer step `step` of `tokens` tokens (llmc/ffn/hot.h,
+// ffn_path_update), from the step's firing counts (gpt_stats_read); what is
+// timed runs on a layer's input of the last step, with the projection and
 // gradient buffers as scratch (all rewritten before they are read again).
 template <typename T, typename G>
-void gpt_hot_update(GPT<T, G>* model, int step, double tokens, int verbose) {
+void gpt_ffn_update(GPT<T, G>* model, int step, double tokens, int verbose) {
     int M = model->B * model->T_, D = model->config.channels, H = model->config.hidden;
     Activations<T, G>* a = &model->acts;
     auto probe = [&](int l) {
@@ -282,7 +282,7 @@ void gpt_hot_update(GPT<T, G>* model, int step, double tokens, int verbose) {
                               model->grad[P_WU] + LD, model->grad[P_WDT] + LD, a->row_l1 + (size_t)l * M,
                               a->row_active + (size_t)l * M};
     };
-    ffn_hot_update(&model->ffn, step, tokens, model->unit_count_host, probe, verbose);
+    ffn_path_update(&model->ffn, step, tokens, model->unit_count_host, probe, verbose);
 }
 
 // out[M,N] = inp[M,K] W[N,K]^T: a linear layer in the PyTorch weight layout

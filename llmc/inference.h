@@ -279,7 +279,7 @@ void infer_hot_calibrate(GPT<T, G>* model, InferState<T>* s, const int* tokens, 
     std::vector<uint32_t> count((size_t)L * H);
     device_copy(count.data(), cal.count, count.size() * sizeof(uint32_t), model->device);
     device_free(cal.count, model->device);
-    ffn_hot_rechoose(&model->ffn, count.data(), M, &cal.policy, 0, verbose);
+    ffn_hot_rechoose(&model->ffn, count.data(), M, &cal.policy, verbose);
     ffn_cache_stale(&s->ffn); // the gates' rows moved
 }
 

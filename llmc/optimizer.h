@@ -84,17 +84,17 @@ static void optimizer_units_permuted(void* ctx, int l, const int* perm) {
     device_free(tmp, opt->device);
 }
 
-static void optimizer_costs_measured(void* ctx, FfnCosts* costs) {
+// n values timed by this process -> their mean over the processes (on the host)
+static void optimizer_agree(void* ctx, float* v, int n) {
 #ifdef __CUDACC__
     Optimizer* opt = (Optimizer*)ctx;
     if (opt->zero == NULL) { return; }
-    float* sum = (float*)device_malloc(sizeof(FfnCosts), opt->device);
-    device_copy(sum, costs, sizeof(FfnCosts), opt->device);
-    zero_all_reduce_sum(opt->zero, sum, 4);
-    device_copy(costs, sum, sizeof(FfnCosts), opt->device);
+    float* sum = (float*)device_malloc(n * sizeof(float), opt->device);
+    device_copy(sum, v, n * sizeof(float), opt->device);
+    zero_all_reduce_sum(opt->zero, sum, n);
+    device_copy(v, sum, n * sizeof(float), opt->device);
     device_free(sum, opt->device);
-    float* v[4] = {&costs->dense0, &costs->dense1, &costs->gate1, &costs->pair1};
-    for (float* x : v) { *x /= opt->zero->proc.size; }
+    for (int i = 0; i < n; i++) { v[i] /= opt->zero->proc.size; }
 #endif
 }
 
@@ -138,7 +138,7 @@ void optimizer_init(Optimizer* opt, GPT<T, G>* model, Zero* zero) {
     opt->hidden = model->config.hidden;
     opt->channels = model->config.channels;
     opt->full = (float*)model->grads;
-    model->ffn.hooks = (FfnHotHooks){optimizer_weights_needed, optimizer_units_permuted, optimizer_costs_measured, opt};
+    model->ffn.hooks = (FfnHotHooks){optimizer_weights_needed, optimizer_units_permuted, optimizer_agree, opt};
 }
 
 static inline void optimizer_free(Optimizer* opt) {

@@ -6,12 +6,17 @@
    gradients and the units' firing counts, against the dense FFN, at every
    number of hot units from 0 to H (the pattern then holds the rest);
  - a permutation of the units leaves the FFN the same function;
- - the hot set: who joins and who leaves with the hysteresis, the rounding to
-   FFN_HOT_ALIGN, the order (hot by decreasing count, cold as before), no
-   change when nothing crosses a threshold; the policy as a checkpoint keeps it;
+ - the path (hot units; --ffn auto: the dense layer too): who joins and who
+   leaves with the hysteresis, the rounding to FFN_HOT_ALIGN, the order (hot by
+   decreasing count, cold as before), no change when nothing crosses a
+   threshold; dense, all cold or the split from given costs, the same path for
+   the same inputs; a layer swinging around a boundary does not flap; a layer
+   whose busy units' pairs cost less than its others' is priced by its own
+   measurements (ffn_prices_fit) and leaves the split it tried; the policy,
+   the last change and the prices as a checkpoint keeps them (older ones too);
  - the model: a layer's units permuted in the weights and in the optimizer
    state (rows of Wg, Wu, WdT and their moments) give the same loss; a short
-   training with the hot set re-chosen every step stays within float noise of
+   training with the hot set re-chosen stays within float noise of
    the dense path, with hot sets that changed.
 */
 #include <algorithm>
@@ -143,14 +148,30 @@ static FfnHotPolicy measured(FfnCosts costs) {
     return p;
 }
 
+// the path a layer with these counts chooses from path `now` (ffn_hot_order, then ffn_path_choose)
+static int choose_path(std::vector<int>& perm, const std::vector<uint32_t>& count, int now, double tokens,
+                       const FfnCosts& c, const FfnPairPrices& prices, int dense, int hot_ok, int since,
+                       double* times = NULL) {
+    const int H = (int)count.size();
+    perm.resize(H);
+    std::vector<double> prefix(H + 1);
+    ffn_hot_order(perm.data(), prefix.data(), count.data(), H, tokens);
+    return ffn_path_choose(perm.data(), prefix.data(), count.data(), H, now, tokens, &c, &prices, dense, hot_ok,
+                           since, times);
+}
+
+// the hot set under a rate and under measured costs with --ffn sparse (no dense layer): who joins and who
+// leaves, the margin, the order
 static void test_choose(void) {
-    const int H = 256;
+    const int H = 256, free_to = FFN_PATH_MIN_STEPS;
     FfnHotPolicy rate = ffn_hot_policy(FFN_HOT_RATE, 0.1f);
-    std::vector<int> perm(H);
-    std::vector<uint32_t> counts(H);
-    uint32_t* count = counts.data();
+    std::vector<int> perm;
+    std::vector<uint32_t> count(H);
     int hot = 0;
-    auto choose = [&](const FfnHotPolicy* p) { return ffn_hot_choose(perm.data(), count, H, hot, 1000, p); };
+    auto choose = [&](const FfnHotPolicy* p) {
+        FfnCosts c = ffn_hot_model(p);
+        return choose_path(perm, count, hot, 1000, c, ffn_no_prices, 0, ffn_hot_active(p), free_to);
+    };
     for (int n = 0; n < H; n++) { count[n] = n % 7; } // all cold
     CHECK(choose(&rate) == -1, "no unit above the rate: no hot units");
     count[200] = 300, count[10] = 126;
@@ -169,19 +190,112 @@ static void test_choose(void) {
     hot = 64;
     for (int n = 0; n < H; n++) { count[n] = n < 64 ? 99 : n % 7; }
     CHECK(choose(&rate) == -1, "hysteresis: a hot set just below the rate stays");
-    for (int n = 0; n < 64; n++) { count[n] = 97; }
+    for (int n = 0; n < 64; n++) { count[n] = 95; }
     CHECK(choose(&rate) == 0, "once it costs more than the margin: none hot");
     for (int n = 0; n < H; n++) { count[n] = 500; }
     CHECK(choose(&rate) == H, "every unit busy: all hot");
     // a fixed cost of the dense part: worth it for enough units only
     hot = 0;
     for (int n = 0; n < H; n++) { count[n] = n < 64 ? 300 : n % 7; }
-    FfnHotPolicy fixed5 = measured({5.0f, 0.1f, 0.0f, 1.0f}), fixed20 = measured({20.0f, 0.1f, 0.0f, 1.0f});
+    FfnHotPolicy fixed5 = measured({5.0f, 0.1f, 0.0f, 1.0f, 0.0f}), fixed20 = measured({20.0f, 0.1f, 0.0f, 1.0f, 0.0f});
     CHECK(choose(&fixed5) == 64, "64 units pay for a fixed cost of 5");
     CHECK(choose(&fixed20) == -1, "not for one of 20");
     FfnHotPolicy off = ffn_hot_policy(FFN_HOT_OFF, 0), later = ffn_hot_policy(FFN_HOT_MEASURED, 0);
     CHECK(!ffn_hot_active(&off) && !ffn_hot_active(&later) && ffn_hot_active(&rate) && ffn_hot_active(&fixed5),
           "hot sets are chosen under a rate or measured costs only");
+    FfnCosts prior = ffn_hot_model(&later), prior_off = ffn_hot_model(&off);
+    CHECK(prior.dense1 == 1 && prior.pair1 == (float)FFN_PRIOR_PAIR && memcmp(&prior, &prior_off, sizeof(prior)) == 0,
+          "until measured, and with hot units off: the prior costs");
+}
+
+// --ffn auto: dense, all cold or the split, whichever the costs say; only dense or all cold without hot units;
+// the same inputs, the same path
+static void test_auto_path(void) {
+    const int H = 256;
+    const FfnCosts c = {0.0f, 1.0f, 0.1f, 50.0f, 256.0f}; // (the dense layer: H dense units)
+    std::vector<int> perm, perm2;
+    std::vector<uint32_t> count(H);
+    double t[2];
+    for (int n = 0; n < H; n++) { count[n] = 10; } // 2.56 pairs a token: all cold 25.6 + 128
+    int h = choose_path(perm, count, H, 1000, c, ffn_no_prices, 1, 1, 100, t);
+    CHECK(h == 0 && fabs(t[0] - 256) < 1e-4 && fabs(t[1] - 153.6) < 1e-4, "a quiet layer: dense -> sparse (%d, %g -> %g)", h, t[0], t[1]);
+    for (int n = 0; n < H; n++) { count[n] = 200; }
+    CHECK(choose_path(perm, count, H, 1000, c, ffn_no_prices, 1, 1, 100) == -1, "a busy layer stays dense");
+    CHECK(choose_path(perm, count, 0, 1000, c, ffn_no_prices, 1, 1, 100) == H, "a busy sparse layer turns dense");
+    for (int n = 0; n < H; n++) { count[n] = (n * 37) % H < 64 ? 500 : 10; } // 64 units fire for half the tokens
+    h = choose_path(perm, count, H, 1000, c, ffn_no_prices, 1, 1, 100, t);
+    CHECK(h == 64 && fabs(t[1] - (64 + 19.2 + 96)) < 1e-4, "a skewed layer: the split with its 64 busy units hot (%d, %g)", h, t[1]);
+    int busy_first = 1;
+    for (int i = 0; i < 64; i++) { busy_first &= count[perm[i]] == 500; }
+    CHECK(busy_first, "... which come first");
+    CHECK(choose_path(perm, count, 0, 1000, c, ffn_no_prices, 1, 0, 100) == H,
+          "without hot units the same layer turns dense (all cold costs 1722)");
+    h = choose_path(perm2, count, H, 1000, c, ffn_no_prices, 1, 1, 100);
+    CHECK(h == 64 && perm == perm2, "the same inputs: the same path and order");
+    CHECK(choose_path(perm, count, H, 1000, c, ffn_no_prices, 1, 1, FFN_PATH_MIN_STEPS - 1) == -1,
+          "no change within FFN_PATH_MIN_STEPS of the last");
+    const FfnCosts unmeasured_dense = {0.0f, 1.0f, 0.1f, 50.0f, 0.0f};
+    CHECK(choose_path(perm, count, H, 1000, unmeasured_dense, ffn_no_prices, 1, 1, 100, t) == 64 && t[0] == 256,
+          "the dense layer unmeasured: dense0 + dense1 H");
+}
+
+// A layer whose activity swings around the boundary between dense and all cold, re-chosen every FFN_HOT_EVERY
+// steps: a swing within the margin never changes its path, a larger one no more often than every
+// FFN_PATH_MIN_STEPS steps
+static void test_hysteresis(void) {
+    const int H = 256;
+    const FfnCosts c = {0.0f, 1.0f, 0.1f, 50.0f, 256.0f};
+    std::vector<int> perm;
+    for (int swing : {4, 60}) { // counts 182 / 178 (all cold 1% above / below dense), 210 / 150 (15%)
+        std::vector<uint32_t> count(H);
+        int now = H, changed = -FFN_PATH_MIN_STEPS, changes = 0, closest = 1 << 30;
+        for (int step = 0; step <= 400; step += FFN_HOT_EVERY) {
+            for (int n = 0; n < H; n++) { count[n] = (step / FFN_HOT_EVERY) % 2 ? 180 + swing / 2 : 180 - swing / 2; }
+            int h = choose_path(perm, count, now, 10000, c, ffn_no_prices, 1, 1, step - changed);
+            if (h < 0) { continue; }
+            if (changes++) { closest = std::min(closest, step - changed); }
+            now = h, changed = step;
+        }
+        if (swing == 4) { CHECK(changes == 0, "a swing of 1%%: the path never changes (%d changes)", changes); }
+        else {
+            CHECK(changes > 1 && closest >= FFN_PATH_MIN_STEPS, "a swing of 15%%: %d changes, at least %d steps apart",
+                  changes, closest);
+        }
+    }
+}
+
+// The marginal measurement: a layer whose busiest units' pairs cost much less than its others' (as the
+// unit-major backward makes them) is priced at the average pair after its all-cold time, so the split looks
+// 29% faster; timed on the split, its prices say what moving those units saved, the split loses by 6.7%,
+// the layer goes back to all cold and stays there
+static void test_prices(void) {
+    const int H = 256;
+    const double tokens = 1000;
+    const FfnCosts c = {12.8f, 0.5f, 0.1f, 0.0f, 200.0f}; // (the split with 64 hot: 64 but its cold pairs)
+    std::vector<uint32_t> count(H);
+    for (int n = 0; n < H; n++) { count[n] = n < 64 ? 500 : 10; } // 32 busy pairs a token, 1.92 others
+    // the layer's true time: a busy unit's cold pair 1, another 20
+    auto true_time = [&](int h) { return ffn_path_fixed(&c, H, h) + (h < 64 ? 32.0 : 0.0) + 20 * 1.92; };
+    std::vector<int> perm(H);
+    std::vector<double> prefix(H + 1);
+    ffn_hot_order(perm.data(), prefix.data(), count.data(), H, tokens);
+    FfnPairPrices p = ffn_prices_fit(&c, &ffn_no_prices, H, 0, true_time(0), prefix.data());
+    CHECK(p.at == 0 && fabs(p.busy - 70.4 / 33.92) < 1e-5 && p.busy == p.rest, "timed all cold: one price (%g)", p.busy);
+    CHECK(fabs(ffn_path_time(&c, &p, H, 0, 1, prefix.data()) - true_time(0)) < 1e-4, "which gives the time measured");
+    double t[2];
+    int now = 0, step = 0, changed = -FFN_PATH_MIN_STEPS, changes = 0;
+    int h = choose_path(perm, count, now, tokens, c, p, 1, 1, step - changed, t);
+    CHECK(h == 64 && t[1] < 0.75 * t[0], "the average price: the split looks faster (%d, %g -> %g)", h, t[0], t[1]);
+    for (; step <= 200; step += FFN_HOT_EVERY) {
+        if (now < H && now != p.at) { p = ffn_prices_fit(&c, &p, H, now, true_time(now), prefix.data()); }
+        h = choose_path(perm, count, now, tokens, c, p, 1, 1, step - changed, t);
+        if (h >= 0) { now = h, changed = step, changes++; }
+    }
+    CHECK(p.split == 64 && fabs(p.busy - 1) < 1e-4 && fabs(p.rest - 20) < 1e-4,
+          "timed on both paths: the busy pairs 1, the rest 20 (%d, %g, %g)", p.split, p.busy, p.rest);
+    CHECK(now == 0 && changes == 2, "the split tried once, then all cold for good (%d changes, now %d)", changes, now);
+    CHECK(fabs(ffn_path_time(&c, &p, H, 64, 1, prefix.data()) - true_time(64)) < 1e-4 &&
+          fabs(ffn_path_time(&c, &p, H, 0, 1, prefix.data()) - true_time(0)) < 1e-4, "both paths priced as measured");
 }
 
 // the model: permuting a layer's units in the weights and the optimizer state keeps the loss, the
@@ -236,21 +350,35 @@ static void test_model(void) {
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
             int before = m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
-            gpt_hot_update(&m, step, M, 0);
+            gpt_ffn_update(&m, step, M, 0);
             changes += mode && before != m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
             loss[mode][step] = m.ce;
         }
         optimizer_free(&o);
         gpt_free(&m);
     }
+    // --ffn sparse with hot units off (--hot-rate 0): no layer leaves all cold, however busy
+    GPT<float, float> off;
+    gpt_build(&off, &c, DEVICE_CPU);
+    off.ffn.mode = FFN_SPARSE;
+    memcpy(off.params, w.data(), w.size() * sizeof(float));
+    gpt_stats_reset(&off);
+    gpt_forward(&off, inputs.data(), targets.data(), B, T, 1.0f / M);
+    gpt_backward(&off, inputs.data(), 0.0f);
+    gpt_stats_read(&off, M);
+    gpt_ffn_update(&off, 0, M, 0);
+    CHECK(off.ffn.layer[0].on && off.ffn.layer[0].hot.units == 0 && off.ffn.layer[1].hot.units == 0,
+          "--ffn sparse, hot units off: all cold (%d, %d hot)", off.ffn.layer[0].hot.units, off.ffn.layer[1].hot.units);
+    gpt_free(&off);
     double worst = 0;
     for (int step = 0; step < 12; step++) { worst = fmax(worst, fabs(loss[1][step] - loss[0][step]) / loss[0][step]); }
     CHECK(changes > 0, "the hot sets changed during the run (%d times)", changes);
     CHECK(worst < 1e-4, "sparse with hot units tracks dense: worst relative loss difference %g", worst);
 }
 
-// the FFN state a checkpoint keeps: the hot units and the costs round-trip; a state from before the
-// split (3 ints per layer) loads with no hot units
+// the FFN state a checkpoint keeps: the hot units, the last change, the prices and the costs round-trip; a
+// state from before the split (3 ints per layer) loads with no hot units, one from before the measured paths (4
+// ints per layer, 4 floats) with its hot units and costs
 static void test_state(void) {
     GPTConfig c = {37, 128, 2, 16, 2, 1, 64, 8, 10000.0f, 1e-5f, ACT_RELU, 0};
     GPT<float, float> a, b;
@@ -260,9 +388,10 @@ static void test_state(void) {
     FfnLayer<float>* l0 = &a.ffn.layer[0];
     FfnLayer<float>* l1 = &a.ffn.layer[1];
     l0->on = 1, l0->W = 32, l0->tail_capacity = 100, l0->hot.units = 64;
+    l0->changed = 30, l0->prices = (FfnPairPrices){0, 64, 1.5e-9f, 4.25e-9f};
     l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot.units = 0;
     std::vector<int32_t> state(ffn_state_ints(2));
-    const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
+    const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f, 3e-7f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
                                      ffn_hot_policy(FFN_HOT_MEASURED, 0), ffn_hot_policy(FFN_HOT_OFF, 0)};
     for (const FfnHotPolicy& p : policies) {
         a.ffn.hot = p;
@@ -271,6 +400,8 @@ static void test_state(void) {
         const FfnHotPolicy* q = &b.ffn.hot;
         CHECK(b.ffn.layer[0].on == 1 && b.ffn.layer[0].W == 32 && b.ffn.layer[0].tail_capacity == 100 &&
               b.ffn.layer[0].hot.units == 64 && b.ffn.layer[1].on == 0 && b.ffn.layer[1].hot.units == 0 &&
+              b.ffn.layer[0].changed == 30 && memcmp(&b.ffn.layer[0].prices, &l0->prices, sizeof(FfnPairPrices)) == 0 &&
+              b.ffn.layer[1].changed == -FFN_PATH_MIN_STEPS && b.ffn.layer[1].prices.at == -1 &&
               q->mode == p.mode && q->measured == p.measured && q->rate == p.rate &&
               (!p.measured || memcmp(&q->costs, &p.costs, sizeof(FfnCosts)) == 0),
               "FFN state round trip (hot policy %d, measured %d)", p.mode, p.measured);
@@ -281,6 +412,18 @@ static void test_state(void) {
     CHECK(b.ffn.layer[0].W == 48 && b.ffn.layer[1].tail_capacity == 10 && b.ffn.layer[0].hot.units == 0 &&
           b.ffn.layer[1].hot.units == 0 && b.ffn.hot.mode == FFN_HOT_MEASURED && !b.ffn.hot.measured,
           "an FFN state from before the hot/cold split");
+    // from before the layers' paths were measured: 4 ints per layer and 4 floats of costs, no change yet, no prices
+    std::vector<int32_t> v2 = {1, 48, 20, 64, 0, 32, 10, 0, 0, 0, 0, 0};
+    const float costs4[4] = {1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f};
+    memcpy(v2.data() + 8, costs4, sizeof(costs4));
+    b.ffn.layer[0].changed = 40, b.ffn.layer[0].prices = l0->prices;
+    ffn_state_set(&b.ffn, v2.data(), (int)v2.size(), "a state of 4 ints a layer");
+    CHECK(b.ffn.layer[0].hot.units == 64 && b.ffn.layer[1].W == 32 && b.ffn.hot.measured &&
+          b.ffn.hot.costs.pair1 == costs4[3] && b.ffn.hot.costs.dense == 0 &&
+          b.ffn.layer[0].changed == -FFN_PATH_MIN_STEPS && b.ffn.layer[0].prices.at == -1,
+          "an FFN state of 4 ints a layer: the hot units and the costs, the dense layer not measured");
+    CHECK(ffn_state_ints_known(12, 2) && ffn_state_ints_known(6, 2) && !ffn_state_ints_known(13, 2),
+          "the sizes of older FFN states are known");
     // a tail of more rows than the micro-batch has (from a run of larger micro-batches) is cut to it
     gpt_alloc_activations(&b, 2, 8);
     CHECK(b.ffn.layer[0].tail_capacity == 16 && b.ffn.layer[1].tail_capacity == 10, "tails %d and %d for 16 rows",
@@ -296,6 +439,9 @@ int main(void) {
     test_split(33, 16, 8, 8); // all hot, the smallest layer
     test_permutation();
     test_choose();
+    test_auto_path();
+    test_hysteresis();
+    test_prices();
     test_model();
     test_state();
     return test_summary("test_ffn_split");

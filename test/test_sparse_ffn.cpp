@@ -13,7 +13,7 @@
  - the whole model (llmc/gpt.h) with --ffn sparse against --ffn dense on the
    same weights and batch: the loss, the statistics and every gradient, with
    the first forward's tail too small (so it is grown and the forward redone);
-   and --ffn auto re-choosing a layer from its measured activity;
+   and --ffn auto with a layer turned sparse and dense again (its buffers follow);
  - dead-neuron re-initialisation: only the rows of units that did not fire
    move, by 0.9 W + 0.1 N(0, 0.02^2), the same for the same seed.
 */
@@ -225,8 +225,8 @@ static void test_model(void) {
         CHECK(e < 1e-10, "gradient of tensor %d: rel err %g", i, e);
     }
 
-    // auto: dense until measured; about half the units fire, so it stays dense, and turns
-    // sparse once the measured activity is low
+    // auto: dense until its path is chosen (llmc/ffn/hot.h, tested in test_ffn_split); turned sparse, then
+    // dense again, a layer holds and gives back the buffers of its path
     GPT<real, real> autom;
     gpt_build(&autom, &c, DEVICE_CPU);
     autom.ffn.mode = FFN_AUTO;
@@ -235,10 +235,12 @@ static void test_model(void) {
     gpt_forward(&autom, inputs.data(), targets.data(), B, T, 0.0f);
     CHECK(!autom.ffn.layer[0].on, "auto starts dense");
     gpt_stats_read(&autom, M);
-    CHECK(!autom.ffn.layer[0].on, "auto keeps a busy layer dense");
+    CHECK(!autom.ffn.layer[0].on, "statistics alone keep a layer dense");
     CHECK(autom.ffn.g == autom.ffn.d_h, "auto: the sparse gate's scratch is the dense backward's d_h");
-    ffn_choose(&autom.ffn, 0, 0.004 * c.hidden);
-    CHECK(autom.ffn.layer[0].on, "auto turns a quiet layer sparse");
+    std::vector<int> order(c.hidden);
+    for (int n = 0; n < c.hidden; n++) { order[n] = n; }
+    ffn_set_path(&autom.ffn, 0, 0, order.data(), 0, 0.004 * c.hidden);
+    CHECK(autom.ffn.layer[0].on && autom.ffn.layer[0].changed == 0, "a layer turned sparse");
     // layer 0 sparse, the others dense (the one's gate scratch is the others' d_h): the dense model's numbers
     gpt_zero_grad(&autom);
     gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
@@ -247,17 +249,15 @@ static void test_model(void) {
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { worst = fmax(worst, rel_err(autom.grad[i], dense.grad[i], sizes[i])); }
     CHECK(worst < 1e-10, "auto, one layer sparse: the dense gradients (rel err %g)", worst);
     CHECK(autom.ffn.layer[0].p.M > 0 && autom.ffn.sparse_scratch_entries > 0, "a sparse layer holds its pattern and the scratch");
-    ffn_choose(&autom.ffn, 0, 0.011 * c.hidden);
-    CHECK(autom.ffn.layer[0].on, "hysteresis");
-    ffn_choose(&autom.ffn, 0, 0.5 * c.hidden);
-    CHECK(!autom.ffn.layer[0].on, "auto turns a busy layer dense again");
+    ffn_set_path(&autom.ffn, 0, c.hidden, order.data(), 20, 0.0);
+    CHECK(!autom.ffn.layer[0].on && autom.ffn.layer[0].dense == NULL, "the layer turned dense again");
     CHECK(autom.ffn.layer[0].p.M == 0 && autom.ffn.layer[0].p.g == NULL && autom.ffn.layer[0].hot.g == NULL,
           "a layer turned dense gives its pattern back");
-    gpt_stats_reset(&autom);
-    gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
-    gpt_stats_read(&autom, M);
     CHECK(autom.ffn.sparse_scratch_entries == 0 && autom.ffn.transposed.token == NULL && autom.ffn.sparse_du == NULL,
           "every layer dense: the shared sparse scratch is given back");
+    gpt_stats_reset(&autom);
+    gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
+    CHECK(autom.ffn.layer[0].dense != NULL, "a dense layer's forward takes its g, u, h again");
     gpt_free(&autom);
     gpt_free(&dense);
     gpt_free(&sparse);

@@ -10,14 +10,15 @@
      twell.h / cuda_twell.cuh              the prefill's sparse format (TwELL) and its fused up + down
      screened_gate.h / cuda_screened_gate.cuh, cuda_decode.cuh
                                            the decode step: exact int8-screened gate, then the fired units
- hot.h chooses and applies the hot sets, policy.h holds every choice between
+ hot.h chooses and applies the paths, policy.h holds every choice between
  paths; inference's GPU half is cuda_ffn.cuh.
 
  Training (mode, --ffn): FFN_DENSE keeps g, u, h of each layer for the
  backward; FFN_SPARSE runs every layer by split.h and keeps only the cold
- units' pattern; FFN_AUTO re-chooses each layer at every ffn_stats_update
- from its measured activity (dense until the first statistics; a dense layer
- keeps g, u, h as FFN_DENSE, so a dense phase trains at the dense speed). A
+ units' pattern; FFN_AUTO runs each layer dense or by split.h, whichever its
+ path (hot.h, ffn_path_update: the costs measured on the device) says (dense
+ until the first choice; a dense layer keeps g, u, h as FFN_DENSE, so a dense
+ phase trains at the dense speed). A
  sparse forward whose tail overflowed is redone (ffn_overflowed), so nothing
  is dropped. Inference: FFN_DENSE, or FFN_SPARSE for the sparse paths of
  policy.h (the CPU path is dense).
@@ -36,8 +37,6 @@
 #include "llmc/memory.h"
 #include "llmc/model.h"
 
-typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
-
 // the FFN state of a layer
 template <typename T>
 struct FfnLayer {
@@ -48,6 +47,8 @@ struct FfnLayer {
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
     FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u [M, hot.units]
     int hot_capacity;        // units the hot buffers hold
+    int changed;             // the training step of its last change of path (llmc/ffn/hot.h)
+    FfnPairPrices prices;    // what its cold pairs cost where it was timed (llmc/ffn/hot.h)
 };
 
 template <typename T>
@@ -86,6 +87,8 @@ void ffn_init(Ffn<T>* ffn, const GPTConfig* c, T* wg, T* wu, T* wdT, Device devi
     for (int l = 0; l < ffn->L; l++) {
         size_t at = (size_t)l * ffn->H * ffn->D;
         ffn->layer[l].wg = wg + at, ffn->layer[l].wu = wu + at, ffn->layer[l].wdT = wdT + at;
+        ffn->layer[l].changed = -FFN_PATH_MIN_STEPS; // (free to change at step 0)
+        ffn->layer[l].prices = ffn_no_prices;
     }
     ffn->tail_used = (int*)device_malloc(ffn->L * sizeof(int), device);
 }
@@ -120,7 +123,7 @@ void ffn_alloc_batch(Ffn<T>* ffn, int M, void* spare, size_t spare_bytes) {
     ffn->spare_bytes = spare_bytes;
     ffn->M = M;
     if (ffn->mode == FFN_DENSE) { return; }
-    // sparse from the start, or dense until the first statistics say otherwise (unless ffn_state_set restored a
+    // sparse from the start, or dense until the first choice says otherwise (unless ffn_state_set restored a
     // checkpoint's choices)
     for (int l = 0; l < ffn->L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
@@ -334,80 +337,96 @@ void ffn_backward(Ffn<T>* ffn, int l, T* df, G* dwg, G* dwu, G* dwdT, uint32_t* 
 // ----------------------------------------------------------------------------
 // choices after a step's statistics
 
-// re-chooses layer l's FFN from its measured mean activity k (FFN_AUTO), and
-// resizes its ELL width when the cold units' mean k_cold moved far from what
-// the width was chosen for (k_cold < 0: not counted, as in a validation)
+// resizes layer l's ELL width when the mean k_cold of its cold units moved far from what the width was chosen for
 template <typename T>
-static void ffn_choose(Ffn<T>* ffn, int l, double k, double k_cold = -1) {
+static void ffn_choose_width(Ffn<T>* ffn, int l, double k_cold) {
     FfnLayer<T>* f = &ffn->layer[l];
-    int H = ffn->H;
-    if (ffn->mode == FFN_AUTO) {
-        int on = ffn_policy_auto_sparse(f->on, k, H);
-        if (on != f->on) {
-            printf("ffn: layer %d -> %s (%.1f of %d units active per token, sparse up to %.0f)\n", l,
-                   on ? "sparse" : "dense", k, H, FFN_AUTO_MAX_ACTIVE * H);
-        }
-        if (on && f->dense) { // its g, u, h are not needed again until it turns dense
-            device_free(f->dense, ffn->device);
-            f->dense = NULL;
-        }
-        if (!on && f->on) { ffn_layer_free_sparse(f, ffn->device); } // until it turns sparse again
-        f->on = on;
-    }
-    int W = sparse_choose_width(k_cold, H);
-    if (f->on && k_cold >= 0 && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
+    int W = sparse_choose_width(k_cold, ffn->H);
+    if (f->on && (W > 3 * f->W / 2 || 2 * W < f->W)) { f->W = W; }
 }
 
-// every layer's choice from the statistics of the forwards just read (stats [L]; count [L, H]: each unit's
-// firing count, all 0 where none were taken); all dense again: as little memory as --ffn dense
+// every layer's ELL width from the statistics of the forwards just read (stats [L]; count [L, H]: each unit's
+// firing count, all 0 where none were taken, as in a validation: then no change)
 template <typename T>
 void ffn_stats_update(Ffn<T>* ffn, const LayerStats* stats, const uint32_t* count) {
-    int L = ffn->L, H = ffn->H, any_on = 0;
+    int L = ffn->L, H = ffn->H;
     for (int l = 0; l < L; l++) {
-        // the ELL width is for the cold units: the mean count without the hot ones where counts were taken
+        // the ELL width is for the cold units: the mean count without the hot ones
         double cold = 0, all = 0;
         for (int n = 0; n < H; n++) {
             uint32_t c = count[(size_t)l * H + n];
             all += c;
             cold += n >= ffn->layer[l].hot.units ? c : 0;
         }
-        ffn_choose(ffn, l, stats[l].l0_mean, all > 0 ? stats[l].l0_mean * cold / all : -1.0);
-        any_on |= ffn->layer[l].on;
+        if (all > 0) { ffn_choose_width(ffn, l, stats[l].l0_mean * cold / all); }
     }
+}
+
+// Layer l's path becomes h hot units (FFN_AUTO: h = H is the dense layer) at
+// training step `step`, its units in the order perm (ffn_path_choose; a dense
+// layer keeps its order), its cold units firing k_cold times per token (its
+// ELL width). A layer turned dense gives its sparse buffers back (and the
+// shared sparse scratch goes when every layer is dense: as little memory as
+// --ffn dense), one turned sparse its g, u, h.
+template <typename T>
+void ffn_set_path(Ffn<T>* ffn, int l, int h, const int* perm, int step, double k_cold) {
+    FfnLayer<T>* f = &ffn->layer[l];
+    const int dense = ffn->mode == FFN_AUTO && h == ffn->H;
+    if (dense) {
+        if (f->on) { ffn_layer_free_sparse(f, ffn->device); }
+        f->on = 0, f->hot.units = 0;
+    } else {
+        ffn_hot_permute(f->wg, f->wu, f->wdT, l, perm, ffn->H, ffn->D, &ffn->hooks, ffn->device);
+        f->W = sparse_choose_width(k_cold, ffn->H);
+        device_free(f->dense, ffn->device); // (its g, u, h are not needed again until it turns dense)
+        f->dense = NULL;
+        f->on = 1, f->hot.units = h;
+    }
+    f->changed = step;
+    int any_on = 0;
+    for (int i = 0; i < ffn->L; i++) { any_on |= ffn->layer[i].on; }
     if (!any_on) { ffn_scratch_free(ffn); }
 }
 
 // The layers' choices as ffn_state_ints(L) ints (llmc/model.h): per layer
-// sparse or dense, ELL width, tail rows (0 before the first forward) and hot
-// units, then the hot-unit policy (4 floats' bits, llmc/ffn/hot.h), so that a
-// resumed run makes the same choices (the hot units themselves are the first
-// rows of the layer's weights, which the checkpoint holds in that order).
+// sparse or dense, ELL width, tail rows (0 before the first forward), hot
+// units, the step of its last change of path and its pair prices (at, split,
+// and two floats' bits), then the hot-unit policy (FFN_COSTS_FLOATS floats'
+// bits, llmc/ffn/hot.h), so that a resumed run makes the same choices (the hot
+// units themselves are the first rows of the layer's weights, which the
+// checkpoint holds in that order).
+#define FFN_STATE_PER_LAYER 9
+
 template <typename T>
 void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
     int L = ffn->L;
     for (int l = 0; l < L; l++) {
         const FfnLayer<T>* f = &ffn->layer[l];
-        state[4 * l] = f->on;
-        state[4 * l + 1] = f->W;
-        state[4 * l + 2] = f->tail_capacity;
-        state[4 * l + 3] = f->hot.units;
+        int32_t* s = state + FFN_STATE_PER_LAYER * l;
+        s[0] = f->on, s[1] = f->W, s[2] = f->tail_capacity, s[3] = f->hot.units;
+        s[4] = f->changed, s[5] = f->prices.at, s[6] = f->prices.split;
+        memcpy(s + 7, &f->prices.busy, sizeof(float));
+        memcpy(s + 8, &f->prices.rest, sizeof(float));
     }
-    float policy[4];
+    float policy[FFN_COSTS_FLOATS];
     ffn_hot_policy_pack(policy, &ffn->hot);
-    memcpy(state + 4 * L, policy, sizeof(policy));
+    memcpy(state + FFN_STATE_PER_LAYER * L, policy, sizeof(policy));
 }
 
-// before the first forward; n: the ints the checkpoint held (3 per layer from
-// before the hot/cold split: no hot units, the policy as the run asks); source:
-// the file they came from, which an error names
+// before the first forward; n: the ints the checkpoint held (older files: 3
+// per layer from before the hot/cold split, no hot units and the policy as the
+// run asks; 4 per layer and 4 floats from before the layers' paths were
+// measured, no change yet and no prices); source: the file they came from,
+// which an error names
 template <typename T>
 void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source) {
-    int H = ffn->H, L = ffn->L, per = n == 3 * L ? 3 : 4;
-    if (n != 3 * L && n != ffn_state_ints(L)) { fatal("%s: %d ints of FFN state, expected %d", source, n, ffn_state_ints(L)); }
+    int H = ffn->H, L = ffn->L;
+    int per = n == 3 * L ? 3 : n == 4 * L + 4 ? 4 : FFN_STATE_PER_LAYER, floats = per == 4 ? 4 : FFN_COSTS_FLOATS;
+    if (!ffn_state_ints_known(n, L)) { fatal("%s: %d ints of FFN state, expected %d", source, n, ffn_state_ints(L)); }
     for (int l = 0; l < L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
         const int32_t* s = state + per * l;
-        int hot = per == 4 ? s[3] : 0;
+        int hot = per > 3 ? s[3] : 0;
         if (s[0] < 0 || s[0] > 1 || s[1] < 0 || s[1] > H || s[2] < 0 || hot < 0 || hot > H) {
             fatal("%s: FFN state of layer %d (%d, %d, %d, %d) is corrupt", source, l, s[0], s[1], s[2], hot);
         }
@@ -415,11 +434,23 @@ void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source)
         f->W = s[1];
         f->tail_capacity = s[2];
         f->hot.units = hot;
+        f->changed = -FFN_PATH_MIN_STEPS, f->prices = ffn_no_prices;
+        if (per < FFN_STATE_PER_LAYER) { continue; }
+        FfnPairPrices p = {s[5], s[6], 0.0f, 0.0f};
+        memcpy(&p.busy, s + 7, sizeof(float));
+        memcpy(&p.rest, s + 8, sizeof(float));
+        int priced = p.at < 0 || (p.busy > 0 && p.rest > 0 && p.busy <= 1 && p.rest <= 1); // (NaN: not priced)
+        if (s[4] < -FFN_PATH_MIN_STEPS || p.at < -1 || p.at >= H || p.split < 0 || p.split > H || !priced) {
+            fatal("%s: FFN path of layer %d (changed at %d, prices %d, %d, %g, %g) is corrupt", source, l, s[4], p.at,
+                  p.split, p.busy, p.rest);
+        }
+        f->changed = s[4];
+        f->prices = p;
     }
-    if (per == 4) {
-        float policy[4];
-        memcpy(policy, state + 4 * L, sizeof(policy));
-        ffn->hot = ffn_hot_policy_unpack(policy, source);
+    if (per > 3) {
+        float policy[FFN_COSTS_FLOATS];
+        memcpy(policy, state + per * L, floats * sizeof(float));
+        ffn->hot = ffn_hot_policy_unpack(policy, floats, source);
     }
 }
 

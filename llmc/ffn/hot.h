@@ -1,28 +1,40 @@
 /*
- The hot set of a sparse FFN layer (llmc/ffn/split.h): which of its units run
- as dense GEMMs, and everything that decides and applies that, for training
- and for the prefill of inference alike.
+ The path of an FFN layer (llmc/ffn/split.h): which of its units run as dense
+ GEMMs (hot), the rest through the sparse format (cold), and under --ffn auto
+ whether it runs as the dense layer instead; everything that decides and
+ applies that, for training and for the prefill of inference alike.
 
  A unit that fires for a share p of the tokens costs the sparse part p
  gathered pairs per token and the dense part a fixed amount per token. With
  the costs of the running device (FfnCosts, in seconds per token),
-     time(h hot units) = dense0 + (dense1 - gate1) h + pair1 * (pairs per token of the cold units)
- (h > 0; with h = 0 only the last term), and the hot set is the number h of
- busiest units, a multiple of FFN_HOT_ALIGN (llmc/ffn/policy.h), with the
- least time. The policy says where the costs come from:
-     FFN_HOT_OFF       no hot units
+     time(h hot units) = dense0 + dense1 h + gate1 (H - h) + (the cold units' pairs per token, priced)
+ (with h = 0 no dense0), and a layer's path is the number h of busiest units,
+ 0, a multiple of FFN_HOT_ALIGN (llmc/ffn/policy.h) or H, with the least
+ time. h = H is every unit hot: under --ffn auto the dense layer itself, whose
+ time is measured where one runs (dense0 + dense1 H until then). A cold pair
+ is priced pair1 until the layer's own time is measured on a path
+ (FfnPairPrices): then at what that path costs, and after a second path at
+ what moving the units between the two saved (the busiest units' pairs cost
+ less than an average pair: the unit-major backward keeps a busy unit's row),
+ so a layer's path is priced by a marginal measurement where it ran. The
+ policy says where the costs come from:
+     FFN_HOT_OFF       no hot units: dense or all cold by the prior costs of policy.h
      FFN_HOT_RATE      the units firing for more than a share `rate` of the tokens: the cost model with a
                        hot unit costing `rate` pairs per token and nothing else
-     FFN_HOT_MEASURED  the costs timed on the running device (ffn_hot_measure), once per run
+     FFN_HOT_MEASURED  the costs timed on the running device (ffn_hot_measure), once per run; until then
+                       dense or all cold by the prior costs
  Training and the prefill's calibration both measure with ffn_hot_measure,
  each passing what running its layer with h hot units means. Applying a new
  set reorders the layer's units in its weights (the rows of Wg, Wu and WdT
  together: the same function); whoever keeps other copies of those rows (the
- optimizer's master weights and moments) follows through FfnHotHooks.
+ optimizer's master weights and moments) follows through FfnHotHooks, which
+ also make every data-parallel process agree on what was timed, so that
+ every process makes the same choices.
 */
 #ifndef LLMC_FFN_HOT_H
 #define LLMC_FFN_HOT_H
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <algorithm>
@@ -39,9 +51,16 @@ struct FfnLayer;
 template <typename T>
 struct FfnCache;
 
+// how training runs the FFN (--ffn; llmc/ffn/ffn.h): every layer dense, every layer by split.h, or each its path
+typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
+
+// per token: the dense part's constant and cost per unit, the gate's per cold unit, a cold pair's; the dense
+// layer's time where one was measured (0: not measured)
 typedef struct {
-    float dense0, dense1, gate1, pair1;
+    float dense0, dense1, gate1, pair1, dense;
 } FfnCosts;
+
+#define FFN_COSTS_FLOATS 5
 
 typedef enum { FFN_HOT_OFF = 0, FFN_HOT_RATE = 1, FFN_HOT_MEASURED = 2 } FfnHotMode;
 
@@ -53,37 +72,43 @@ typedef struct {
 } FfnHotPolicy;
 
 static inline FfnHotPolicy ffn_hot_policy(int mode, float rate) {
-    FfnHotPolicy p = {mode, rate, 0, {0.0f, 0.0f, 0.0f, 0.0f}};
+    FfnHotPolicy p = {mode, rate, 0, {0.0f, 0.0f, 0.0f, 0.0f, 0.0f}};
     return p;
 }
 
-// the costs a choice is made with (measured: 0 until they are)
+// the costs a choice is made with: a rate's, the measured ones, or else the prior of policy.h (in units of the
+// dense layer's cost per unit and token)
 static inline FfnCosts ffn_hot_model(const FfnHotPolicy* p) {
-    if (p->mode == FFN_HOT_RATE) { return (FfnCosts){0.0f, p->rate, 0.0f, 1.0f}; }
+    if (p->mode == FFN_HOT_RATE) { return (FfnCosts){0.0f, p->rate, 0.0f, 1.0f, 0.0f}; }
     if (p->mode == FFN_HOT_MEASURED && p->measured) { return p->costs; }
-    return (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f};
+    return (FfnCosts){0.0f, 1.0f, (float)FFN_PRIOR_GATE, (float)FFN_PRIOR_PAIR, 0.0f};
 }
 
-// whether hot sets are chosen now (off, or measured costs not yet taken: no)
+// whether paths with hot units are chosen now (off, or measured costs not yet taken: dense or all cold only)
 static inline int ffn_hot_active(const FfnHotPolicy* p) {
     return p->mode == FFN_HOT_RATE || (p->mode == FFN_HOT_MEASURED && p->measured);
 }
 
-// the policy as the 4 floats a checkpoint keeps (llmc/model.h): off all 0, a rate (0, rate, 0, 1), measured
-// costs as they are, costs still to measure (0, -1, 0, 0); and back (a corrupt value is fatal, naming source)
-static inline void ffn_hot_policy_pack(float out[4], const FfnHotPolicy* p) {
-    FfnCosts c = p->mode == FFN_HOT_MEASURED && !p->measured ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f} : ffn_hot_model(p);
-    out[0] = c.dense0, out[1] = c.dense1, out[2] = c.gate1, out[3] = c.pair1;
+// the policy as the FFN_COSTS_FLOATS floats a checkpoint keeps (llmc/model.h): off all 0, a rate (0, rate, 0, 1,
+// 0), measured costs as they are, costs still to measure (0, -1, 0, 0, 0); and back from n of them (4: a file
+// from before the dense layer's time was measured; a corrupt value is fatal, naming source)
+static inline void ffn_hot_policy_pack(float out[FFN_COSTS_FLOATS], const FfnHotPolicy* p) {
+    FfnCosts c = p->mode == FFN_HOT_RATE ? (FfnCosts){0.0f, p->rate, 0.0f, 1.0f, 0.0f}
+                 : p->mode == FFN_HOT_OFF ? (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f, 0.0f}
+                 : p->measured ? p->costs : (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f, 0.0f};
+    out[0] = c.dense0, out[1] = c.dense1, out[2] = c.gate1, out[3] = c.pair1, out[4] = c.dense;
 }
 
-static inline FfnHotPolicy ffn_hot_policy_unpack(const float in[4], const char* source) {
-    for (int i = 0; i < 4; i++) {
+static inline FfnHotPolicy ffn_hot_policy_unpack(const float* in, int n, const char* source) {
+    float v[FFN_COSTS_FLOATS] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < n; i++) {
         if (!isfinite(in[i]) || in[i] < -1 || in[i] > 1) { fatal("%s: hot/cold cost %g is corrupt", source, in[i]); }
+        v[i] = in[i];
     }
-    if (in[0] == 0 && in[1] == 0 && in[2] == 0 && in[3] == 0) { return ffn_hot_policy(FFN_HOT_OFF, 0); }
-    if (in[0] == 0 && in[2] == 0 && in[3] == 1 && in[1] > 0) { return ffn_hot_policy(FFN_HOT_RATE, in[1]); }
+    if (v[0] == 0 && v[1] == 0 && v[2] == 0 && v[3] == 0 && v[4] == 0) { return ffn_hot_policy(FFN_HOT_OFF, 0); }
+    if (v[0] == 0 && v[2] == 0 && v[3] == 1 && v[4] == 0 && v[1] > 0) { return ffn_hot_policy(FFN_HOT_RATE, v[1]); }
     FfnHotPolicy p = ffn_hot_policy(FFN_HOT_MEASURED, 0);
-    if (in[1] >= 0) { p.measured = 1, p.costs = (FfnCosts){in[0], in[1], in[2], in[3]}; }
+    if (v[1] >= 0) { p.measured = 1, p.costs = (FfnCosts){v[0], v[1], v[2], v[3], v[4]}; }
     return p;
 }
 
@@ -95,43 +120,99 @@ static inline void ffn_hot_policy_describe(char* out, size_t n, const FfnHotPoli
     } else if (!p->measured) { snprintf(out, n, "their costs are measured after the first sparse step"); }
     else {
         snprintf(out, n, "as the measured costs say (per token: the dense part %.3g s + %.3g s per unit, a cold "
-                 "unit's gate %.3g s, a cold pair %.3g s)", p->costs.dense0, p->costs.dense1, p->costs.gate1,
-                 p->costs.pair1);
+                 "unit's gate %.3g s, a cold pair %.3g s; the dense layer %.3g s)", p->costs.dense0, p->costs.dense1,
+                 p->costs.gate1, p->costs.pair1, p->costs.dense);
     }
 }
 
-// the modelled time per token of a layer with h hot units whose cold units fire for cold_rate pairs per token
-static inline double ffn_split_time(const FfnCosts* c, int h, double cold_rate) {
-    return (h > 0 ? c->dense0 + ((double)c->dense1 - c->gate1) * h : 0.0) + c->pair1 * cold_rate;
-}
+// What a layer's own measurements say its cold pairs cost (per pair, as FfnCosts): a pair of one of its `split`
+// busiest units `busy`, of any other unit `rest`; `at`: the path (hot units) they were last measured on, -1
+// never (then the costs' pair1)
+typedef struct {
+    int at, split;
+    float busy, rest;
+} FfnPairPrices;
 
-// The hot set of a layer of H units whose first `hot` are hot now, from each
-// unit's count over `tokens` tokens: the busiest h units, h the multiple of
-// FFN_HOT_ALIGN (or H) with the least modelled time. Returns -1 when the hot
-// set stays (no better one saves FFN_HOT_MARGIN of the layer's time with its
-// gate), else the new number of hot units with perm[i] = the unit (in today's
-// order) that goes to position i: the hot units by decreasing count, then the
-// cold ones in today's order.
-static inline int ffn_hot_choose(int* perm, const uint32_t* count, int H, int hot, double tokens,
-                                 const FfnHotPolicy* policy) {
-    const FfnCosts model = ffn_hot_model(policy), *c = &model;
+static const FfnPairPrices ffn_no_prices = {-1, 0, 0.0f, 0.0f};
+
+// A layer's units by decreasing count over `tokens` tokens (perm[i] = the unit at rank i; a stable order), and
+// prefix[i] = the pairs per token of the units of rank below i (prefix [H + 1])
+static inline void ffn_hot_order(int* perm, double* prefix, const uint32_t* count, int H, double tokens) {
     for (int n = 0; n < H; n++) { perm[n] = n; }
     std::stable_sort(perm, perm + H, [&](int x, int y) { return count[x] > count[y]; });
-    double total = 0, cold_now = 0;
-    for (int n = 0; n < H; n++) {
-        total += count[n];
-        cold_now += n >= hot ? count[n] : 0;
+    prefix[0] = 0;
+    for (int i = 0; i < H; i++) { prefix[i + 1] = prefix[i] + count[perm[i]] / tokens; }
+}
+
+// a path's time per token but its cold pairs: the dense part over h units and the gate of the other H - h
+static inline double ffn_path_fixed(const FfnCosts* c, int H, int h) {
+    return (h > 0 ? c->dense0 + (double)c->dense1 * h : 0.0) + (double)c->gate1 * (H - h);
+}
+
+// the price of a cold pair of the unit of rank r
+static inline double ffn_pair_price(const FfnCosts* c, const FfnPairPrices* p, int r) {
+    return p->at < 0 ? c->pair1 : r < p->split ? p->busy : p->rest;
+}
+
+// the modelled time per token of a layer of H units with its h busiest units hot (prefix: ffn_hot_order); dense:
+// h = H is the dense layer (--ffn auto), timed where c->dense holds its time
+static inline double ffn_path_time(const FfnCosts* c, const FfnPairPrices* p, int H, int h, int dense,
+                                   const double* prefix) {
+    if (h == H && dense && c->dense > 0) { return c->dense; }
+    if (p->at < 0) { return ffn_path_fixed(c, H, h) + c->pair1 * (prefix[H] - prefix[h]); }
+    int s = std::max(h, std::min(p->split, H));
+    return ffn_path_fixed(c, H, h) + p->busy * (prefix[s] - prefix[h]) + p->rest * (prefix[H] - prefix[s]);
+}
+
+// A layer's prices after its path h (0 <= h < H) took `time` per token (measured), its units ranked as prefix
+// says: its cold pairs at that time's price; after an earlier measurement on another path, the pairs of the
+// units between the two paths at what moving them saved (busy), the others at the price of the path with more
+// hot units (rest). (A price is never below FLT_MIN: timing noise does not make a pair free.)
+static inline FfnPairPrices ffn_prices_fit(const FfnCosts* c, const FfnPairPrices* old, int H, int h, double time,
+                                           const double* prefix) {
+    double cold = prefix[H] - prefix[h];
+    float price = (float)fmax(cold > 0 ? (time - ffn_path_fixed(c, H, h)) / cold : c->pair1, FLT_MIN);
+    FfnPairPrices p = {h, h, price, price};
+    if (old->at < 0 || old->at == h) { return p; }
+    int lo = std::min(old->at, h), hi = std::max(old->at, h);
+    double moved = prefix[hi] - prefix[lo], beyond = prefix[H] - prefix[hi];
+    if (moved <= 0 || beyond <= 0) { return p; }
+    double t_old = ffn_path_time(c, old, H, old->at, 0, prefix); // (the old path's prices on today's counts)
+    double t_lo = h == lo ? time : t_old, t_hi = h == hi ? time : t_old;
+    p.split = hi;
+    p.busy = (float)fmax((t_lo - ffn_path_fixed(c, H, lo) - (t_hi - ffn_path_fixed(c, H, hi))) / moved, FLT_MIN);
+    p.rest = (float)fmax((t_hi - ffn_path_fixed(c, H, hi)) / beyond, FLT_MIN);
+    return p;
+}
+
+// The path of a layer of H units (prefix, perm: ffn_hot_order) whose path is `now` (its first `now` units hot in
+// today's order; H: every unit, under --ffn auto (dense) the dense layer), `since` steps after its last change:
+// the h busiest units hot, h 0, a multiple of FFN_HOT_ALIGN or H (hot_ok 0: 0 or H only) with the least
+// modelled time. Returns -1 when the path stays (ffn_policy_path_change), else h with perm[i] = the unit (in
+// today's order) that goes to position i: the hot units by decreasing count, then the cold ones in today's
+// order. times (if not NULL): the modelled times per token now and of the best path.
+static inline int ffn_path_choose(int* perm, const double* prefix, const uint32_t* count, int H, int now,
+                                  double tokens, const FfnCosts* c, const FfnPairPrices* prices, int dense,
+                                  int hot_ok, int since, double* times) {
+    // now: today's hot units, its cold pairs priced by their units' ranks
+    std::vector<int> rank(H);
+    for (int i = 0; i < H; i++) { rank[perm[i]] = i; }
+    double t_now = ffn_path_time(c, prices, H, now, dense, prefix);
+    if (now < H) {
+        double cold = 0;
+        for (int n = now; n < H; n++) { cold += ffn_pair_price(c, prices, rank[n]) * count[n]; }
+        t_now = ffn_path_fixed(c, H, now) + cold / tokens;
     }
     int best = 0;
-    double best_time = ffn_split_time(c, 0, total / tokens), hot_count = 0;
-    for (int h = 0, i = 0; h < H;) {
-        h = std::min(h + FFN_HOT_ALIGN, H);
-        for (; i < h; i++) { hot_count += count[perm[i]]; }
-        double t = ffn_split_time(c, h, (total - hot_count) / tokens);
+    double best_time = ffn_path_time(c, prices, H, 0, dense, prefix);
+    for (int h = hot_ok ? FFN_HOT_ALIGN : H;; h += FFN_HOT_ALIGN) {
+        h = std::min(h, H);
+        double t = ffn_path_time(c, prices, H, h, dense, prefix);
         if (t < best_time) { best_time = t, best = h; }
+        if (h == H) { break; }
     }
-    double now = ffn_split_time(c, hot, cold_now / tokens);
-    if (now - best_time <= FFN_HOT_MARGIN * (now + (double)c->gate1 * H)) { return -1; }
+    if (times) { times[0] = t_now, times[1] = best_time; }
+    if (!ffn_policy_path_change(t_now, best_time, since)) { return -1; }
     std::sort(perm + best, perm + H); // the cold units in today's order
     return best;
 }
@@ -180,6 +261,7 @@ static inline FfnCosts ffn_costs(double dense_small, int small, double dense_lar
     c.dense1 = (float)(slope / M);
     c.gate1 = (float)(gate / ((double)H * M));
     c.pair1 = (float)(fmax(sparse - gate, 0.0) / fmax(pairs, 1.0));
+    c.dense = 0.0f; // (the dense layer itself is timed where one runs)
     return c;
 }
 
@@ -214,12 +296,12 @@ FfnCosts ffn_hot_measure(Device device, F run, double pairs, int H, int M, int v
 // weights are read or moved (data parallelism may still be gathering them);
 // units_permuted(ctx, l, perm): layer l's units were reordered, perm on the
 // device (perm[i] = the unit that went to i), so reorder your copies the same
-// way; costs_measured(ctx, costs): the costs this process measured, to agree
-// on (every process must choose the same sets).
+// way; agree(ctx, v, n): n values (host) this process timed, which become
+// their mean over the processes (every process must choose the same paths).
 typedef struct {
     void (*weights_needed)(void* ctx, int layer);
     void (*units_permuted)(void* ctx, int layer, const int* perm);
-    void (*costs_measured)(void* ctx, FfnCosts* costs);
+    void (*agree)(void* ctx, float* v, int n);
     void* ctx;
 } FfnHotHooks;
 
@@ -242,25 +324,35 @@ void ffn_hot_permute(T* wg, T* wu, T* wdT, int l, const int* perm, int H, int D,
 // the hot sets of a model's FFN (llmc/ffn/ffn.h's Ffn; these templates see its
 // members where they are instantiated, after ffn.h defined it)
 
-// Every layer's hot set from each unit's firing count [L, H] over `tokens`
-// tokens under `policy` (only_on: the layers running sparse only): a layer
-// whose set changes has its units permuted (llmc/ffn/hot.h). Logs each change
-// when verbose.
+// The units of the first `units` positions of perm that were not among the
+// first `now` before (the hot units that joined)
+static inline int ffn_hot_joined(const int* perm, int units, int now) {
+    int joined = 0;
+    for (int n = 0; n < units; n++) { joined += perm[n] >= now; }
+    return joined;
+}
+
+// Every layer's hot set for a prefill, from each unit's firing count [L, H]
+// over `tokens` tokens under `policy`: training's choice of path with no dense
+// layer and no wait. A layer whose set changes has its units permuted. Logs
+// each change when verbose.
 template <typename T>
-void ffn_hot_rechoose(Ffn<T>* ffn, const uint32_t* count, double tokens, const FfnHotPolicy* policy, int only_on,
-                      int verbose) {
+void ffn_hot_rechoose(Ffn<T>* ffn, const uint32_t* count, double tokens, const FfnHotPolicy* policy, int verbose) {
     const int H = ffn->H;
+    if (!ffn_hot_active(policy)) { return; }
+    const FfnCosts costs = ffn_hot_model(policy);
     std::vector<int> perm(H);
+    std::vector<double> prefix(H + 1);
     for (int l = 0; l < ffn->L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
-        if (only_on && !f->on) { continue; }
         const uint32_t* c = count + (size_t)l * H;
-        int units = ffn_hot_choose(perm.data(), c, H, f->hot.units, tokens, policy);
+        ffn_hot_order(perm.data(), prefix.data(), c, H, tokens);
+        int units = ffn_path_choose(perm.data(), prefix.data(), c, H, f->hot.units, tokens, &costs, &ffn_no_prices, 0, 1,
+                                    FFN_PATH_MIN_STEPS, (double*)NULL);
         if (units < 0) { continue; }
         ffn_hot_permute(f->wg, f->wu, f->wdT, l, perm.data(), H, ffn->D, &ffn->hooks, ffn->device);
         if (verbose) {
-            int joined = 0;
-            for (int n = 0; n < units; n++) { joined += perm[n] >= f->hot.units; }
+            int joined = ffn_hot_joined(perm.data(), units, f->hot.units);
             printf("ffn: layer %d: %d -> %d hot units (%d joined, %d left), %.0f%% of the firing\n", l, f->hot.units,
                    units, joined, f->hot.units - (units - joined), 100 * ffn_hot_share(c, perm.data(), H, units));
         }
@@ -323,29 +415,130 @@ FfnCosts ffn_hot_costs(Ffn<T>* ffn, int l, const FfnProbe<T, G>* b, int verbose)
     return costs;
 }
 
-// The hot sets after training step `step` of `tokens` tokens, from each
-// unit's firing count [L, H]: measured costs are taken once, on the first
-// sparse layer with no hot units (probe(l) gives its buffers) and agreed on
-// through the hooks; then every FFN_HOT_EVERY steps every sparse layer's hot
-// set is re-chosen, and a layer whose set changes has its units permuted (the
-// choice depends on the step's number, not on when a run started, so a
-// resumed run makes the same ones). Logs the costs and each change when
-// verbose.
+// the time (seconds) of layer l's forward and backward as it runs now, on the
+// last step's input (b: the buffers it may use; the firing counts go to a
+// scratch of its own)
+template <typename T, typename G>
+double ffn_layer_time(Ffn<T>* ffn, int l, const FfnProbe<T, G>* b) {
+    const int H = ffn->H;
+    if (ffn->hooks.weights_needed) { ffn->hooks.weights_needed(ffn->hooks.ctx, l); }
+    uint8_t* fired = (uint8_t*)device_malloc(H, ffn->device);
+    uint32_t* count = (uint32_t*)device_malloc(H * sizeof(uint32_t), ffn->device);
+    device_zero(fired, H, ffn->device);
+    device_zero(count, H * sizeof(uint32_t), ffn->device);
+    double t = ffn_time(ffn->device, [&] {
+        ffn_forward(ffn, l, b->y, b->row_l1, b->row_active, fired, b->f);
+        ffn_backward(ffn, l, b->df, b->dwg, b->dwu, b->dwdT, count, b->dy, b->f, b->row_l1, b->row_active, fired, 0.0f);
+    });
+    device_free(fired, ffn->device);
+    device_free(count, ffn->device);
+    return t;
+}
+
+// a value this process timed, as every process agrees it (the hooks' mean)
+static inline float ffn_agreed(const FfnHotHooks* hooks, double v) {
+    float x = (float)v;
+    if (hooks->agree) { hooks->agree(hooks->ctx, &x, 1); }
+    return x;
+}
+
+// a layer's path in words: "dense", "sparse" (no hot units) or "split h=N"
+static inline void ffn_path_name(char* out, size_t n, int h, int H, int dense) {
+    if (h == H && dense) { snprintf(out, n, "dense"); }
+    else if (h == 0) { snprintf(out, n, "sparse"); }
+    else { snprintf(out, n, "split h=%d", h); }
+}
+
+// The paths after training step `step` of `tokens` tokens, from each unit's
+// firing count [L, H] (probe(l): the buffers measuring layer l may use):
+// - measured costs are taken once, on the first sparse layer with no hot
+//   units, and the dense layer's time on a dense layer once there is one
+//   (--ffn auto);
+// - every FFN_HOT_EVERY steps, a layer running a path of cold units it was not
+//   yet timed on is timed (its pair prices, ffn_prices_fit), then every
+//   layer's path is chosen again (ffn_path_choose); a new one reorders its
+//   units, and under --ffn auto turns it dense or sparse (ffn_set_path);
+//   --ffn sparse changes paths only where hot units are on.
+// Everything timed is agreed on through the hooks, and the choice depends on
+// the step's number and on state the checkpoint keeps, not on when a run
+// started, so every process and a resumed run make the same ones. Logs what
+// was measured and each change when verbose.
 template <typename T, typename F>
-void ffn_hot_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count, F probe, int verbose) {
-    const int L = ffn->L;
+void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count, F probe, int verbose) {
+    const int L = ffn->L, H = ffn->H, M = ffn->M, dense = ffn->mode == FFN_AUTO;
     FfnHotPolicy* policy = &ffn->hot;
+    if (ffn->mode == FFN_DENSE) { return; }
     if (policy->mode == FFN_HOT_MEASURED && !policy->measured) {
         int l = 0;
         while (l < L && !(ffn->layer[l].on && ffn->layer[l].hot.units == 0 && ffn->layer[l].p.M > 0)) { l++; }
-        if (l == L) { return; } // measured once a layer has run sparse
-        auto b = probe(l);
-        policy->costs = ffn_hot_costs(ffn, l, &b, verbose);
-        if (ffn->hooks.costs_measured) { ffn->hooks.costs_measured(ffn->hooks.ctx, &policy->costs); }
-        policy->measured = 1;
+        if (l < L) { // (measured once a layer has run sparse)
+            auto b = probe(l);
+            FfnCosts c = ffn_hot_costs(ffn, l, &b, verbose);
+            float v[4] = {c.dense0, c.dense1, c.gate1, c.pair1};
+            if (ffn->hooks.agree) { ffn->hooks.agree(ffn->hooks.ctx, v, 4); }
+            policy->costs = (FfnCosts){v[0], v[1], v[2], v[3], 0.0f};
+            policy->measured = 1;
+        }
     }
-    if (!ffn_hot_active(policy) || step % FFN_HOT_EVERY != 0) { return; }
-    ffn_hot_rechoose(ffn, count, tokens, policy, 1, verbose);
+    const int measured = policy->mode == FFN_HOT_MEASURED && policy->measured;
+    if (measured && dense && policy->costs.dense == 0) {
+        int l = 0;
+        while (l < L && ffn->layer[l].on) { l++; }
+        if (l < L) {
+            auto b = probe(l);
+            policy->costs.dense = ffn_agreed(&ffn->hooks, ffn_layer_time(ffn, l, &b) / M);
+            if (verbose) {
+                printf("ffn: the dense layer measured on layer %d: %.3f ms (the dense part's model: %.3f)\n", l,
+                       1e3 * M * policy->costs.dense, 1e3 * M * ffn_path_fixed(&policy->costs, H, H));
+            }
+        }
+    }
+    // (--ffn sparse without hot units, or before its costs are measured: every layer stays all cold)
+    if (step % FFN_HOT_EVERY != 0 || (!dense && !ffn_hot_active(policy))) { return; }
+    const FfnCosts costs = ffn_hot_model(policy);
+    std::vector<int> perm(H);
+    std::vector<double> prefix(H + 1);
+    for (int l = 0; l < L; l++) {
+        FfnLayer<T>* f = &ffn->layer[l];
+        const int now = f->on ? f->hot.units : H;
+        const uint32_t* c = count + (size_t)l * H;
+        ffn_hot_order(perm.data(), prefix.data(), c, H, tokens);
+        char was[32], path[32];
+        ffn_path_name(was, sizeof(was), now, H, dense);
+        if (measured && now < H && now != f->prices.at && f->p.M > 0) { // (a path it ran, not timed yet)
+            auto b = probe(l);
+            double t = ffn_agreed(&ffn->hooks, ffn_layer_time(ffn, l, &b) / M);
+            double modelled = ffn_path_time(&costs, &f->prices, H, now, dense, prefix.data());
+            f->prices = ffn_prices_fit(&costs, &f->prices, H, now, t, prefix.data());
+            if (verbose) {
+                printf("ffn: layer %d: %s measured %.3f ms (modelled %.3f)\n", l, was, 1e3 * M * t, 1e3 * M * modelled);
+            }
+        }
+        double times[2];
+        int h = ffn_path_choose(perm.data(), prefix.data(), c, H, now, tokens, &costs, &f->prices, dense,
+                                ffn_hot_active(policy), step - f->changed, times);
+        if (h < 0) { continue; }
+        if (verbose) {
+            ffn_path_name(path, sizeof(path), h, H, dense);
+            char moved[96] = "", why[128];
+            if (h > 0 && h < H) {
+                int joined = ffn_hot_joined(perm.data(), h, now < H ? now : 0);
+                snprintf(moved, sizeof(moved), ", %d hot joined, %d left, %.0f%% of the firing hot", joined,
+                         (now < H ? now : 0) - (h - joined), 100 * ffn_hot_share(c, perm.data(), H, h));
+            }
+            if (measured) {
+                snprintf(why, sizeof(why), "%.3f -> %.3f ms by the measured costs", 1e3 * M * times[0], 1e3 * M * times[1]);
+            } else if (policy->mode == FFN_HOT_RATE) {
+                snprintf(why, sizeof(why), "units firing for more than %.3f%% of the tokens hot", 100 * policy->rate);
+            } else {
+                snprintf(why, sizeof(why), "%.2f -> %.2f of the dense layer's time by the prior costs", times[0] / H,
+                         times[1] / H);
+            }
+            printf("ffn: layer %d -> %s (was %s; %.1f of %d units active per token%s): %s\n", l, path, was,
+                   prefix[H], H, moved, why);
+        }
+        ffn_set_path(ffn, l, h, perm.data(), step, prefix[H] - prefix[h]);
+    }
 }
 
 // count [H] += how often each of layer l's units fires over the M rows of f (g into scratch [M, H])

@@ -6,13 +6,18 @@
 
  | where            | rule                                                   | why                                        |
  |------------------|--------------------------------------------------------|--------------------------------------------|
- | training, auto   | a layer runs sparse while its mean firing units per    | sparse fwd + bwd beats dense up to about   |
- |                  | token k <= FFN_AUTO_MAX_ACTIVE H; 25% hysteresis       | k = 1% of H (bench_ffn, "Sparse FFN        |
- |                  | (ffn_policy_auto_sparse)                               | training")                                 |
- | training, sparse | the busiest units run as dense GEMMs: the multiple of  | a unit firing for a share p of the tokens  |
- | and prefill      | FFN_HOT_ALIGN with the least modelled time, re-chosen  | costs the sparse part p gathered pairs     |
- |                  | every FFN_HOT_EVERY steps, kept unless a new set saves | per token, the dense part a fixed amount   |
- |                  | FFN_HOT_MARGIN (llmc/ffn/hot.h)                        | ("Hot units as dense GEMMs")               |
+ | training, a layer| its path, every FFN_HOT_EVERY steps (a prefill: once,  | a unit that fires for a share p of the     |
+ | (--ffn auto and  | no wait, no dense): the busiest h units hot, h = 0     | tokens costs the sparse part p gathered    |
+ | sparse), and a   | (all cold), a multiple of FFN_HOT_ALIGN or H (auto:    | pairs per token, a dense column a fixed    |
+ | prefill's hot set| the dense layer), with the least modelled time (the    | amount; the dense layer is the path with   |
+ |                  | costs measured on the device, each layer's own pair    | every unit hot; a busy unit's pair costs   |
+ |                  | prices measured where it ran: llmc/ffn/hot.h); changed | less than an average one ("Hot units as    |
+ |                  | when that saves FFN_PATH_MARGIN, FFN_PATH_MIN_STEPS    | dense GEMMs"); the margin and the wait     |
+ |                  | after the last change (ffn_policy_path_change)         | keep a layer near a boundary from flapping |
+ | training, before | dense or all cold by the prior costs FFN_PRIOR_GATE,   | the first sparse step measures the costs;  |
+ | costs are        | FFN_PRIOR_PAIR (in units of the dense layer's cost per | the prior is optimistic (a pair measured   |
+ | measured (and on | unit and token); no hot units                          | about 75 on an H100) so that a layer that  |
+ | the CPU)         |                                                        | may gain is tried, then measured           |
  | prefill          | fewer than TWELL_PREFILL_MIN_ROWS rows run the dense   | a few hundred tokens fire most of H; the   |
  |                  | FFN (ffn_policy_prefill_sparse)                        | status read costs more than the gate saves |
  | prefill, a layer | TwELL's slots per block: the fewest of 3, 7, 15, 31    | fewer words to write and read; a tile past |
@@ -30,13 +35,13 @@
 #ifndef LLMC_FFN_POLICY_H
 #define LLMC_FFN_POLICY_H
 
-#define FFN_AUTO_MAX_ACTIVE 0.01
-#define FFN_AUTO_HYSTERESIS 1.25
-
-#define FFN_HOT_ALIGN 64   // hot sets are multiples of this many units (GEMM tiles)
-#define FFN_HOT_EVERY 10   // training steps between re-choices of the hot sets
-#define FFN_HOT_MARGIN 0.02 // a new hot set must save this share of the layer's modelled time
-#define FFN_HOT_PROBE 128  // the dense part is timed over this many units and four times as many
+#define FFN_HOT_ALIGN 64      // hot sets are multiples of this many units (GEMM tiles)
+#define FFN_HOT_EVERY 10      // training steps between re-choices of the layers' paths
+#define FFN_PATH_MARGIN 0.03  // a new path must save this share of the layer's modelled time
+#define FFN_PATH_MIN_STEPS 20 // steps between two changes of a layer's path (its new one is measured in between)
+#define FFN_HOT_PROBE 128     // the dense part is timed over this many units and four times as many
+#define FFN_PRIOR_GATE 0.13   // until measured: the gate per unit and token, in dense (unit, token)s (H100: 0.63 of 4.87 ms)
+#define FFN_PRIOR_PAIR 50.0   // until measured: a gathered pair, in dense (unit, token)s (H100, uniform k = 30: ~75)
 
 #define TWELL_PREFILL_MIN_ROWS 4096
 #define TWELL_H_PER_DENSE_ACTIVE 44.0
@@ -44,10 +49,10 @@
 
 #define SCREEN_MAX_ROWS 2
 
-// --ffn auto: whether a layer of H units that fires k units per token runs sparse (on: it does now)
-static inline int ffn_policy_auto_sparse(int on, double k, int H) {
-    double limit = FFN_AUTO_MAX_ACTIVE * H;
-    return on ? k <= FFN_AUTO_HYSTERESIS * limit : k < limit / FFN_AUTO_HYSTERESIS;
+// training: whether a layer whose path takes t_now (modelled) changes to one of t_new, `since` steps after its last
+// change
+static inline int ffn_policy_path_change(double t_now, double t_new, int since) {
+    return since >= FFN_PATH_MIN_STEPS && t_now - t_new > FFN_PATH_MARGIN * t_now;
 }
 
 // whether a prefill of M rows runs the sparse FFN (min_rows: TWELL_PREFILL_MIN_ROWS unless the caller set another)

@@ -278,7 +278,7 @@ static void test_model(void) {
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
             int before = m.ffn.layer[0].hot.units + 10000 * m.ffn.layer[1].hot.units;
-            gpt_hot_update(&m, step, M, 0);
+            gpt_ffn_update(&m, step, M, 0);
             changed += mode == 2 && before != m.ffn.layer[0].hot.units + 10000 * m.ffn.layer[1].hot.units;
             loss[mode][step] = m.ce;
         }
