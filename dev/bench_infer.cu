@@ -7,7 +7,10 @@
  a preset shape (--preset), by default with the synthetic-sparse gates of
  llmc/synthetic.h (about --sparse-k units fire per token; benchmark only). The
  prompts are random token ids; by default a calibration prefill of them picks
- each layer's hot units first (--hot).
+ each layer's hot units first (--hot). With --write-model DIR it writes the
+ calibrated --preset model as a checkpoint there instead of timing it: a model
+ with a sparse pattern of the paper's shape for the server's load benchmark
+ (dev/bench_serve.sh), random weights otherwise.
 
  The decode step's bytes model: what a step must read at least, by part (the
  attention's and the head's weights; the FFN's: all three matrices dense, or
@@ -22,6 +25,7 @@
 
    build/dev/bench_infer --preset 1.5b --batch 1 --length 128 -n 128
    build/dev/bench_infer -m out --batch 8 --length 512 -n 64
+   build/dev/bench_infer --preset 1.5b --sparse-skew 1 --write-model out_1.5b_synthetic
 */
 #include <cuda_runtime.h>
 #include "llmc/checkpoint.h"
@@ -31,7 +35,7 @@
 #include "llmc/synthetic.h"
 
 typedef struct {
-    const char *model_path, *preset_name;
+    const char *model_path, *preset_name, *write_model;
     int batch, length, steps, seed, graph, twell_min_rows, hot, sparse_skew;
     float sparse_k;
     char gpu_name[256];
@@ -235,9 +239,26 @@ static double decode_fired(GPT<bf16, float>* model, InferState<bf16>* s, const i
     return all / ((double)L * steps);
 }
 
-// both paths on B random prompts of T tokens (and the synthetic gates' calibration, the hot units), the report
+// the model's weights as a checkpoint, step 0, in the directory dir
+static void write_model(const GPT<bf16, float>* model, const char* dir) {
+    size_t n = model->num_parameters;
+    bf16* weights = (bf16*)mallocCheck(n * sizeof(bf16));
+    float* params = (float*)mallocCheck(n * sizeof(float));
+    cudaCheck(cudaMemcpy(weights, model->params, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) { params[i] = __bfloat162float(weights[i]); }
+    char path[4096];
+    make_dir(dir);
+    model_path(path, sizeof(path), dir, 0);
+    checkpoint_save_model(path, &model->config, params, 0);
+    printf("bench_infer: wrote the calibrated synthetic-sparse model to %s (benchmarks only: random weights)\n", path);
+    free(params);
+    free(weights);
+}
+
+// both paths on B random prompts of T tokens (and the synthetic gates' calibration, the hot units), the report;
+// or, with write_to, the calibrated model written there instead
 static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double synthetic_k,
-                  int skewed, int hot, const char* what, uint64_t seed) {
+                  int skewed, int hot, const char* what, uint64_t seed, const char* write_to) {
     const GPTConfig* c = &model->config;
     int* tokens = (int*)mallocCheck((size_t)B * T * sizeof(int));
     int* lens = (int*)mallocCheck(B * sizeof(int));
@@ -245,6 +266,12 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     for (int i = 0; i < B * T; i++) { tokens[i] = (int)rng_below(&rng, c->vocab_size); }
     for (int b = 0; b < B; b++) { lens[b] = T; }
     if (synthetic_k > 0) { synthetic_calibrate(model, s, tokens, lens, B, synthetic_k, skewed, seed ^ 0x5eedull); }
+    if (write_to) {
+        write_model(model, write_to);
+        free(lens);
+        free(tokens);
+        return;
+    }
     // the TwELL prefill's hot units, from a calibration prefill of the same prompts (when TwELL runs at this size)
     model->ffn.mode = FFN_SPARSE;
     if (hot) { infer_hot_calibrate(model, s, tokens, lens, B, 1); }
@@ -326,7 +353,7 @@ static void bench_main(const BenchOptions* opt) {
         init_params_synthetic_gpu(&model, (uint32_t)opt->seed, opt->sparse_k);
         if (opt->sparse_k > 0) {
             snprintf(what, sizeof(what), "random %s model (L %d, D %d, H %d) with the %s SYNTHETIC-SPARSE init (k = %g "
-                     "target units per token; benchmark only, never written to a checkpoint) on %s", opt->preset_name,
+                     "target units per token; benchmark only) on %s", opt->preset_name,
                      config.num_layers, config.channels, config.hidden, opt->sparse_skew ? "skewed" : "uniform",
                      opt->sparse_k, opt->gpu_name);
         } else {
@@ -340,7 +367,7 @@ static void bench_main(const BenchOptions* opt) {
                  config.channels, config.hidden, opt->gpu_name);
     }
     bench(&model, &s, B, T, steps, opt->preset_name ? opt->sparse_k : 0, opt->sparse_skew, opt->hot, what,
-          (uint64_t)opt->seed);
+          (uint64_t)opt->seed, opt->write_model);
     infer_state_free(&s, &model);
     gpt_free(&model);
 }
@@ -364,13 +391,14 @@ static void parse_options(int argc, char** argv, BenchOptions* o) {
         {0, "twell-min-rows", ARG_INT, &o->twell_min_rows, 0, 1 << 30, "TwELL: prefills of fewer tokens run the dense FFN (0 = never)", 0},
         {0, "graph", ARG_INT, &o->graph, 0, 1, "1 = each decode step is one CUDA graph", 0},
         {'s', "seed", ARG_INT, &o->seed, 0, 2147483647, "seed of the prompts' token ids and of a --preset model", 0},
+        {0, "write-model", ARG_STRING, &o->write_model, 0, 0, "--preset: write the calibrated model as a checkpoint in this directory and stop (for dev/bench_serve.sh)", 0},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     cli_parse(argc, argv, "usage: build/dev/bench_infer [flags]\nTimes prefill tok/ms and decode tok/s of the dense and the "
               "TwELL GPU paths on a checkpoint or a random model.", specs, num_specs);
     if (o->preset_name && o->model_path) { fatal("--preset makes a random model: drop -m"); }
     if (o->preset_name == NULL) {
-        const char* needs[] = {"sparse-k", "sparse-skew"};
+        const char* needs[] = {"sparse-k", "sparse-skew", "write-model"};
         for (size_t i = 0; i < sizeof(needs) / sizeof(needs[0]); i++) {
             if (cli_given(specs, num_specs, needs[i])) { fatal("--%s needs --preset (a checkpoint's gates are its own)", needs[i]); }
         }
