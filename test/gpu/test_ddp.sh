@@ -62,7 +62,7 @@ check "untied head: the 2 -> 1 GPU resume follows the 2-GPU run ($d)" below "$d"
 if [ "$ffn" = sparse ]; then
     two "${small[@]}" --hot-rate 0.05 -b 4 -o "$work/hot_two" > "$work/hot_two.txt" 2>&1
     check "2-GPU run with hot units exits 0" test $? -eq 0
-    check "the 2-GPU run chooses hot units" grep -q "hot units (" "$work/hot_two.txt"
+    check "the 2-GPU run chooses hot units" grep -qE "^ffn: layer [0-9]+ -> split h=" "$work/hot_two.txt"
     ./train_gpt_sparse "${small[@]}" --hot-rate 0.05 -b 4 -d 1024 -o "$work/hot_one" > "$work/hot_one.txt" 2>&1
     check "the 1-GPU run with hot units exits 0" test $? -eq 0
     d=$(max_diff "$work/hot_two" "$work/hot_one")

@@ -31,7 +31,7 @@ check "$n GPUs follow 1 GPU with accumulation ($d_acc)" below "$d_acc" 0.01
 if [ "$ffn" = sparse ]; then
     scripts/launch_local.sh "$n" "${small[@]}" --hot-rate 0.05 -b 1 -o "$work/hot_all" > "$work/hot_all.txt" 2>&1
     check "$n-GPU run with hot units exits 0" test $? -eq 0
-    check "the $n-GPU run chooses hot units" grep -q "hot units (" "$work/hot_all.txt"
+    check "the $n-GPU run chooses hot units" grep -qE "^ffn: layer [0-9]+ -> split h=" "$work/hot_all.txt"
     ./train_gpt_sparse "${small[@]}" --hot-rate 0.05 -b 1 -d "$tokens" -o "$work/hot_one" > "$work/hot_one.txt" 2>&1
     check "the 1-GPU run with hot units exits 0" test $? -eq 0
     d=$(max_diff "$work/hot_all" "$work/hot_one")

@@ -42,8 +42,8 @@ check "the tail overflow is logged and the forward redone" grep -q "forward redo
 check "sparse loss curve matches dense" compare "$work/sparse/log.jsonl" "$work/dense/log.jsonl" 0.05 40
 ./train_gpt_sparse "${small[@]}" "${weak[@]}" -x 40 -o "$work/hot" --ffn sparse --hot-rate 0.05 > "$work/hot.txt" 2>&1
 check "sparse run with hot units exits 0" test $? -eq 0
-grep "hot units (" "$work/hot.txt" | head -n 6
-check "hot sets change during the run" grep -qE "^ffn: layer [01]: [1-9][0-9]* -> [0-9]+ hot units" "$work/hot.txt"
+grep -E "^ffn: layer [01] -> split" "$work/hot.txt" | head -n 6
+check "hot sets change during the run" grep -qE "^ffn: layer [01] -> split h=[0-9]+ \(was split h=[1-9]" "$work/hot.txt"
 check "hot units: the loss curve matches dense" compare "$work/hot/log.jsonl" "$work/dense/log.jsonl" 0.05 40
 echo "dense:  $(losses "$work/dense/log.jsonl" | sed -n '1p;10p;20p;30p;40p' | tr '\n' ' ')"
 echo "sparse: $(losses "$work/sparse/log.jsonl" | sed -n '1p;10p;20p;30p;40p' | tr '\n' ' ')"
