@@ -4,7 +4,9 @@
  double (so to ~1e-12) where the math is exact:
  - forward y, l1, row counts, fired marks; backward df, the three weight
    gradients and the units' firing counts, against the dense FFN, at every
-   number of hot units from 0 to H (the pattern then holds the rest);
+   number of hot units from 0 to H (the pattern then holds the rest), with the
+   hot part's scratch overwritten between the two: the backward makes the
+   forward's g and u again, to the bit;
  - a permutation of the units leaves the FFN the same function;
  - the hot set: who joins and who leaves with the hysteresis, the rounding to
    FFN_HOT_ALIGN, the order (hot by decreasing count, cold as before), no
@@ -81,16 +83,20 @@ static void test_split(int M, int D, int H, int hot) {
         entries = sparse_entries(M, cold_units, cold_units, 0);
         sparse_transposed_alloc(&t, cold_units, D, entries, DEVICE_CPU);
     }
-    std::vector<real> hot_act(2 * (size_t)M * hot + 1), hot_scratch(3 * (size_t)M * hot + 1);
-    FfnHot<real> hh = {hot, hot_act.data(), hot_act.data() + (size_t)M * hot};
+    std::vector<real> hot_scratch(ffn_hot_scratch_elems(M, hot) + 1);
     std::vector<real> s_g(MH), s_l1(M, NAN), s_y(MD, NAN), s_du(entries + 1), s_dg(entries + 1), s_df(MD, NAN);
     std::vector<real> s_dwg(HD, 0.5), s_dwu(HD, -0.5), s_dwdT(HD, 0.25);
     std::vector<int> s_active(M, -1);
     std::vector<uint8_t> s_fired(H, 0);
     std::vector<uint32_t> s_count(H, 3);
-    ffn_split_forward(s_y.data(), s_l1.data(), s_active.data(), s_fired.data(), &p, &hh, hot_scratch.data(), s_g.data(),
+    ffn_split_forward(s_y.data(), s_l1.data(), s_active.data(), s_fired.data(), &p, hot, hot_scratch.data(), s_g.data(),
                       f.data(), wg.data(), wu.data(), wdT.data(), M, D, H, (SparseScratch*)NULL);
-    ffn_split_backward(s_df.data(), s_dwg.data(), s_dwu.data(), s_dwdT.data(), s_count.data(), &p, &hh, &t, s_du.data(),
+    // the hot part's g and u of the forward; the backward makes them again in a scratch that other layers used
+    // in between (NaN here), to the same bits, and leaves them there
+    const size_t hot_gu = 2 * (size_t)M * hot;
+    std::vector<real> fwd_gu(hot_scratch.begin(), hot_scratch.begin() + hot_gu);
+    std::fill(hot_scratch.begin(), hot_scratch.end(), (real)NAN);
+    ffn_split_backward(s_df.data(), s_dwg.data(), s_dwu.data(), s_dwdT.data(), s_count.data(), &p, hot, &t, s_du.data(),
                        s_dg.data(), hot_scratch.data(), dy.data(), f.data(),
                        wg.data(), wu.data(), wdT.data(), l1_scale, M, D, H, (SparseScratch*)NULL);
     char what[64];
@@ -103,6 +109,8 @@ static void test_split(int M, int D, int H, int hot) {
     CHECK(rel_err(s_dwg.data(), dwg.data(), HD) < 1e-12 && rel_err(s_dwu.data(), dwu.data(), HD) < 1e-12 &&
           rel_err(s_dwdT.data(), dwdT.data(), HD) < 1e-12, "%s: weight gradients", what);
     CHECK(s_count == count, "%s: firing counts", what);
+    CHECK(hot == 0 || memcmp(fwd_gu.data(), hot_scratch.data(), hot_gu * sizeof(real)) == 0,
+          "%s: the backward's g, u are the forward's", what);
     if (cold_units > 0) {
         sparse_pattern_free(&p, DEVICE_CPU);
         sparse_transposed_free(&t, DEVICE_CPU);
@@ -235,9 +243,9 @@ static void test_model(void) {
             gpt_backward(&m, inputs.data(), 1e-3f / (c.num_layers * M));
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
-            int before = m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
+            int before = m.ffn.layer[0].hot_units + 1000 * m.ffn.layer[1].hot_units;
             gpt_hot_update(&m, step, M, 0);
-            changes += mode && before != m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
+            changes += mode && before != m.ffn.layer[0].hot_units + 1000 * m.ffn.layer[1].hot_units;
             loss[mode][step] = m.ce;
         }
         optimizer_free(&o);
@@ -259,8 +267,8 @@ static void test_state(void) {
     a.ffn.mode = b.ffn.mode = FFN_AUTO;
     FfnLayer<float>* l0 = &a.ffn.layer[0];
     FfnLayer<float>* l1 = &a.ffn.layer[1];
-    l0->on = 1, l0->W = 32, l0->tail_capacity = 100, l0->hot.units = 64;
-    l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot.units = 0;
+    l0->on = 1, l0->W = 32, l0->tail_capacity = 100, l0->hot_units = 64;
+    l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot_units = 0;
     std::vector<int32_t> state(ffn_state_ints(2));
     const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
                                      ffn_hot_policy(FFN_HOT_MEASURED, 0), ffn_hot_policy(FFN_HOT_OFF, 0)};
@@ -270,7 +278,7 @@ static void test_state(void) {
         ffn_state_set(&b.ffn, state.data(), (int)state.size(), "a state");
         const FfnHotPolicy* q = &b.ffn.hot;
         CHECK(b.ffn.layer[0].on == 1 && b.ffn.layer[0].W == 32 && b.ffn.layer[0].tail_capacity == 100 &&
-              b.ffn.layer[0].hot.units == 64 && b.ffn.layer[1].on == 0 && b.ffn.layer[1].hot.units == 0 &&
+              b.ffn.layer[0].hot_units == 64 && b.ffn.layer[1].on == 0 && b.ffn.layer[1].hot_units == 0 &&
               q->mode == p.mode && q->measured == p.measured && q->rate == p.rate &&
               (!p.measured || memcmp(&q->costs, &p.costs, sizeof(FfnCosts)) == 0),
               "FFN state round trip (hot policy %d, measured %d)", p.mode, p.measured);
@@ -278,8 +286,8 @@ static void test_state(void) {
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
     b.ffn.hot = ffn_hot_policy(FFN_HOT_MEASURED, 0);
     ffn_state_set(&b.ffn, old, 6, "an old state");
-    CHECK(b.ffn.layer[0].W == 48 && b.ffn.layer[1].tail_capacity == 10 && b.ffn.layer[0].hot.units == 0 &&
-          b.ffn.layer[1].hot.units == 0 && b.ffn.hot.mode == FFN_HOT_MEASURED && !b.ffn.hot.measured,
+    CHECK(b.ffn.layer[0].W == 48 && b.ffn.layer[1].tail_capacity == 10 && b.ffn.layer[0].hot_units == 0 &&
+          b.ffn.layer[1].hot_units == 0 && b.ffn.hot.mode == FFN_HOT_MEASURED && !b.ffn.hot.measured,
           "an FFN state from before the hot/cold split");
     // a tail of more rows than the micro-batch has (from a run of larger micro-batches) is cut to it
     gpt_alloc_activations(&b, 2, 8);

@@ -251,7 +251,7 @@ static void test_model(void) {
     CHECK(autom.ffn.layer[0].on, "hysteresis");
     ffn_choose(&autom.ffn, 0, 0.5 * c.hidden);
     CHECK(!autom.ffn.layer[0].on, "auto turns a busy layer dense again");
-    CHECK(autom.ffn.layer[0].p.M == 0 && autom.ffn.layer[0].p.g == NULL && autom.ffn.layer[0].hot.g == NULL,
+    CHECK(autom.ffn.layer[0].p.M == 0 && autom.ffn.layer[0].p.g == NULL,
           "a layer turned dense gives its pattern back");
     gpt_stats_reset(&autom);
     gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);

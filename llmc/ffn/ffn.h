@@ -46,8 +46,7 @@ struct FfnLayer {
     int on;                  // this step's choice: 1 sparse, 0 dense
     SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
-    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u [M, hot.units]
-    int hot_capacity;        // units the hot buffers hold
+    int hot_units;           // units [0, hot_units) run dense (llmc/ffn/split.h)
 };
 
 template <typename T>
@@ -72,7 +71,7 @@ struct Ffn {
     int redone;                   // forwards redone after a tail overflow, since ffn_init
     FfnHotPolicy hot;             // how hot sets are chosen (llmc/ffn/hot.h)
     FfnHotHooks hooks;            // who follows a layer's new unit order
-    T* hot_scratch;               // [3, M, hot_scratch_units] the hot units' h, dh, du (ffn_split_forward)
+    T* hot_scratch;               // the hot units' g, u, h, dh for the most hot units of a layer (ffn_hot_scratch_elems)
     int hot_scratch_units;
 };
 
@@ -165,22 +164,16 @@ static void ffn_kernel_scratch_free(Ffn<T>* ffn) {
 #endif
 }
 
-// layer l's pattern at the sizes it wants, and the shared backward scratch large enough for it
-// (the pattern over the cold units; the hot units' buffers and the shared hot scratch)
+// layer l's pattern at the sizes it wants, and the shared scratch large enough for it
+// (the pattern over the cold units; the hot units' scratch, which the backward fills again)
 template <typename T>
 static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
     FfnLayer<T>* f = &ffn->layer[l];
-    int M = ffn->M, D = ffn->D, hot = f->hot.units;
+    int M = ffn->M, D = ffn->D, hot = f->hot_units;
     ffn_kernel_scratch_ensure(ffn);
-    if (hot > f->hot_capacity) {
-        device_free(f->hot.g, ffn->device);
-        f->hot.g = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), ffn->device);
-        f->hot.u = f->hot.g + (size_t)M * hot;
-        f->hot_capacity = hot;
-    }
     if (hot > ffn->hot_scratch_units) {
         device_free(ffn->hot_scratch, ffn->device);
-        ffn->hot_scratch = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), ffn->device);
+        ffn->hot_scratch = (T*)device_malloc(ffn_hot_scratch_elems(M, hot) * sizeof(T), ffn->device);
         ffn->hot_scratch_units = hot;
     }
     int H = ffn->H - hot; // cold units
@@ -202,16 +195,6 @@ static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
     }
 }
 
-// a layer's sparse buffers: its pattern and its hot units' g, u (ffn_sparse_ensure makes them again; the
-// sizes chosen for them stay)
-template <typename T>
-static void ffn_layer_free_sparse(FfnLayer<T>* f, Device device) {
-    sparse_pattern_free(&f->p, device);
-    device_free(f->hot.g, device);
-    f->hot.g = f->hot.u = NULL;
-    f->hot_capacity = 0;
-}
-
 // the sparse paths' scratch shared by the layers, the hot units' and the GPU kernels' (ffn_sparse_ensure
 // makes them again at the sizes a layer asks for)
 template <typename T>
@@ -229,7 +212,7 @@ static void ffn_scratch_free(Ffn<T>* ffn) {
 template <typename T>
 void ffn_free(Ffn<T>* ffn) {
     for (int l = 0; l < ffn->L; l++) {
-        ffn_layer_free_sparse(&ffn->layer[l], ffn->device);
+        sparse_pattern_free(&ffn->layer[l].p, ffn->device);
         device_free(ffn->layer[l].dense, ffn->device);
     }
     ffn_scratch_free(ffn);
@@ -261,7 +244,7 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
     if (fl->on) {
         // the hot units as dense products, the cold ones by their pattern (llmc/ffn/split.h)
         ffn_sparse_ensure(ffn, l);
-        ffn_split_forward(y, row_l1, row_active, fired, &fl->p, &fl->hot, ffn->hot_scratch, ffn->g, f, fl->wg,
+        ffn_split_forward(y, row_l1, row_active, fired, &fl->p, fl->hot_units, ffn->hot_scratch, ffn->g, f, fl->wg,
                           fl->wu, fl->wdT, M, D, H, &ffn->sparse_scratch);
         return;
     }
@@ -279,7 +262,7 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
 template <typename T>
 static int ffn_overflowed(Ffn<T>* ffn) {
     int L = ffn->L, M = ffn->M, any_on = 0, overflow = 0, most = 0;
-    for (int l = 0; l < L; l++) { any_on |= ffn->layer[l].on && ffn->layer[l].hot.units < ffn->H; }
+    for (int l = 0; l < L; l++) { any_on |= ffn->layer[l].on && ffn->layer[l].hot_units < ffn->H; }
     if (!any_on) { return 0; }
     std::vector<int> used(L);
     device_copy(used.data(), ffn->tail_used, L * sizeof(int), ffn->device);
@@ -312,7 +295,7 @@ void ffn_backward(Ffn<T>* ffn, int l, T* df, G* dwg, G* dwu, G* dwdT, uint32_t* 
     int M = ffn->M, D = ffn->D, H = ffn->H;
     if (fl->on) {
         // the cold units' six products over their pattern only, the hot units' as dense products
-        ffn_split_backward(df, dwg, dwu, dwdT, unit_count, &fl->p, &fl->hot, &ffn->transposed, ffn->sparse_du,
+        ffn_split_backward(df, dwg, dwu, dwdT, unit_count, &fl->p, fl->hot_units, &ffn->transposed, ffn->sparse_du,
                            ffn->sparse_dg, ffn->hot_scratch, dy, f, fl->wg, fl->wu, fl->wdT, l1_scale, M, D, H,
                            &ffn->sparse_scratch);
         return;
@@ -351,7 +334,7 @@ static void ffn_choose(Ffn<T>* ffn, int l, double k, double k_cold = -1) {
             device_free(f->dense, ffn->device);
             f->dense = NULL;
         }
-        if (!on && f->on) { ffn_layer_free_sparse(f, ffn->device); } // until it turns sparse again
+        if (!on && f->on) { sparse_pattern_free(&f->p, ffn->device); } // until it turns sparse again (its sizes stay)
         f->on = on;
     }
     int W = sparse_choose_width(k_cold, H);
@@ -369,7 +352,7 @@ void ffn_stats_update(Ffn<T>* ffn, const LayerStats* stats, const uint32_t* coun
         for (int n = 0; n < H; n++) {
             uint32_t c = count[(size_t)l * H + n];
             all += c;
-            cold += n >= ffn->layer[l].hot.units ? c : 0;
+            cold += n >= ffn->layer[l].hot_units ? c : 0;
         }
         ffn_choose(ffn, l, stats[l].l0_mean, all > 0 ? stats[l].l0_mean * cold / all : -1.0);
         any_on |= ffn->layer[l].on;
@@ -390,7 +373,7 @@ void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
         state[4 * l] = f->on;
         state[4 * l + 1] = f->W;
         state[4 * l + 2] = f->tail_capacity;
-        state[4 * l + 3] = f->hot.units;
+        state[4 * l + 3] = f->hot_units;
     }
     float policy[4];
     ffn_hot_policy_pack(policy, &ffn->hot);
@@ -414,7 +397,7 @@ void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source)
         f->on = ffn->mode == FFN_DENSE ? 0 : ffn->mode == FFN_SPARSE ? 1 : s[0];
         f->W = s[1];
         f->tail_capacity = s[2];
-        f->hot.units = hot;
+        f->hot_units = hot;
     }
     if (per == 4) {
         float policy[4];
