@@ -59,7 +59,8 @@ struct Ffn {
     FfnLayer<T>* layer;           // [L]
     // [M, H], shared by the layers: a recomputed layer's g, u, h; the dense backward's d_h and d_u; the sparse
     // gate's scratch g (under FFN_AUTO without --recompute it is d_h: one is used in the forward only, the
-    // other in the backward only, so a run whose layers are all dense holds what --ffn dense holds)
+    // other in the backward only, so a run whose layers are all dense holds what --ffn dense holds), which is
+    // also the hot part's scratch where it holds it (ffn_hot_scratch)
     T *g, *u, *h, *d_h, *d_u;
     void* spare;                  // memory the GPU's fused gate may keep its words in (idle in the forward)
     size_t spare_bytes;
@@ -71,8 +72,8 @@ struct Ffn {
     int redone;                   // forwards redone after a tail overflow, since ffn_init
     FfnHotPolicy hot;             // how hot sets are chosen (llmc/ffn/hot.h)
     FfnHotHooks hooks;            // who follows a layer's new unit order
-    T* hot_scratch;               // the hot units' g, u, h, dh for the most hot units of a layer (ffn_hot_scratch_elems)
-    int hot_scratch_units;
+    T* hot_scratch;               // the hot part's scratch where g cannot hold it, for the most hot units of such a
+    int hot_scratch_units;        // layer (ffn_hot_scratch)
 };
 
 // the layers' weights are the rows of wg, wu, wdT [L, H, D] (on the device)
@@ -164,14 +165,22 @@ static void ffn_kernel_scratch_free(Ffn<T>* ffn) {
 #endif
 }
 
+// the scratch of a sparse layer's hot part of `hot` units (g, u, h, dh; llmc/ffn/split.h): the gate's [M, H]
+// scratch g where it holds them (the split is done with the gate's scratch before its hot part starts, and the
+// layers run one at a time), else a buffer of its own (hot > H / 4)
+template <typename T>
+static T* ffn_hot_scratch(const Ffn<T>* ffn, int hot) {
+    return ffn_hot_scratch_elems(ffn->M, hot) <= (size_t)ffn->M * ffn->H ? ffn->g : ffn->hot_scratch;
+}
+
 // layer l's pattern at the sizes it wants, and the shared scratch large enough for it
-// (the pattern over the cold units; the hot units' scratch, which the backward fills again)
+// (the pattern over the cold units; the hot part's scratch, which the backward fills again)
 template <typename T>
 static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
     FfnLayer<T>* f = &ffn->layer[l];
     int M = ffn->M, D = ffn->D, hot = f->hot_units;
     ffn_kernel_scratch_ensure(ffn);
-    if (hot > ffn->hot_scratch_units) {
+    if (ffn_hot_scratch(ffn, hot) != ffn->g && hot > ffn->hot_scratch_units) {
         device_free(ffn->hot_scratch, ffn->device);
         ffn->hot_scratch = (T*)device_malloc(ffn_hot_scratch_elems(M, hot) * sizeof(T), ffn->device);
         ffn->hot_scratch_units = hot;
@@ -244,8 +253,8 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
     if (fl->on) {
         // the hot units as dense products, the cold ones by their pattern (llmc/ffn/split.h)
         ffn_sparse_ensure(ffn, l);
-        ffn_split_forward(y, row_l1, row_active, fired, &fl->p, fl->hot_units, ffn->hot_scratch, ffn->g, f, fl->wg,
-                          fl->wu, fl->wdT, M, D, H, &ffn->sparse_scratch);
+        ffn_split_forward(y, row_l1, row_active, fired, &fl->p, fl->hot_units, ffn_hot_scratch(ffn, fl->hot_units),
+                          ffn->g, f, fl->wg, fl->wu, fl->wdT, M, D, H, &ffn->sparse_scratch);
         return;
     }
     T *g, *u, *h;
@@ -296,7 +305,7 @@ void ffn_backward(Ffn<T>* ffn, int l, T* df, G* dwg, G* dwu, G* dwdT, uint32_t* 
     if (fl->on) {
         // the cold units' six products over their pattern only, the hot units' as dense products
         ffn_split_backward(df, dwg, dwu, dwdT, unit_count, &fl->p, fl->hot_units, &ffn->transposed, ffn->sparse_du,
-                           ffn->sparse_dg, ffn->hot_scratch, dy, f, fl->wg, fl->wu, fl->wdT, l1_scale, M, D, H,
+                           ffn->sparse_dg, ffn_hot_scratch(ffn, fl->hot_units), dy, f, fl->wg, fl->wu, fl->wdT, l1_scale, M, D, H,
                            &ffn->sparse_scratch);
         return;
     }

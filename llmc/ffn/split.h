@@ -62,8 +62,9 @@ void ffn_cold_gate(SparsePattern<T>* cold, int* row_active, uint8_t* fired, T* g
 }
 
 // y [M, D] = FFN(f); row_l1, row_active per token and the fired marks as relu_gate_forward gives them.
-// cold: the pattern of units [n_hot, H) (unused when every unit is hot); hot_scratch: ffn_hot_scratch_elems;
-// g_scratch: [M, H] or what the gate packing of the platform needs (sparse_gate_pack).
+// cold: the pattern of units [n_hot, H) (unused when every unit is hot); hot_scratch: ffn_hot_scratch_elems, and
+// may be g_scratch (the cold part is done with it before the hot part starts); g_scratch: [M, H] or what the gate
+// packing of the platform needs (sparse_gate_pack).
 template <typename T, typename G>
 void ffn_split_forward(T* y, G* row_l1, int* row_active, uint8_t* fired, SparsePattern<T>* cold, int n_hot,
                        T* hot_scratch, T* g_scratch, const T* f, const T* wg, const T* wu, const T* wdT, int M, int D,
