@@ -12,11 +12,13 @@
    and nothing else is exact;
  - the whole model (llmc/gpt.h) with --ffn sparse against --ffn dense on the
    same weights and batch: the loss, the statistics and every gradient, with
-   the first forward's tail too small (so it is grown and the forward redone);
-   and --ffn auto re-choosing a layer from its measured activity;
+   the first forward's tail too small (so it is grown and the forward redone),
+   then with most units hot (the shared backward scratch shrinks with what the
+   layers ask for); and --ffn auto re-choosing a layer from its measured activity;
  - dead-neuron re-initialisation: only the rows of units that did not fire
    move, by 0.9 W + 0.1 N(0, 0.02^2), the same for the same seed.
 */
+#include <algorithm>
 #include <vector>
 #include "llmc/cpu_ops.h"
 #include "llmc/gpt.h"
@@ -224,6 +226,25 @@ static void test_model(void) {
         double e = rel_err(sparse.grad[i], dense.grad[i], sizes[i]);
         CHECK(e < 1e-10, "gradient of tensor %d: rel err %g", i, e);
     }
+    // the shared backward scratch follows the sparse layers' sizes down as well as up: with all but 8 units hot
+    // (the hot part in a buffer of its own: 4 x 56 > 64) the layers ask for under half the first step's entries
+    size_t first = sparse.ffn.sparse_scratch_entries, asked = 0;
+    for (int l = 0; l < c.num_layers; l++) { sparse.ffn.layer[l].hot_units = c.hidden - 8; }
+    gpt_zero_grad(&sparse);
+    gpt_forward(&sparse, inputs.data(), targets.data(), B, T, 1.0f / M);
+    gpt_backward(&sparse, inputs.data(), 0.01f);
+    for (int l = 0; l < c.num_layers; l++) {
+        const SparsePattern<real>* p = &sparse.ffn.layer[l].p;
+        asked = std::max(asked, sparse_entries(M, p->H, p->W, p->tail_capacity));
+    }
+    CHECK(first > 2 * asked && sparse.ffn.sparse_scratch_entries == asked,
+          "the backward scratch shrank: %zu -> %zu (%zu asked)", first, sparse.ffn.sparse_scratch_entries, asked);
+    CHECK(sparse.ffn.hot_scratch != NULL && sparse.ffn.hot_scratch_units == c.hidden - 8, "the hot part's own scratch");
+    double worst_hot = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        worst_hot = fmax(worst_hot, rel_err(sparse.grad[i], dense.grad[i], sizes[i]));
+    }
+    CHECK(worst_hot < 1e-10, "mostly hot: the dense gradients (rel err %g)", worst_hot);
 
     // auto: dense until measured; about half the units fire, so it stays dense, and turns
     // sparse once the measured activity is low

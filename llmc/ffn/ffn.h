@@ -26,6 +26,7 @@
 #define LLMC_FFN_FFN_H
 
 #include <stdint.h>
+#include <algorithm>
 #include <vector>
 #include "llmc/cpu_ops.h"
 #include "llmc/ffn/dense.h"
@@ -192,12 +193,20 @@ static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
         sparse_pattern_free(&f->p, ffn->device);
         sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, ffn->tail_used + l, ffn->device);
     }
-    size_t entries = sparse_entries(M, H, W, f->tail_capacity);
-    if (entries > ffn->sparse_scratch_entries) { // (for any layer's cold units: all H of them)
+    // the cold part's backward scratch, shared by the layers: for the most entries any sparse layer asks for, made
+    // again when that grows or falls below half (the first steps, every unit cold at the first ELL width and tail,
+    // ask for up to ten times what the later ones do; the scratch would keep that size)
+    size_t entries = 0;
+    for (int i = 0; i < ffn->L; i++) {
+        const FfnLayer<T>* fi = &ffn->layer[i];
+        int cold = ffn->H - fi->hot_units, width = fi->W < cold ? fi->W : cold;
+        if (fi->on && cold > 0) { entries = std::max(entries, sparse_entries(M, cold, width, fi->tail_capacity)); }
+    }
+    if (entries > ffn->sparse_scratch_entries || 2 * entries < ffn->sparse_scratch_entries) {
         sparse_transposed_free(&ffn->transposed, ffn->device);
         device_free(ffn->sparse_du, ffn->device);
         device_free(ffn->sparse_dg, ffn->device);
-        sparse_transposed_alloc(&ffn->transposed, ffn->H, D, entries, ffn->device);
+        sparse_transposed_alloc(&ffn->transposed, ffn->H, D, entries, ffn->device); // (any layer's cold units: all H)
         ffn->sparse_du = (T*)device_malloc(entries * sizeof(T) + 16, ffn->device);
         ffn->sparse_dg = (T*)device_malloc(entries * sizeof(T) + 16, ffn->device);
         ffn->sparse_scratch_entries = entries;
