@@ -30,11 +30,11 @@
  With hot = 0 this is the sparse FFN of llmc/ffn/ell.h, with hot = H the dense one.
 
  Memory: the hot part's g, u, h, dh live in one scratch of [4, M, hot] that the layers share (they run one
- at a time), not per layer. Keeping g_hot and u_hot per layer would cost 2 M hot values a layer (1.34 GiB
- at the 1.5B shape with 782 hot units: 28 layers, M 16384); recomputing them costs the hot part one batched
- product (its g and u) beside its nine, about 2% of a step there. Recomputing u alone (g kept) would halve
- the saving for one product, but only if the forward ran g and u as two products (a single product and the
- batched pair need not round alike), which costs the forward what the batched pair gains.
+ at a time; llmc/ffn/ffn.h lends the gate's [M, H] scratch where it holds them), not per layer. Keeping
+ g_hot and u_hot per layer would cost 2 M hot values a layer (1.34 GiB at the 1.5B shape with 782 hot
+ units: 28 layers, M 16384); recomputing them costs one batched product beside the hot part's nine. Keeping
+ g and recomputing u alone would save half for one product, but only if the forward ran g and u as two
+ products (a single product and the batched pair need not round alike), giving up the batched pair's gain.
 */
 #ifndef LLMC_FFN_SPLIT_H
 #define LLMC_FFN_SPLIT_H
