@@ -440,7 +440,7 @@ static void print_sparsity(const GPT<T, G>* model) {
         }
         const FfnLayer<T>* f = &model->ffn.layer[l];
         char hot[32] = "";
-        if (f->on && f->hot.units > 0) { snprintf(hot, sizeof(hot), " (%d hot units)", f->hot.units); }
+        if (f->on && f->hot_units > 0) { snprintf(hot, sizeof(hot), " (%d hot units)", f->hot_units); }
         if (m < sizeof(paths)) {
             m += snprintf(paths + m, sizeof(paths) - m, "%s%d %s%s", l ? ", " : "", l, f->on ? "sparse" : "dense", hot);
         }

@@ -85,7 +85,7 @@ static int bench_model(int argc, char** argv) {
         int hot = 0;
         for (int l = 0; l < c.num_layers; l++) {
             l0 += model.stats[l].l0_mean / c.num_layers;
-            hot += model.ffn.layer[l].hot.units;
+            hot += model.ffn.layer[l].hot_units;
         }
         printf("--ffn %-6s train %8.0f tok/s | device memory %.2f GiB | loss %.4f | mean active units %.1f | forwards "
                "redone %d | hot units %.0f per layer\n", mode == 0 ? "dense" : "sparse", tps[mode], mem[mode], model.ce,
@@ -195,13 +195,12 @@ static void bench_pattern(Bench* b, const char* name) {
 
     // the sparse FFN with no hot units, as llmc/ffn/split.h runs it
     Cold all = cold_alloc(b, H, row_counts);
-    FfnHot<bf16> none = {0, NULL, NULL};
     auto sparse_fwd = [&] {
-        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &none, (bf16*)NULL, b->g, b->f, b->wg, b->wu, b->wdT, M, D, H,
+        ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, 0, (bf16*)NULL, b->g, b->f, b->wg, b->wu, b->wdT, M, D, H,
                           &b->scratch);
     };
     auto sparse_bwd = [&] {
-        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &none, &all.t,
+        ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, 0, &all.t,
                            all.du, all.dg, (bf16*)NULL, b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D,
                            H, &b->scratch);
     };
@@ -227,15 +226,14 @@ static void bench_pattern(Bench* b, const char* name) {
     // the hot/cold split: the costs as training measures them (ffn_hot_costs: the dense part alone over
     // FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate, the sparse layer), the hot units they give
     const int large = std::min(H, 4 * FFN_HOT_PROBE), small = large / 4;
-    bf16* probe_buf = (bf16*)cuda_malloc(5 * (size_t)M * large * 2);
+    bf16* probe_buf = (bf16*)cuda_malloc(ffn_hot_scratch_elems(M, large) * 2);
     auto dense_part = [&](int units) {
-        FfnHot<bf16> h = {units, probe_buf, probe_buf + (size_t)M * units};
         return median_ms([&] {
-            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, &h, probe_buf + 2 * (size_t)M * units, b->g, b->f, b->wg, b->wu, b->wdT, M, D,
-                              units, &b->scratch);
-            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, &h, &all.t,
-                               all.du, all.dg, probe_buf + 2 * (size_t)M * units,
-                               b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D, units, &b->scratch);
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &all.p, units, probe_buf, b->g, b->f, b->wg, b->wu,
+                              b->wdT, M, D, units, &b->scratch);
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &all.p, units, &all.t,
+                               all.du, all.dg, probe_buf, b->dy, b->f, b->wg, b->wu, b->wdT, l1_scale, M, D, units,
+                               &b->scratch);
         });
     };
     float t_small = dense_part(small), t_large = dense_part(large);
@@ -283,15 +281,13 @@ static void bench_pattern(Bench* b, const char* name) {
             }
         }
         Cold cold = cold_alloc(b, H - units, cold_counts);
-        bf16* hot_buf = (bf16*)cuda_malloc(5 * (size_t)M * units * 2 + 16); // g, u; the scratch
-        FfnHot<bf16> hot = {units, hot_buf, hot_buf + (size_t)M * units};
-        bf16* hot_scratch = hot_buf + 2 * (size_t)M * units;
+        bf16* hot_scratch = (bf16*)cuda_malloc(ffn_hot_scratch_elems(M, units) * 2 + 16);
         auto split_fwd = [&] {
-            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT, M,
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, units, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT, M,
                               D, H, &b->scratch);
         };
         auto split_bwd = [&] {
-            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot, &cold.t,
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, units, &cold.t,
                                cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale, M, D, H,
                                &b->scratch);
         };
@@ -308,26 +304,24 @@ static void bench_pattern(Bench* b, const char* name) {
                                                           [&] { split_fwd(); split_bwd(); }});
         float t_df2 = side2[0], t_hf = side2[1], t_dfb2 = side2[2], t_hfb = side2[3];
         // the split's two halves alone: all units cold but the hot ones (pointers past them), and the hot ones alone
-        FfnHot<bf16> hot_only = hot;
         const size_t off = (size_t)units * D;
         float t_cold = units < H ? median_ms([&] {
-            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &none, (bf16*)NULL, b->g, b->f, b->pwg + off, b->pwu + off,
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, 0, (bf16*)NULL, b->g, b->f, b->pwg + off, b->pwu + off,
                               b->pwdT + off, M, D, H - units, &b->scratch);
-            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &none, &cold.t,
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, 0, &cold.t,
                                cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg + off, b->pwu + off, b->pwdT + off,
                                l1_scale, M, D, H - units, &b->scratch);
         }) : 0.0f;
         float t_hot = units > 0 ? median_ms([&] {
-            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, &hot_only, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT,
+            ffn_split_forward(b->y[1], b->l1, b->active, b->fired, &cold.p, units, hot_scratch, b->g, b->f, b->pwg, b->pwu, b->pwdT,
                               M, D, units, &b->scratch);
-            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, &hot_only,
+            ffn_split_backward(b->df[1], b->grads[1][0], b->grads[1][1], b->grads[1][2], b->count, &cold.p, units,
                                &cold.t, cold.du, cold.dg, hot_scratch, b->dy, b->f, b->pwg, b->pwu, b->pwdT, l1_scale,
                                M, D, units, &b->scratch);
         }) : 0.0f;
-        double split_mb = ((units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) +
-                           2.0 * M * units * 2) / 1e6;
+        double split_mb = (units < H ? sparse_pattern_bytes(M, H - units, cold.p.W, cold.p.tail_capacity, 2) : 0) / 1e6;
         cold_free(&cold);
-        cuda_free(hot_buf);
+        cuda_free(hot_scratch);
         r.t_df = t_df2, r.t_hf = t_hf, r.t_dfb = t_dfb2, r.t_hfb = t_hfb, r.t_hot = t_hot, r.t_cold = t_cold;
         r.err = err_split, r.mb = split_mb, r.hot_share = pairs > 0 ? hot_pairs / pairs : 0.0;
         return r;
@@ -421,7 +415,7 @@ int main(int argc, char** argv) {
            " (llmc/ffn/split.h), with the hot units the costs measured on this pattern give, as in training; hot ="
            " hot units, pairs = their share of the (token, unit) pairs; auto = the path --ffn auto runs on this"
            " pattern (llmc/ffn/hot.h, with this run's times; fwd+bwd);"
-           " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern and the hot g, u);"
+           " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern, the hot part recomputes its g, u);"
            " err = max over y, df, dW of ||path - dense|| / ||dense||\n");
     sparse_scratch_free_cuda(&b.scratch);
     cublaslt_free();

@@ -292,7 +292,7 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     printf("bench: %s, batch %d x %d prompt tokens, %d decode steps%s\n", what, B, T, steps,
            twell_prefill_supports(c->channels) ? "" : " (TwELL prefill unsupported for this shape: dense)");
     double hot_units = 0;
-    for (int l = 0; l < c->num_layers; l++) { hot_units += model->ffn.layer[l].hot.units; }
+    for (int l = 0; l < c->num_layers; l++) { hot_units += model->ffn.layer[l].hot_units; }
     hot_units /= c->num_layers;
     if (twell.active >= 0 && hot_units > 0) { // TwELL counts the cold tail only: the hot units run dense
         printf("TwELL: %.1f active FFN units per token in the cold tail, %.0f hot units a layer run dense (means over "

@@ -4,7 +4,9 @@
  double (so to ~1e-12) where the math is exact:
  - forward y, l1, row counts, fired marks; backward df, the three weight
    gradients and the units' firing counts, against the dense FFN, at every
-   number of hot units from 0 to H (the pattern then holds the rest);
+   number of hot units from 0 to H (the pattern then holds the rest), with the
+   hot part's scratch overwritten between the two: the backward makes the
+   forward's g and u again, to the bit;
  - a permutation of the units leaves the FFN the same function;
  - the path (hot units; --ffn auto: the dense layer too): who joins and who
    leaves with the hysteresis, the rounding to FFN_HOT_ALIGN, the order (hot by
@@ -86,16 +88,20 @@ static void test_split(int M, int D, int H, int hot) {
         entries = sparse_entries(M, cold_units, cold_units, 0);
         sparse_transposed_alloc(&t, cold_units, D, entries, DEVICE_CPU);
     }
-    std::vector<real> hot_act(2 * (size_t)M * hot + 1), hot_scratch(3 * (size_t)M * hot + 1);
-    FfnHot<real> hh = {hot, hot_act.data(), hot_act.data() + (size_t)M * hot};
+    std::vector<real> hot_scratch(ffn_hot_scratch_elems(M, hot) + 1);
     std::vector<real> s_g(MH), s_l1(M, NAN), s_y(MD, NAN), s_du(entries + 1), s_dg(entries + 1), s_df(MD, NAN);
     std::vector<real> s_dwg(HD, 0.5), s_dwu(HD, -0.5), s_dwdT(HD, 0.25);
     std::vector<int> s_active(M, -1);
     std::vector<uint8_t> s_fired(H, 0);
     std::vector<uint32_t> s_count(H, 3);
-    ffn_split_forward(s_y.data(), s_l1.data(), s_active.data(), s_fired.data(), &p, &hh, hot_scratch.data(), s_g.data(),
+    ffn_split_forward(s_y.data(), s_l1.data(), s_active.data(), s_fired.data(), &p, hot, hot_scratch.data(), s_g.data(),
                       f.data(), wg.data(), wu.data(), wdT.data(), M, D, H, (SparseScratch*)NULL);
-    ffn_split_backward(s_df.data(), s_dwg.data(), s_dwu.data(), s_dwdT.data(), s_count.data(), &p, &hh, &t, s_du.data(),
+    // the hot part's g and u of the forward; the backward makes them again in a scratch that other layers used
+    // in between (NaN here), to the same bits, and leaves them there
+    const size_t hot_gu = 2 * (size_t)M * hot;
+    std::vector<real> fwd_gu(hot_scratch.begin(), hot_scratch.begin() + hot_gu);
+    std::fill(hot_scratch.begin(), hot_scratch.end(), (real)NAN);
+    ffn_split_backward(s_df.data(), s_dwg.data(), s_dwu.data(), s_dwdT.data(), s_count.data(), &p, hot, &t, s_du.data(),
                        s_dg.data(), hot_scratch.data(), dy.data(), f.data(),
                        wg.data(), wu.data(), wdT.data(), l1_scale, M, D, H, (SparseScratch*)NULL);
     char what[64];
@@ -108,6 +114,8 @@ static void test_split(int M, int D, int H, int hot) {
     CHECK(rel_err(s_dwg.data(), dwg.data(), HD) < 1e-12 && rel_err(s_dwu.data(), dwu.data(), HD) < 1e-12 &&
           rel_err(s_dwdT.data(), dwdT.data(), HD) < 1e-12, "%s: weight gradients", what);
     CHECK(s_count == count, "%s: firing counts", what);
+    CHECK(hot == 0 || memcmp(fwd_gu.data(), hot_scratch.data(), hot_gu * sizeof(real)) == 0,
+          "%s: the backward's g, u are the forward's", what);
     if (cold_units > 0) {
         sparse_pattern_free(&p, DEVICE_CPU);
         sparse_transposed_free(&t, DEVICE_CPU);
@@ -349,9 +357,9 @@ static void test_model(void) {
             gpt_backward(&m, inputs.data(), 1e-3f / (c.num_layers * M));
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
-            int before = m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
+            int before = m.ffn.layer[0].hot_units + 1000 * m.ffn.layer[1].hot_units;
             gpt_ffn_update(&m, step, M, 0);
-            changes += mode && before != m.ffn.layer[0].hot.units + 1000 * m.ffn.layer[1].hot.units;
+            changes += mode && before != m.ffn.layer[0].hot_units + 1000 * m.ffn.layer[1].hot_units;
             loss[mode][step] = m.ce;
         }
         optimizer_free(&o);
@@ -367,8 +375,8 @@ static void test_model(void) {
     gpt_backward(&off, inputs.data(), 0.0f);
     gpt_stats_read(&off, M);
     gpt_ffn_update(&off, 0, M, 0);
-    CHECK(off.ffn.layer[0].on && off.ffn.layer[0].hot.units == 0 && off.ffn.layer[1].hot.units == 0,
-          "--ffn sparse, hot units off: all cold (%d, %d hot)", off.ffn.layer[0].hot.units, off.ffn.layer[1].hot.units);
+    CHECK(off.ffn.layer[0].on && off.ffn.layer[0].hot_units == 0 && off.ffn.layer[1].hot_units == 0,
+          "--ffn sparse, hot units off: all cold (%d, %d hot)", off.ffn.layer[0].hot_units, off.ffn.layer[1].hot_units);
     gpt_free(&off);
     double worst = 0;
     for (int step = 0; step < 12; step++) { worst = fmax(worst, fabs(loss[1][step] - loss[0][step]) / loss[0][step]); }
@@ -387,9 +395,9 @@ static void test_state(void) {
     a.ffn.mode = b.ffn.mode = FFN_AUTO;
     FfnLayer<float>* l0 = &a.ffn.layer[0];
     FfnLayer<float>* l1 = &a.ffn.layer[1];
-    l0->on = 1, l0->W = 32, l0->tail_capacity = 100, l0->hot.units = 64;
+    l0->on = 1, l0->W = 32, l0->tail_capacity = 100, l0->hot_units = 64;
     l0->changed = 30, l0->prices = (FfnPairPrices){0, 64, 1.5e-9f, 4.25e-9f};
-    l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot.units = 0;
+    l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot_units = 0;
     std::vector<int32_t> state(ffn_state_ints(2));
     const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f, 3e-7f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
                                      ffn_hot_policy(FFN_HOT_MEASURED, 0), ffn_hot_policy(FFN_HOT_OFF, 0)};
@@ -399,7 +407,7 @@ static void test_state(void) {
         ffn_state_set(&b.ffn, state.data(), (int)state.size(), "a state");
         const FfnHotPolicy* q = &b.ffn.hot;
         CHECK(b.ffn.layer[0].on == 1 && b.ffn.layer[0].W == 32 && b.ffn.layer[0].tail_capacity == 100 &&
-              b.ffn.layer[0].hot.units == 64 && b.ffn.layer[1].on == 0 && b.ffn.layer[1].hot.units == 0 &&
+              b.ffn.layer[0].hot_units == 64 && b.ffn.layer[1].on == 0 && b.ffn.layer[1].hot_units == 0 &&
               b.ffn.layer[0].changed == 30 && memcmp(&b.ffn.layer[0].prices, &l0->prices, sizeof(FfnPairPrices)) == 0 &&
               b.ffn.layer[1].changed == -FFN_PATH_MIN_STEPS && b.ffn.layer[1].prices.at == -1 &&
               q->mode == p.mode && q->measured == p.measured && q->rate == p.rate &&
@@ -409,8 +417,8 @@ static void test_state(void) {
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
     b.ffn.hot = ffn_hot_policy(FFN_HOT_MEASURED, 0);
     ffn_state_set(&b.ffn, old, 6, "an old state");
-    CHECK(b.ffn.layer[0].W == 48 && b.ffn.layer[1].tail_capacity == 10 && b.ffn.layer[0].hot.units == 0 &&
-          b.ffn.layer[1].hot.units == 0 && b.ffn.hot.mode == FFN_HOT_MEASURED && !b.ffn.hot.measured,
+    CHECK(b.ffn.layer[0].W == 48 && b.ffn.layer[1].tail_capacity == 10 && b.ffn.layer[0].hot_units == 0 &&
+          b.ffn.layer[1].hot_units == 0 && b.ffn.hot.mode == FFN_HOT_MEASURED && !b.ffn.hot.measured,
           "an FFN state from before the hot/cold split");
     // from before the layers' paths were measured: 4 ints per layer and 4 floats of costs, no change yet, no prices
     std::vector<int32_t> v2 = {1, 48, 20, 64, 0, 32, 10, 0, 0, 0, 0, 0};
@@ -418,7 +426,7 @@ static void test_state(void) {
     memcpy(v2.data() + 8, costs4, sizeof(costs4));
     b.ffn.layer[0].changed = 40, b.ffn.layer[0].prices = l0->prices;
     ffn_state_set(&b.ffn, v2.data(), (int)v2.size(), "a state of 4 ints a layer");
-    CHECK(b.ffn.layer[0].hot.units == 64 && b.ffn.layer[1].W == 32 && b.ffn.hot.measured &&
+    CHECK(b.ffn.layer[0].hot_units == 64 && b.ffn.layer[1].W == 32 && b.ffn.hot.measured &&
           b.ffn.hot.costs.pair1 == costs4[3] && b.ffn.hot.costs.dense == 0 &&
           b.ffn.layer[0].changed == -FFN_PATH_MIN_STEPS && b.ffn.layer[0].prices.at == -1,
           "an FFN state of 4 ints a layer: the hot units and the costs, the dense layer not measured");

@@ -12,11 +12,15 @@
    and nothing else is exact;
  - the whole model (llmc/gpt.h) with --ffn sparse against --ffn dense on the
    same weights and batch: the loss, the statistics and every gradient, with
-   the first forward's tail too small (so it is grown and the forward redone);
-   and --ffn auto with a layer turned sparse and dense again (its buffers follow);
+   the first forward's tail too small (so it is grown and the forward redone),
+   then with most units hot (the shared backward scratch shrinks with what the
+   layers ask for); and --ffn auto with a layer turned sparse, split (its hot
+   part in the gate's scratch, the dense layers' d_h) and dense again (its
+   buffers follow);
  - dead-neuron re-initialisation: only the rows of units that did not fire
    move, by 0.9 W + 0.1 N(0, 0.02^2), the same for the same seed.
 */
+#include <algorithm>
 #include <vector>
 #include "llmc/cpu_ops.h"
 #include "llmc/gpt.h"
@@ -224,6 +228,25 @@ static void test_model(void) {
         double e = rel_err(sparse.grad[i], dense.grad[i], sizes[i]);
         CHECK(e < 1e-10, "gradient of tensor %d: rel err %g", i, e);
     }
+    // the shared backward scratch follows the sparse layers' sizes down as well as up: with all but 8 units hot
+    // (the hot part in a buffer of its own: 4 x 56 > 64) the layers ask for under half the first step's entries
+    size_t first = sparse.ffn.sparse_scratch_entries, asked = 0;
+    for (int l = 0; l < c.num_layers; l++) { sparse.ffn.layer[l].hot_units = c.hidden - 8; }
+    gpt_zero_grad(&sparse);
+    gpt_forward(&sparse, inputs.data(), targets.data(), B, T, 1.0f / M);
+    gpt_backward(&sparse, inputs.data(), 0.01f);
+    for (int l = 0; l < c.num_layers; l++) {
+        const SparsePattern<real>* p = &sparse.ffn.layer[l].p;
+        asked = std::max(asked, sparse_entries(M, p->H, p->W, p->tail_capacity));
+    }
+    CHECK(first > 2 * asked && sparse.ffn.sparse_scratch_entries == asked,
+          "the backward scratch shrank: %zu -> %zu (%zu asked)", first, sparse.ffn.sparse_scratch_entries, asked);
+    CHECK(sparse.ffn.hot_scratch != NULL && sparse.ffn.hot_scratch_units == c.hidden - 8, "the hot part's own scratch");
+    double worst_hot = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        worst_hot = fmax(worst_hot, rel_err(sparse.grad[i], dense.grad[i], sizes[i]));
+    }
+    CHECK(worst_hot < 1e-10, "mostly hot: the dense gradients (rel err %g)", worst_hot);
 
     // auto: dense until its path is chosen (llmc/ffn/hot.h, tested in test_ffn_split); turned sparse, then
     // dense again, a layer holds and gives back the buffers of its path
@@ -249,9 +272,19 @@ static void test_model(void) {
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { worst = fmax(worst, rel_err(autom.grad[i], dense.grad[i], sizes[i])); }
     CHECK(worst < 1e-10, "auto, one layer sparse: the dense gradients (rel err %g)", worst);
     CHECK(autom.ffn.layer[0].p.M > 0 && autom.ffn.sparse_scratch_entries > 0, "a sparse layer holds its pattern and the scratch");
+    // the split with H / 4 hot units: its hot part runs in the gate's scratch, which under auto is the dense
+    // layers' d_h (each layer's use of it ends with its forward or backward)
+    ffn_set_path(&autom.ffn, 0, c.hidden / 4, order.data(), 10, 0.004 * c.hidden);
+    gpt_zero_grad(&autom);
+    gpt_forward(&autom, inputs.data(), targets.data(), B, T, 1.0f / M);
+    gpt_backward(&autom, inputs.data(), 0.01f);
+    worst = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { worst = fmax(worst, rel_err(autom.grad[i], dense.grad[i], sizes[i])); }
+    CHECK(autom.ffn.layer[0].on && autom.ffn.layer[0].hot_units == c.hidden / 4 && autom.ffn.hot_scratch == NULL &&
+          worst < 1e-10, "auto, one layer split, its hot part in d_h: the dense gradients (rel err %g)", worst);
     ffn_set_path(&autom.ffn, 0, c.hidden, order.data(), 20, 0.0);
     CHECK(!autom.ffn.layer[0].on && autom.ffn.layer[0].dense == NULL, "the layer turned dense again");
-    CHECK(autom.ffn.layer[0].p.M == 0 && autom.ffn.layer[0].p.g == NULL && autom.ffn.layer[0].hot.g == NULL,
+    CHECK(autom.ffn.layer[0].p.M == 0 && autom.ffn.layer[0].p.g == NULL,
           "a layer turned dense gives its pattern back");
     CHECK(autom.ffn.sparse_scratch_entries == 0 && autom.ffn.transposed.token == NULL && autom.ffn.sparse_du == NULL,
           "every layer dense: the shared sparse scratch is given back");

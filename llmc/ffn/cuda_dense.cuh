@@ -137,7 +137,7 @@ void unit_count_add(uint32_t* count, const bf16* g, int M, int H) {
 }
 
 // elementwise, 8 per thread; every input of an element is loaded before its outputs are stored, so dg may
-// be dh
+// be dh and du may be h (llmc/ffn/split.h)
 template <int ACT>
 __global__ void relu_gate_backward_kernel(bf16* dg, bf16* du, const bf16* dh, const bf16* g, const bf16* u,
                                           const bf16* h, float l1_scale, size_t n) {

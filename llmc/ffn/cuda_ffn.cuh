@@ -65,7 +65,7 @@ static inline void ffn_forward_cached(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int
     if (!decode && ffn_prefill_sparse(cache, ffn, M)) {
         // TwELL over the layer's cold units, then its hot units (its first ones) as the dense FFN over them,
         // added; exact in one pass, no wait for the host
-        int hot = fl->hot.units;
+        int hot = fl->hot_units;
         size_t off = (size_t)hot * D;
         if (hot < H) {
             twell_prefill_run(&cache->twell, l, y, f, fl->wg + off, fl->wu + off, fl->wdT + off, M, D, H - hot, scratch);

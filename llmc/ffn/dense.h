@@ -90,7 +90,7 @@ void unit_count_add(uint32_t* count, const T* g, int M, int H) {
 }
 
 // with dh_total = dh + l1_scale * sign(h):  du = dh_total * act(g),  dg = dh_total * u * act'(g)
-// (dh and dg may alias: each element is read before it is written)
+// (dg may be dh and du may be h, as llmc/ffn/split.h has them: h and dh are read before du and dg are written)
 template <typename T>
 void relu_gate_backward(T* dg, T* du, const T* dh, const T* g, const T* u, const T* h, float l1_scale, int M, int H,
                         int activation = ACT_RELU) {

@@ -27,6 +27,7 @@
 #define LLMC_FFN_FFN_H
 
 #include <stdint.h>
+#include <algorithm>
 #include <vector>
 #include "llmc/cpu_ops.h"
 #include "llmc/ffn/dense.h"
@@ -45,8 +46,7 @@ struct FfnLayer {
     int on;                  // this step's choice: 1 sparse, 0 dense
     SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
-    FfnHot<T> hot;           // units [0, hot.units) run dense; their g, u [M, hot.units]
-    int hot_capacity;        // units the hot buffers hold
+    int hot_units;           // units [0, hot_units) run dense (llmc/ffn/split.h)
     int changed;             // the training step of its last change of path (llmc/ffn/hot.h)
     FfnPairPrices prices;    // what its cold pairs cost where it was timed (llmc/ffn/hot.h)
 };
@@ -60,8 +60,9 @@ struct Ffn {
     int M;                        // rows of the training buffers (0 until ffn_alloc_batch)
     FfnLayer<T>* layer;           // [L]
     // [M, H], shared by the layers: a recomputed layer's g, u, h; the dense backward's d_h and d_u; the sparse
-    // gate's scratch g (under FFN_AUTO without --recompute it is d_h: one is used in the forward only, the
-    // other in the backward only, so a run whose layers are all dense holds what --ffn dense holds)
+    // gate's scratch g, which is also the hot part's scratch in a sparse layer's forward and backward where it
+    // holds it (ffn_hot_scratch). Under FFN_AUTO without --recompute g is d_h: each use of either ends with the
+    // layer's forward or backward that began it, so a run whose layers are all dense holds what --ffn dense holds
     T *g, *u, *h, *d_h, *d_u;
     void* spare;                  // memory the GPU's fused gate may keep its words in (idle in the forward)
     size_t spare_bytes;
@@ -73,8 +74,8 @@ struct Ffn {
     int redone;                   // forwards redone after a tail overflow, since ffn_init
     FfnHotPolicy hot;             // how hot sets are chosen (llmc/ffn/hot.h)
     FfnHotHooks hooks;            // who follows a layer's new unit order
-    T* hot_scratch;               // [3, M, hot_scratch_units] the hot units' h, dh, du (ffn_split_forward)
-    int hot_scratch_units;
+    T* hot_scratch;               // the hot part's scratch where g cannot hold it, for the most hot units of such a
+    int hot_scratch_units;        // layer (ffn_hot_scratch)
 };
 
 // the layers' weights are the rows of wg, wu, wdT [L, H, D] (on the device)
@@ -168,22 +169,24 @@ static void ffn_kernel_scratch_free(Ffn<T>* ffn) {
 #endif
 }
 
-// layer l's pattern at the sizes it wants, and the shared backward scratch large enough for it
-// (the pattern over the cold units; the hot units' buffers and the shared hot scratch)
+// the scratch of a sparse layer's hot part of `hot` units (g, u, h, dh; llmc/ffn/split.h): the gate's [M, H]
+// scratch g where it holds them (the split is done with the gate's scratch before its hot part starts, and the
+// layers run one at a time), else a buffer of its own (hot > H / 4)
+template <typename T>
+static T* ffn_hot_scratch(const Ffn<T>* ffn, int hot) {
+    return ffn_hot_scratch_elems(ffn->M, hot) <= (size_t)ffn->M * ffn->H ? ffn->g : ffn->hot_scratch;
+}
+
+// layer l's pattern at the sizes it wants, and the shared scratch large enough for it
+// (the pattern over the cold units; the hot part's scratch, which the backward fills again)
 template <typename T>
 static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
     FfnLayer<T>* f = &ffn->layer[l];
-    int M = ffn->M, D = ffn->D, hot = f->hot.units;
+    int M = ffn->M, D = ffn->D, hot = f->hot_units;
     ffn_kernel_scratch_ensure(ffn);
-    if (hot > f->hot_capacity) {
-        device_free(f->hot.g, ffn->device);
-        f->hot.g = (T*)device_malloc(2 * (size_t)M * hot * sizeof(T), ffn->device);
-        f->hot.u = f->hot.g + (size_t)M * hot;
-        f->hot_capacity = hot;
-    }
-    if (hot > ffn->hot_scratch_units) {
+    if (ffn_hot_scratch(ffn, hot) != ffn->g && hot > ffn->hot_scratch_units) {
         device_free(ffn->hot_scratch, ffn->device);
-        ffn->hot_scratch = (T*)device_malloc(3 * (size_t)M * hot * sizeof(T), ffn->device);
+        ffn->hot_scratch = (T*)device_malloc(ffn_hot_scratch_elems(M, hot) * sizeof(T), ffn->device);
         ffn->hot_scratch_units = hot;
     }
     int H = ffn->H - hot; // cold units
@@ -193,26 +196,24 @@ static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
         sparse_pattern_free(&f->p, ffn->device);
         sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, ffn->tail_used + l, ffn->device);
     }
-    size_t entries = sparse_entries(M, H, W, f->tail_capacity);
-    if (entries > ffn->sparse_scratch_entries) { // (for any layer's cold units: all H of them)
+    // the cold part's backward scratch, shared by the layers: for the most entries any sparse layer asks for, made
+    // again when that grows or falls below half (the first steps, every unit cold at the first ELL width and tail,
+    // ask for up to ten times what the later ones do; the scratch would keep that size)
+    size_t entries = 0;
+    for (int i = 0; i < ffn->L; i++) {
+        const FfnLayer<T>* fi = &ffn->layer[i];
+        int cold = ffn->H - fi->hot_units, width = fi->W < cold ? fi->W : cold;
+        if (fi->on && cold > 0) { entries = std::max(entries, sparse_entries(M, cold, width, fi->tail_capacity)); }
+    }
+    if (entries > ffn->sparse_scratch_entries || 2 * entries < ffn->sparse_scratch_entries) {
         sparse_transposed_free(&ffn->transposed, ffn->device);
         device_free(ffn->sparse_du, ffn->device);
         device_free(ffn->sparse_dg, ffn->device);
-        sparse_transposed_alloc(&ffn->transposed, ffn->H, D, entries, ffn->device);
+        sparse_transposed_alloc(&ffn->transposed, ffn->H, D, entries, ffn->device); // (any layer's cold units: all H)
         ffn->sparse_du = (T*)device_malloc(entries * sizeof(T) + 16, ffn->device);
         ffn->sparse_dg = (T*)device_malloc(entries * sizeof(T) + 16, ffn->device);
         ffn->sparse_scratch_entries = entries;
     }
-}
-
-// a layer's sparse buffers: its pattern and its hot units' g, u (ffn_sparse_ensure makes them again; the
-// sizes chosen for them stay)
-template <typename T>
-static void ffn_layer_free_sparse(FfnLayer<T>* f, Device device) {
-    sparse_pattern_free(&f->p, device);
-    device_free(f->hot.g, device);
-    f->hot.g = f->hot.u = NULL;
-    f->hot_capacity = 0;
 }
 
 // the sparse paths' scratch shared by the layers, the hot units' and the GPU kernels' (ffn_sparse_ensure
@@ -232,7 +233,7 @@ static void ffn_scratch_free(Ffn<T>* ffn) {
 template <typename T>
 void ffn_free(Ffn<T>* ffn) {
     for (int l = 0; l < ffn->L; l++) {
-        ffn_layer_free_sparse(&ffn->layer[l], ffn->device);
+        sparse_pattern_free(&ffn->layer[l].p, ffn->device);
         device_free(ffn->layer[l].dense, ffn->device);
     }
     ffn_scratch_free(ffn);
@@ -264,8 +265,8 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
     if (fl->on) {
         // the hot units as dense products, the cold ones by their pattern (llmc/ffn/split.h)
         ffn_sparse_ensure(ffn, l);
-        ffn_split_forward(y, row_l1, row_active, fired, &fl->p, &fl->hot, ffn->hot_scratch, ffn->g, f, fl->wg,
-                          fl->wu, fl->wdT, M, D, H, &ffn->sparse_scratch);
+        ffn_split_forward(y, row_l1, row_active, fired, &fl->p, fl->hot_units, ffn_hot_scratch(ffn, fl->hot_units),
+                          ffn->g, f, fl->wg, fl->wu, fl->wdT, M, D, H, &ffn->sparse_scratch);
         return;
     }
     T *g, *u, *h;
@@ -282,7 +283,7 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
 template <typename T>
 static int ffn_overflowed(Ffn<T>* ffn) {
     int L = ffn->L, M = ffn->M, any_on = 0, overflow = 0, most = 0;
-    for (int l = 0; l < L; l++) { any_on |= ffn->layer[l].on && ffn->layer[l].hot.units < ffn->H; }
+    for (int l = 0; l < L; l++) { any_on |= ffn->layer[l].on && ffn->layer[l].hot_units < ffn->H; }
     if (!any_on) { return 0; }
     std::vector<int> used(L);
     device_copy(used.data(), ffn->tail_used, L * sizeof(int), ffn->device);
@@ -315,8 +316,8 @@ void ffn_backward(Ffn<T>* ffn, int l, T* df, G* dwg, G* dwu, G* dwdT, uint32_t* 
     int M = ffn->M, D = ffn->D, H = ffn->H;
     if (fl->on) {
         // the cold units' six products over their pattern only, the hot units' as dense products
-        ffn_split_backward(df, dwg, dwu, dwdT, unit_count, &fl->p, &fl->hot, &ffn->transposed, ffn->sparse_du,
-                           ffn->sparse_dg, ffn->hot_scratch, dy, f, fl->wg, fl->wu, fl->wdT, l1_scale, M, D, H,
+        ffn_split_backward(df, dwg, dwu, dwdT, unit_count, &fl->p, fl->hot_units, &ffn->transposed, ffn->sparse_du,
+                           ffn->sparse_dg, ffn_hot_scratch(ffn, fl->hot_units), dy, f, fl->wg, fl->wu, fl->wdT, l1_scale, M, D, H,
                            &ffn->sparse_scratch);
         return;
     }
@@ -356,7 +357,7 @@ void ffn_stats_update(Ffn<T>* ffn, const LayerStats* stats, const uint32_t* coun
         for (int n = 0; n < H; n++) {
             uint32_t c = count[(size_t)l * H + n];
             all += c;
-            cold += n >= ffn->layer[l].hot.units ? c : 0;
+            cold += n >= ffn->layer[l].hot_units ? c : 0;
         }
         if (all > 0) { ffn_choose_width(ffn, l, stats[l].l0_mean * cold / all); }
     }
@@ -365,22 +366,22 @@ void ffn_stats_update(Ffn<T>* ffn, const LayerStats* stats, const uint32_t* coun
 // Layer l's path becomes h hot units (FFN_AUTO: h = H is the dense layer) at
 // training step `step`, its units in the order perm (ffn_path_choose; a dense
 // layer keeps its order), its cold units firing k_cold times per token (its
-// ELL width). A layer turned dense gives its sparse buffers back (and the
-// shared sparse scratch goes when every layer is dense: as little memory as
-// --ffn dense), one turned sparse its g, u, h.
+// ELL width). A layer turned dense gives its pattern back (and the shared
+// sparse scratch goes when every layer is dense: as little memory as --ffn
+// dense), one turned sparse its g, u, h.
 template <typename T>
 void ffn_set_path(Ffn<T>* ffn, int l, int h, const int* perm, int step, double k_cold) {
     FfnLayer<T>* f = &ffn->layer[l];
     const int dense = ffn->mode == FFN_AUTO && h == ffn->H;
     if (dense) {
-        if (f->on) { ffn_layer_free_sparse(f, ffn->device); }
-        f->on = 0, f->hot.units = 0;
+        if (f->on) { sparse_pattern_free(&f->p, ffn->device); } // (until it turns sparse again; its sizes stay)
+        f->on = 0, f->hot_units = 0;
     } else {
         ffn_hot_permute(f->wg, f->wu, f->wdT, l, perm, ffn->H, ffn->D, &ffn->hooks, ffn->device);
         f->W = sparse_choose_width(k_cold, ffn->H);
         device_free(f->dense, ffn->device); // (its g, u, h are not needed again until it turns dense)
         f->dense = NULL;
-        f->on = 1, f->hot.units = h;
+        f->on = 1, f->hot_units = h;
     }
     f->changed = step;
     int any_on = 0;
@@ -403,7 +404,7 @@ void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
     for (int l = 0; l < L; l++) {
         const FfnLayer<T>* f = &ffn->layer[l];
         int32_t* s = state + FFN_STATE_PER_LAYER * l;
-        s[0] = f->on, s[1] = f->W, s[2] = f->tail_capacity, s[3] = f->hot.units;
+        s[0] = f->on, s[1] = f->W, s[2] = f->tail_capacity, s[3] = f->hot_units;
         s[4] = f->changed, s[5] = f->prices.at, s[6] = f->prices.split;
         memcpy(s + 7, &f->prices.busy, sizeof(float));
         memcpy(s + 8, &f->prices.rest, sizeof(float));
@@ -433,7 +434,7 @@ void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source)
         f->on = ffn->mode == FFN_DENSE ? 0 : ffn->mode == FFN_SPARSE ? 1 : s[0];
         f->W = s[1];
         f->tail_capacity = s[2];
-        f->hot.units = hot;
+        f->hot_units = hot;
         f->changed = -FFN_PATH_MIN_STEPS, f->prices = ffn_no_prices;
         if (per < FFN_STATE_PER_LAYER) { continue; }
         FfnPairPrices p = {s[5], s[6], 0.0f, 0.0f};

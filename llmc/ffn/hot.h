@@ -347,16 +347,16 @@ void ffn_hot_rechoose(Ffn<T>* ffn, const uint32_t* count, double tokens, const F
         FfnLayer<T>* f = &ffn->layer[l];
         const uint32_t* c = count + (size_t)l * H;
         ffn_hot_order(perm.data(), prefix.data(), c, H, tokens);
-        int units = ffn_path_choose(perm.data(), prefix.data(), c, H, f->hot.units, tokens, &costs, &ffn_no_prices, 0, 1,
+        int units = ffn_path_choose(perm.data(), prefix.data(), c, H, f->hot_units, tokens, &costs, &ffn_no_prices, 0, 1,
                                     FFN_PATH_MIN_STEPS, (double*)NULL);
         if (units < 0) { continue; }
         ffn_hot_permute(f->wg, f->wu, f->wdT, l, perm.data(), H, ffn->D, &ffn->hooks, ffn->device);
         if (verbose) {
-            int joined = ffn_hot_joined(perm.data(), units, f->hot.units);
-            printf("ffn: layer %d: %d -> %d hot units (%d joined, %d left), %.0f%% of the firing\n", l, f->hot.units,
-                   units, joined, f->hot.units - (units - joined), 100 * ffn_hot_share(c, perm.data(), H, units));
+            int joined = ffn_hot_joined(perm.data(), units, f->hot_units);
+            printf("ffn: layer %d: %d -> %d hot units (%d joined, %d left), %.0f%% of the firing\n", l, f->hot_units,
+                   units, joined, f->hot_units - (units - joined), 100 * ffn_hot_share(c, perm.data(), H, units));
         }
-        f->hot.units = units;
+        f->hot_units = units;
     }
 }
 
@@ -379,27 +379,25 @@ template <typename T, typename G>
 FfnCosts ffn_hot_costs(Ffn<T>* ffn, int l, const FfnProbe<T, G>* b, int verbose) {
     int M = ffn->M, D = ffn->D, H = ffn->H;
     FfnLayer<T>* f = &ffn->layer[l];
-    if (!f->on || f->hot.units != 0 || f->p.M == 0 || H < 2) { fatal("ffn_hot_costs: layer %d is not sparse and cold", l); }
+    if (!f->on || f->hot_units != 0 || f->p.M == 0 || H < 2) { fatal("ffn_hot_costs: layer %d is not sparse and cold", l); }
     if (ffn->hooks.weights_needed) { ffn->hooks.weights_needed(ffn->hooks.ctx, l); }
     uint8_t* fired = (uint8_t*)device_malloc(H, ffn->device);
     uint32_t* count = (uint32_t*)device_malloc(H * sizeof(uint32_t), ffn->device);
     device_zero(fired, H, ffn->device);
     device_zero(count, H * sizeof(uint32_t), ffn->device);
     int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE;
-    T* probe = (T*)device_malloc(5 * (size_t)M * large * sizeof(T), ffn->device);
+    T* probe = (T*)device_malloc(ffn_hot_scratch_elems(M, large) * sizeof(T), ffn->device);
     auto run = [&](int hot) {
         if (hot == FFN_RUN_GATE) {
             ffn_cold_gate(&f->p, b->row_active, fired, ffn->g, b->f, f->wg, D, &ffn->sparse_scratch);
             return;
         }
         // hot > 0: the dense part alone, `hot` hot units and no cold ones; 0: every unit cold
-        FfnHot<T> part = {hot, probe, probe + (size_t)M * hot};
-        T* scratch = hot ? probe + 2 * (size_t)M * hot : ffn->hot_scratch;
         int units = hot ? hot : H;
-        ffn_split_forward(b->y, b->row_l1, b->row_active, fired, &f->p, &part, scratch, ffn->g, b->f, f->wg, f->wu,
+        ffn_split_forward(b->y, b->row_l1, b->row_active, fired, &f->p, hot, probe, ffn->g, b->f, f->wg, f->wu,
                           f->wdT, M, D, units, &ffn->sparse_scratch);
-        ffn_split_backward(b->df, b->dwg, b->dwu, b->dwdT, count, &f->p, &part, &ffn->transposed, ffn->sparse_du,
-                           ffn->sparse_dg, scratch, b->dy, b->f, f->wg, f->wu, f->wdT, 0.0f, M, D, units,
+        ffn_split_backward(b->df, b->dwg, b->dwu, b->dwdT, count, &f->p, hot, &ffn->transposed, ffn->sparse_du,
+                           ffn->sparse_dg, probe, b->dy, b->f, f->wg, f->wu, f->wdT, 0.0f, M, D, units,
                            &ffn->sparse_scratch);
     };
     std::vector<int> active(M);
@@ -470,7 +468,7 @@ void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count
     if (ffn->mode == FFN_DENSE) { return; }
     if (policy->mode == FFN_HOT_MEASURED && !policy->measured) {
         int l = 0;
-        while (l < L && !(ffn->layer[l].on && ffn->layer[l].hot.units == 0 && ffn->layer[l].p.M > 0)) { l++; }
+        while (l < L && !(ffn->layer[l].on && ffn->layer[l].hot_units == 0 && ffn->layer[l].p.M > 0)) { l++; }
         if (l < L) { // (measured once a layer has run sparse)
             auto b = probe(l);
             FfnCosts c = ffn_hot_costs(ffn, l, &b, verbose);
@@ -500,7 +498,7 @@ void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count
     std::vector<double> prefix(H + 1);
     for (int l = 0; l < L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
-        const int now = f->on ? f->hot.units : H;
+        const int now = f->on ? f->hot_units : H;
         const uint32_t* c = count + (size_t)l * H;
         ffn_hot_order(perm.data(), prefix.data(), c, H, tokens);
         char was[32], path[32];

@@ -19,14 +19,22 @@
  Forward (cold first: its kernels write row_l1, row_active and y; the hot part adds to them):
      cold:  pattern of g over units [hot, H), u on it, y = h_cold WdT[hot:]
      hot:   g_hot = f Wg[:hot]^T, u_hot = f Wu[:hot]^T, h_hot = relu(g_hot) u_hot, y += h_hot WdT[:hot]
-            (g_hot and u_hot are kept for the backward, h_hot is recomputed there: a third less memory)
+            (nothing of the hot part is kept for the backward: only the cold part's pattern is)
  Backward (dy = dL/dy):
      cold:  dh, du, dg on the pattern with the weight gradients of rows [hot, H) (unit by unit over the
             transposed pattern), then df = du Wu[hot:] + dg Wg[hot:]
-     hot:   dh = dy WdT[:hot]^T, dWdT[:hot] += h_hot^T dy, du, dg (relu_gate_backward),
+     hot:   g_hot, u_hot again (the forward's product: the same call on the same inputs, so the same bits),
+            h_hot = relu(g_hot) u_hot, dh = dy WdT[:hot]^T, dWdT[:hot] += h_hot^T dy, du, dg (relu_gate_backward),
             df += du Wu[:hot] + dg Wg[:hot], dWu[:hot] += du^T f, dWg[:hot] += dg^T f
  and both parts add each unit's firing count over the batch to unit_count[n].
  With hot = 0 this is the sparse FFN of llmc/ffn/ell.h, with hot = H the dense one.
+
+ Memory: the hot part's g, u, h, dh live in one scratch of [4, M, hot] that the layers share (they run one
+ at a time; llmc/ffn/ffn.h lends the gate's [M, H] scratch where it holds them), not per layer. Keeping
+ g_hot and u_hot per layer would cost 2 M hot values a layer (1.34 GiB at the 1.5B shape with 782 hot
+ units: 28 layers, M 16384); recomputing them costs one batched product beside the hot part's nine. Keeping
+ g and recomputing u alone would save half for one product, but only if the forward ran g and u as two
+ products (a single product and the batched pair need not round alike), giving up the batched pair's gain.
 */
 #ifndef LLMC_FFN_SPLIT_H
 #define LLMC_FFN_SPLIT_H
@@ -40,12 +48,8 @@
 #include "llmc/ffn/cuda_ell.cuh"
 #endif
 
-// the hot units of a layer: how many, and their g and u [M, units], kept for the backward
-template <typename T>
-struct FfnHot {
-    int units;
-    T *g, *u;
-};
+// the elements of the hot part's scratch for `hot` units: g, u, h, dh [M, hot] each
+static inline size_t ffn_hot_scratch_elems(int M, int hot) { return 4 * (size_t)M * hot; }
 
 // the cold units' gate product and pattern (wg: their rows), fused where the GPU's gate packs its tiles
 template <typename T>
@@ -58,13 +62,13 @@ void ffn_cold_gate(SparsePattern<T>* cold, int* row_active, uint8_t* fired, T* g
 }
 
 // y [M, D] = FFN(f); row_l1, row_active per token and the fired marks as relu_gate_forward gives them.
-// cold: the pattern of units [hot->units, H) (unused when every unit is hot); hot_scratch: [3, M, hot units];
-// g_scratch: [M, H] or what the gate packing of the platform needs (sparse_gate_pack).
+// cold: the pattern of units [n_hot, H) (unused when every unit is hot); hot_scratch: ffn_hot_scratch_elems, and
+// may be g_scratch (the cold part is done with it before the hot part starts); g_scratch: [M, H] or what the gate
+// packing of the platform needs (sparse_gate_pack).
 template <typename T, typename G>
-void ffn_split_forward(T* y, G* row_l1, int* row_active, uint8_t* fired, SparsePattern<T>* cold, FfnHot<T>* hot,
+void ffn_split_forward(T* y, G* row_l1, int* row_active, uint8_t* fired, SparsePattern<T>* cold, int n_hot,
                        T* hot_scratch, T* g_scratch, const T* f, const T* wg, const T* wu, const T* wdT, int M, int D,
                        int H, SparseScratch* scratch) {
-    const int n_hot = hot->units;
     const size_t off = (size_t)n_hot * D;
     if (n_hot < H) {
         ffn_cold_gate(cold, row_active, fired + n_hot, g_scratch, f, wg + off, D, scratch);
@@ -73,21 +77,21 @@ void ffn_split_forward(T* y, G* row_l1, int* row_active, uint8_t* fired, SparseP
     }
     if (n_hot > 0) {
         const int add = n_hot < H;
-        gemm_pair(hot->g, hot->u, f, wg, wu, M, n_hot, D);
-        T* h = hot_scratch;
-        relu_gate_forward(h, row_l1, row_active, fired, hot->g, hot->u, M, n_hot, add);
+        const size_t MN = (size_t)M * n_hot;
+        T *g = hot_scratch, *u = g + MN, *h = u + MN;
+        gemm_pair(g, u, f, wg, wu, M, n_hot, D); // (the backward repeats this call: keep the two alike)
+        relu_gate_forward(h, row_l1, row_active, fired, g, u, M, n_hot, add);
         gemm(y, h, wdT, M, D, n_hot, 0, 0, add);
     }
 }
 
 // df [M, D] = dL/df from dy [M, D]; adds the weight gradients and the units' firing counts.
-// t, du, dg: the cold part's scratch (sparse_transposed_alloc, [entries]); hot_scratch: [3, M, hot units]
+// t, du, dg: the cold part's scratch (sparse_transposed_alloc, [entries]); hot_scratch: ffn_hot_scratch_elems
+// (nothing in it is read from the forward)
 template <typename T, typename G>
-void ffn_split_backward(T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, const SparsePattern<T>* cold,
-                        const FfnHot<T>* hot, SparseTransposed* t, T* du, T* dg, T* hot_scratch, const T* dy,
-                        const T* f, const T* wg, const T* wu, const T* wdT, float l1_scale, int M, int D, int H,
-                        SparseScratch* scratch) {
-    const int n_hot = hot->units;
+void ffn_split_backward(T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, const SparsePattern<T>* cold, int n_hot,
+                        SparseTransposed* t, T* du, T* dg, T* hot_scratch, const T* dy, const T* f, const T* wg,
+                        const T* wu, const T* wdT, float l1_scale, int M, int D, int H, SparseScratch* scratch) {
     const size_t off = (size_t)n_hot * D;
     if (n_hot < H) {
         sparse_transpose(t, cold, scratch);
@@ -97,16 +101,21 @@ void ffn_split_backward(T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, co
     }
     if (n_hot > 0) {
         const int add = n_hot < H;
-        T *h = hot_scratch, *hot_dh = h + (size_t)M * n_hot, *hot_du = hot_dh + (size_t)M * n_hot;
-        relu_mul(h, hot->g, hot->u, (size_t)M * n_hot, (unsigned long long*)NULL);
+        const size_t MN = (size_t)M * n_hot;
+        T *g = hot_scratch, *u = g + MN, *h = u + MN, *hot_dh = h + MN;
+        T* hot_du = h; // (relu_gate_backward reads h before it writes du, and h is not needed after it)
+        // the forward's g and u to the bit: the same product (cuBLASLt: the same shape, strides and cached
+        // algorithm) on the same f and weights
+        gemm_pair(g, u, f, wg, wu, M, n_hot, D);
+        relu_mul(h, g, u, MN, (unsigned long long*)NULL);
         gemm(hot_dh, dy, wdT, M, n_hot, D, 0, 1, 0);
         gemm(dwdT, h, dy, n_hot, D, M, 1, 0, 1);
-        relu_gate_backward(hot_dh, hot_du, hot_dh, hot->g, hot->u, h, l1_scale, M, n_hot);
+        relu_gate_backward(hot_dh, hot_du, hot_dh, g, u, h, l1_scale, M, n_hot);
         gemm(df, hot_du, wu, M, D, n_hot, 0, 0, add);
         gemm(df, hot_dh, wg, M, D, n_hot, 0, 0, 1);
         gemm(dwu, hot_du, f, n_hot, D, M, 1, 0, 1);
         gemm(dwg, hot_dh, f, n_hot, D, M, 1, 0, 1);
-        unit_count_add(unit_count, hot->g, M, n_hot);
+        unit_count_add(unit_count, g, M, n_hot);
     }
 }
 

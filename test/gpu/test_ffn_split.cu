@@ -5,7 +5,9 @@
  - y, l1, df and the three weight gradients of the split equal the dense GPU
    path's on the same weights and batch within bf16 tolerance at every number
    of hot units from 0 to H; outputs poisoned (NaN) first, NaN fails; the
-   units' firing counts match the dense g's; two runs give the same bits;
+   units' firing counts match the dense g's; two runs give the same bits; the
+   backward makes the forward's hot g and u again, to the bit, in a scratch
+   overwritten between the two;
  - its kernels against their CPU references: relu_gate_forward adding to the
    row sums, unit_count_add, sparse_unit_count_add, permute_rows_cuda;
  - the model (llmc/gpt.h, llmc/optimizer.h): a layer's units permuted in the
@@ -91,19 +93,25 @@ static Outputs split(const Layer& c, int hot, const Outputs& ref) {
         sparse_transposed_alloc(&t, cold, D, entries, DEVICE_CUDA);
         du = (bf16*)cuda_malloc(entries * 2 + 16), dg = (bf16*)cuda_malloc(entries * 2 + 16);
     }
-    bf16* hot_act = (bf16*)cuda_malloc(5 * (size_t)M * hot * 2 + 16);
-    FfnHot<bf16> hh = {hot, hot_act, hot_act + (size_t)M * hot};
-    bf16* hot_scratch = hot_act + 2 * (size_t)M * hot;
+    const size_t scratch_elems = ffn_hot_scratch_elems(M, hot), hot_gu = 2 * (size_t)M * hot;
+    bf16* hot_scratch = (bf16*)cuda_malloc(scratch_elems * 2 + 16);
     reset(c);
-    ffn_split_forward(c.y, c.l1, c.active, c.fired, &p, &hh, hot_scratch, g, c.f, c.wg, c.wu, c.wdT, M, D, H, &s);
-    ffn_split_backward(c.df, c.dwg, c.dwu, c.dwdT, c.count, &p, &hh, &t, du, dg, hot_scratch, c.dy, c.f, c.wg, c.wu,
+    ffn_split_forward(c.y, c.l1, c.active, c.fired, &p, hot, hot_scratch, g, c.f, c.wg, c.wu, c.wdT, M, D, H, &s);
+    // the hot part's g and u of the forward; the backward makes them again in a scratch that other layers used
+    // in between (NaN here: 0xffff), to the same bits (the same cuBLASLt product), and leaves them there
+    std::vector<bf16> fwd_gu = download(hot_scratch, hot_gu);
+    cudaCheck(cudaMemset(hot_scratch, 0xff, scratch_elems * 2));
+    ffn_split_backward(c.df, c.dwg, c.dwu, c.dwdT, c.count, &p, hot, &t, du, dg, hot_scratch, c.dy, c.f, c.wg, c.wu,
                        c.wdT, l1_scale, M, D, H, &s);
     if (cold > 0) { CHECK(download(tail_used, 1)[0] <= p.tail_capacity, "hot %d: the tail held every row", hot); }
+    std::vector<bf16> bwd_gu = download(hot_scratch, hot_gu);
+    CHECK(hot == 0 || memcmp(fwd_gu.data(), bwd_gu.data(), hot_gu * 2) == 0,
+          "hot %d: the backward's g, u are the forward's", hot);
     Outputs o = outputs(c);
     sparse_pattern_free(&p, DEVICE_CUDA);
     sparse_transposed_free(&t, DEVICE_CUDA);
     sparse_scratch_free_cuda(&s);
-    for (void* q : {(void*)tail_used, (void*)du, (void*)dg, (void*)g, (void*)hot_act}) { cuda_free(q); }
+    for (void* q : {(void*)tail_used, (void*)du, (void*)dg, (void*)g, (void*)hot_scratch}) { cuda_free(q); }
     return o;
 }
 
@@ -277,9 +285,9 @@ static void test_model(void) {
             gpt_backward(&m, batch.inputs, 1e-4f / (c.num_layers * M));
             optimizer_step(&o, &m, &oc, lr_at_step(&oc, step), step + 1);
             gpt_stats_read(&m, M);
-            int before = m.ffn.layer[0].hot.units + 10000 * m.ffn.layer[1].hot.units;
+            int before = m.ffn.layer[0].hot_units + 10000 * m.ffn.layer[1].hot_units;
             gpt_ffn_update(&m, step, M, 0);
-            changed += mode == 2 && before != m.ffn.layer[0].hot.units + 10000 * m.ffn.layer[1].hot.units;
+            changed += mode == 2 && before != m.ffn.layer[0].hot_units + 10000 * m.ffn.layer[1].hot_units;
             loss[mode][step] = m.ce;
         }
         if (mode == 1) {

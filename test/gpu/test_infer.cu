@@ -582,7 +582,7 @@ static void test_model(const char* name, bool synthetic) {
     // hot: the split is exact whichever they are), then the hot sets a calibration prefill chooses (which
     // reorders the units: the same function)
     m.ffn.twell.ffn.choice = TWELL_FORCE_SPARSE;
-    for (int l = 0; l < c.num_layers; l++) { model.ffn.layer[l].hot.units = 64; }
+    for (int l = 0; l < c.num_layers; l++) { model.ffn.layer[l].hot_units = 64; }
     e = gpu_script(&model, &m, s, &direct);
     CHECK(e < 3e-2, "%s: TwELL with 64 hot units a layer: rel err %g", name, e);
     // and with 1 slot a block: the cold units' tiles overflow into their records
@@ -592,13 +592,13 @@ static void test_model(const char* name, bool synthetic) {
     CHECK(taken > 0 && e < 3e-2, "%s: TwELL with 64 hot units and 1 slot a block: %lld records, rel err %g", name,
           taken, e);
     m.ffn.twell.slots = 0;
-    for (int l = 0; l < c.num_layers; l++) { model.ffn.layer[l].hot.units = 0; }
+    for (int l = 0; l < c.num_layers; l++) { model.ffn.layer[l].hot_units = 0; }
     std::vector<int> tokens(48), lens = {48};
     for (int& t : tokens) { t = (int)rng_below(&rng, c.vocab_size); }
     infer_hot_calibrate(&model, &m, tokens.data(), lens.data(), 1, 0);
     e = gpu_script(&model, &m, s, &direct);
     int hot = 0;
-    for (int l = 0; l < c.num_layers; l++) { hot += model.ffn.layer[l].hot.units; }
+    for (int l = 0; l < c.num_layers; l++) { hot += model.ffn.layer[l].hot_units; }
     CHECK(e < 3e-2, "%s: TwELL after the hot-unit calibration (%d hot units in all): rel err %g", name, hot, e);
     printf("  %s, TwELL with hot units: 64 a layer and as calibrated (%d in all), rel err %.2e\n", name, hot, e);
     infer_state_free(&m, &model);
