@@ -282,85 +282,9 @@ static void gemv(const Epilogue& epilogue, const bf16* x, const bf16* w, int B, 
     with_rows(B, [&](auto rows) { gemv_launch<decltype(rows)::value>(epilogue, x, w, N, K); });
 }
 
-// ----------------------------------------------------------------------------
-// the linear layers of a decode step for 9 to 16 rows, y[B, N] = x[B, K] W[N, K]^T,
-// on tensor cores (mma.sync m16n8k16, the rows padded to 16 with zeros): a block
-// of DECODE_MMA_WARPS warps per 8 rows of W, warp j over the j-th slice of K, fp32
-// sums, the warps' sums added in order. A lane reads 16 bytes of a weight row per
-// 32 columns (four lanes a row) and the same 16 bytes of its two rows of x; both
-// operands take the columns in the same permuted order, so one load feeds two
-// products. Weights are loaded before the early launch's wait; x (every block
-// reads all of it) comes through L1.
-constexpr int DECODE_MMA_ROWS = 16, DECODE_MMA_WARPS = 4, DECODE_MMA_PREFETCH = 16;
-
-// the two bf16 of x's 16 bytes at pair p, as one register
-__device__ __forceinline__ uint32_t bf16_pair(const Bf16x8& x, int p) {
-    uint32_t r;
-    memcpy(&r, &x.v[2 * p], sizeof(r));
-    return r;
-}
-
-__global__ void __launch_bounds__(DECODE_MMA_WARPS * 32)
-decode_mma_kernel(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
-    __shared__ float partial[DECODE_MMA_WARPS - 1][32][4];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, i = lane % 4;
-    const int n0 = blockIdx.x * 8, slice = K / DECODE_MMA_WARPS, chunks = slice / 32;
-    const size_t k0 = (size_t)warp * slice + i * 8; // the lane's first column
-    const bf16* wrow = w + (size_t)(n0 + g) * K + k0;
-    Bf16x8 wv[DECODE_MMA_PREFETCH];
-    #pragma unroll
-    for (int c = 0; c < DECODE_MMA_PREFETCH; c++) {
-        if (c < chunks) { wv[c] = load_bf16x8(wrow + c * 32); }
-    }
-    grid_dependents_launch();
-    grid_dependency_wait();
-    const bf16 *x_lo = x + (size_t)g * K + k0, *x_hi = x + (size_t)(g + 8) * K + k0;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = 0; c0 < chunks; c0 += DECODE_MMA_PREFETCH) {
-        #pragma unroll
-        for (int c = 0; c < DECODE_MMA_PREFETCH; c++) {
-            const int chunk = c0 + c;
-            if (chunk >= chunks) { break; }
-            const Bf16x8 wc = wv[c];
-            if (chunk + DECODE_MMA_PREFETCH < chunks) { wv[c] = load_bf16x8(wrow + (chunk + DECODE_MMA_PREFETCH) * 32); }
-            Bf16x8 lo = {}, hi = {};
-            if (g < B) { lo = load_bf16x8(x_lo + chunk * 32); }
-            if (g + 8 < B) { hi = load_bf16x8(x_hi + chunk * 32); }
-            // logical columns 2i, 2i+1 and 2i+8, 2i+9 of the first product are the lane's pairs 0 and 1, of the
-            // second its pairs 2 and 3
-            const uint32_t a1[4] = {bf16_pair(lo, 0), bf16_pair(hi, 0), bf16_pair(lo, 1), bf16_pair(hi, 1)};
-            mma_16816(acc, a1, bf16_pair(wc, 0), bf16_pair(wc, 1));
-            const uint32_t a2[4] = {bf16_pair(lo, 2), bf16_pair(hi, 2), bf16_pair(lo, 3), bf16_pair(hi, 3)};
-            mma_16816(acc, a2, bf16_pair(wc, 2), bf16_pair(wc, 3));
-        }
-    }
-    if (warp > 0) {
-        for (int j = 0; j < 4; j++) { partial[warp - 1][lane][j] = acc[j]; }
-    }
-    __syncthreads();
-    if (warp > 0) { return; }
-    for (int v = 0; v < DECODE_MMA_WARPS - 1; v++) {
-        for (int j = 0; j < 4; j++) { acc[j] += partial[v][lane][j]; }
-    }
-    // acc[0], acc[1]: row g, columns n0 + 2i, 2i + 1; acc[2], acc[3]: row g + 8
-    const int n = n0 + 2 * i;
-    if (g < B) { *reinterpret_cast<__nv_bfloat162*>(y + (size_t)g * N + n) = __floats2bfloat162_rn(acc[0], acc[1]); }
-    if (g + 8 < B) {
-        *reinterpret_cast<__nv_bfloat162*>(y + (size_t)(g + 8) * N + n) = __floats2bfloat162_rn(acc[2], acc[3]);
-    }
-}
-
-// whether decode_mma_kernel takes B rows of W [N, K]
-static inline bool decode_mma_fits(int B, int N, int K) {
-    return B <= DECODE_MMA_ROWS && N % 8 == 0 && K % (DECODE_MMA_WARPS * 32) == 0;
-}
-
-// y = x W^T for a decode step: the GEMV where it fits, then the tensor-core product, else cuBLASLt
+// y = x W^T for a decode step: the GEMV where it fits, else cuBLASLt
 static void decode_linear(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
     if (gemv_fits(B, K)) { gemv(StoreRow{y, N}, x, w, B, N, K); }
-    else if (decode_mma_fits(B, N, K)) {
-        launch_early(decode_mma_kernel, N / 8, DECODE_MMA_WARPS * 32, 0, y, x, w, B, N, K);
-    }
     else { gemm(y, x, w, B, N, K, 0, 1, 0); }
 }
 

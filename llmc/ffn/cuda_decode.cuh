@@ -290,7 +290,7 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
         launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
     }
-    decode_linear(g_scratch, f, wg, B, H, D);
+    gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);
     sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
         s->a, s->list, s->count, g_scratch, f, wu, D, H, active);
     cudaCheck(cudaGetLastError());
