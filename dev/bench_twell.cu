@@ -33,6 +33,16 @@
  runs again) if the status asks for more.
  With `trained MODEL [LAYER]` the FFN of that layer of a checkpoint on its real inputs comes last
  (dev/trained_layer.cuh; "trained" in BENCH_ONLY runs it alone).
+ BENCH_SHAPE="M D H" runs another shape than the standard point's.
+ BENCH_DUMP=DIR writes, per pattern, what dev/bench_twell_reference.py needs to run
+ the paper's kernels on the same inputs, into DIR/<name> (the pattern's name, spaces
+ as '_', '=' dropped: DIR/uniform_k30, DIR/realistic_k30, DIR/trained_l0):
+   f.bin [M, D], wg.bin, wu.bin, wdT.bin [H, D]: the inputs (y = (relu(f Wg^T) *
+     (f Wu^T)) WdT), and y.bin [M, D]: our output on the forced sparse path;
+     raw bf16, little-endian, row-major, no header;
+   meta.json: name, M, D, H, gpu, iters, active (units per row), records (overflow
+     records), err (ours against our dense path), and our medians in ms: sparse_ms
+     (the "sparse total"), gate_ms (the faster gate), up_down_ms, dense_ms, auto_ms.
  usage: build/dev/bench_twell [iters (default 20)] [trained MODEL [LAYER]]; BENCH_ONLY="uniform k=30" runs that pattern only
 */
 #include <algorithm>
@@ -41,13 +51,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <vector>
 #include "dev/trained_layer.cuh"
 #include "llmc/ffn/cuda_twell.cuh"
 #include "llmc/rng.h"
 #include "llmc/synthetic.h"
 
-static const int M = 16384, D = 2048, H = 5632;
+static int M = 16384, D = 2048, H = 5632; // the standard point, or BENCH_SHAPE
 static unsigned char* l2_flush = NULL;
 static const size_t l2_flush_bytes = 256u << 20;
 
@@ -115,8 +126,27 @@ static double max_rel_diff(const bf16* a_dev, const bf16* ref_dev, size_t n) {
     return max_diff / max_ref;
 }
 
+// BENCH_DUMP: the directory of one pattern, DIR/<name> with spaces as '_' and '=' dropped
+static std::string dump_dir(const char* root, const char* name) {
+    std::string dir = std::string(root) + "/";
+    for (const char* c = name; *c; c++) {
+        if (*c != '=') { dir += *c == ' ' ? '_' : *c; }
+    }
+    make_dir(dir.c_str());
+    return dir;
+}
+
+// n bf16 of device memory as a raw file (the host's byte order: little-endian on x86 and Arm Linux)
+static void dump_tensor(const std::string& dir, const char* file, const bf16* dev, size_t n) {
+    std::vector<bf16> host(n);
+    cudaCheck(cudaMemcpy(host.data(), dev, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    FILE* fp = fopenCheck((dir + "/" + file).c_str(), "wb");
+    fwriteCheck(host.data(), sizeof(bf16), n, fp);
+    fcloseCheck(fp);
+}
+
 struct Row {
-    char name[24];
+    char name[32];
     double active, dense, gate_cublas, gate_a, gate_wgmma, up_down, sparse, auto_ms, err;
     TwellPath auto_path;
     float dense_above;
@@ -126,6 +156,12 @@ int main(int argc, char** argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 20;
     const char* trained = argc > 3 && strcmp(argv[2], "trained") == 0 ? argv[3] : NULL;
     int trained_layer = argc > 4 ? atoi(argv[4]) : 0;
+    const char* shape = getenv("BENCH_SHAPE");
+    if (shape && *shape && (sscanf(shape, "%d %d %d", &M, &D, &H) != 3 || M < 100 || D < 2 || H < 16)) {
+        fatal("BENCH_SHAPE: \"%s\" is not \"M D H\" (M >= 100, D >= 2, H >= 16)", shape);
+    }
+    const char* dump = getenv("BENCH_DUMP"); // the inputs, our y and times per pattern (header)
+    if (dump && !*dump) { dump = NULL; }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     bool has_wgmma = prop.major == 9;
@@ -152,7 +188,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaMemcpy(wu_d, wu.data(), wu.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(wdT_d, wdT.data(), wdT.size() * sizeof(bf16), cudaMemcpyHostToDevice));
 
-    struct Pattern { char name[24]; double k; bool realistic; int hot; bool trained; };
+    struct Pattern { char name[32]; double k; bool realistic; int hot; bool trained; };
     std::vector<Pattern> patterns = {{"uniform k=8", 8, false, 0, false},    {"uniform k=30", 30, false, 0, false},
                                      {"uniform k=100", 100, false, 0, false}, {"uniform k=200", 200, false, 0, false},
                                      {"uniform k=300", 300, false, 0, false}, {"realistic k=30", 30, true, 0, false},
@@ -235,6 +271,14 @@ int main(int argc, char** argv) {
             twell_ffn_grow(&ffn, (int)records);
         }
         r.err = max_rel_diff(y_sparse, y_dense, (size_t)M * D);
+        std::string dir = dump ? dump_dir(dump, pat.name) : "";
+        if (dump) { // y now: the timed runs below write y_sparse again, auto's perhaps on the dense path
+            dump_tensor(dir, "f.bin", f_d, (size_t)M * D);
+            dump_tensor(dir, "wg.bin", wg_d, (size_t)H * D);
+            dump_tensor(dir, "wu.bin", wu_d, (size_t)H * D);
+            dump_tensor(dir, "wdT.bin", wdT_d, (size_t)H * D);
+            dump_tensor(dir, "y.bin", y_sparse, (size_t)M * D);
+        }
         TwellStatus st = twell_ffn_status(&ffn);
         r.active = st.active_per_row;
         printf("  %.1f active units per row, %lld overflow records\n", r.active, st.records_needed);
@@ -291,6 +335,18 @@ int main(int argc, char** argv) {
                    th[1] + th[2], th[0] / (th[1] + th[2]), th[0]);
         } else { // (a probe's pattern is not one of the standard point's)
             rows.push_back(r);
+        }
+        if (dump) {
+            char err[32]; // (JSON spells a NaN "NaN", printf "nan")
+            if (isnan(r.err)) { snprintf(err, sizeof(err), "NaN"); } else { snprintf(err, sizeof(err), "%.4e", r.err); }
+            FILE* fp = fopenCheck((dir + "/meta.json").c_str(), "w");
+            fprintf(fp, "{\"name\": \"%s\", \"M\": %d, \"D\": %d, \"H\": %d, \"gpu\": \"%s\", \"iters\": %d,\n"
+                        " \"active\": %.3f, \"records\": %lld, \"err\": %s,\n"
+                        " \"sparse_ms\": %.4f, \"gate_ms\": %.4f, \"up_down_ms\": %.4f, \"dense_ms\": %.4f, "
+                        "\"auto_ms\": %.4f}\n", pat.name, M, D, H, prop.name, iters, r.active, st.records_needed,
+                    err, r.sparse, wgmma_best ? r.gate_wgmma : r.gate_a, r.up_down, r.dense, r.auto_ms);
+            fcloseCheck(fp);
+            printf("  inputs, y and times written to %s\n", dir.c_str());
         }
         twell_ffn_free(&ffn);
     }
