@@ -25,6 +25,12 @@ d_one=$(max_diff "$work/all" "$work/one"); d_acc=$(max_diff "$work/all" "$work/a
 echo "ddp_all: max |loss difference| over 20 steps: $n GPUs vs 1 GPU 1x$n: $d_one, vs 1 GPU ${n}x1: $d_acc"
 check "$n GPUs follow 1 GPU with one micro-batch ($d_one)" below "$d_one" 0.02
 check "$n GPUs follow 1 GPU with accumulation ($d_acc)" below "$d_acc" 0.01
+# where the runs part, the evidence side by side: each run's FFN path changes, then the losses step by step
+if [ "$ffn" != dense ]; then
+    for run in all one acc; do grep -E "^ffn: (layer [0-9]+ ->|hot units: costs)" "$work/$run.txt" | sed "s/^/  $run: /"; done
+    join <(losses "$work/all") <(losses "$work/one") | join - <(losses "$work/acc") |
+        awk -v n="$n" '{printf "  step %2d: %d GPUs %s | 1 GPU 1x%d %s | 1 GPU %dx1 %s\n", $1, n, $2, n, $3, n, $4}'
+fi
 
 # hot units at a fixed rate (FFN=sparse): every process chooses them from the firing counts of all and
 # takes back its own shares of the permuted optimizer state (uneven where N does not divide a bucket)
