@@ -242,7 +242,8 @@ gemv_kernel(Epilogue epilogue, const bf16* x, const bf16* w, int N, int K) {
 template <int B, typename Epilogue>
 static void gemv_launch(const Epilogue& epilogue, const bf16* x, const bf16* w, int N, int K) {
     auto whole_row = gemv_kernel<B, ROW_PREFETCH, Epilogue>, streaming = gemv_kernel<B, ROW_PREFETCH_STREAM, Epilogue>;
-    static int num_sms = 0;
+    static int num_sms = 0, per_sm = 0; // per_sm: the whole-row kernel's blocks an SM at x of per_sm_smem bytes
+    static size_t per_sm_smem = 0;
     if (num_sms == 0) {
         prefer_shared_memory(whole_row);
         prefer_shared_memory(streaming);
@@ -250,8 +251,10 @@ static void gemv_launch(const Epilogue& epilogue, const bf16* x, const bf16* w, 
     }
     const int blocks = ceil_div(N, GEMV_WARPS);
     const size_t smem = (size_t)B * K * sizeof(bf16);
-    int per_sm = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, whole_row, GEMV_THREADS, smem));
+    if (smem != per_sm_smem) { // (a decode step's products mostly share one K: asked once, not every launch)
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, whole_row, GEMV_THREADS, smem));
+        per_sm_smem = smem;
+    }
     launch_early(blocks <= per_sm * num_sms ? whole_row : streaming, blocks, GEMV_THREADS, smem, epilogue, x, w, N, K);
 }
 

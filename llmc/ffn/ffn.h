@@ -317,8 +317,8 @@ void ffn_backward(Ffn<T>* ffn, int l, T* df, G* dwg, G* dwu, G* dwdT, uint32_t* 
     if (fl->on) {
         // the cold units' six products over their pattern only, the hot units' as dense products
         ffn_split_backward(df, dwg, dwu, dwdT, unit_count, &fl->p, fl->hot_units, &ffn->transposed, ffn->sparse_du,
-                           ffn->sparse_dg, ffn_hot_scratch(ffn, fl->hot_units), dy, f, fl->wg, fl->wu, fl->wdT, l1_scale, M, D, H,
-                           &ffn->sparse_scratch);
+                           ffn->sparse_dg, ffn_hot_scratch(ffn, fl->hot_units), dy, f, fl->wg, fl->wu, fl->wdT,
+                           l1_scale, M, D, H, &ffn->sparse_scratch);
         return;
     }
     T *g, *u, *h;

@@ -93,9 +93,9 @@ static inline int ffn_hot_active(const FfnHotPolicy* p) {
 // 0), measured costs as they are, costs still to measure (0, -1, 0, 0, 0); and back from n of them (4: a file
 // from before the dense layer's time was measured; a corrupt value is fatal, naming source)
 static inline void ffn_hot_policy_pack(float out[FFN_COSTS_FLOATS], const FfnHotPolicy* p) {
-    FfnCosts c = p->mode == FFN_HOT_RATE ? (FfnCosts){0.0f, p->rate, 0.0f, 1.0f, 0.0f}
-                 : p->mode == FFN_HOT_OFF ? (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f, 0.0f}
-                 : p->measured ? p->costs : (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f, 0.0f};
+    FfnCosts c = p->mode == FFN_HOT_OFF ? (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f, 0.0f}
+                 : p->mode == FFN_HOT_MEASURED && !p->measured ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f, 0.0f}
+                 : ffn_hot_model(p);
     out[0] = c.dense0, out[1] = c.dense1, out[2] = c.gate1, out[3] = c.pair1, out[4] = c.dense;
 }
 
@@ -197,12 +197,10 @@ static inline int ffn_path_choose(int* perm, const double* prefix, const uint32_
     // now: today's hot units, its cold pairs priced by their units' ranks
     std::vector<int> rank(H);
     for (int i = 0; i < H; i++) { rank[perm[i]] = i; }
-    double t_now = ffn_path_time(c, prices, H, now, dense, prefix);
-    if (now < H) {
-        double cold = 0;
-        for (int n = now; n < H; n++) { cold += ffn_pair_price(c, prices, rank[n]) * count[n]; }
-        t_now = ffn_path_fixed(c, H, now) + cold / tokens;
-    }
+    double cold = 0;
+    for (int n = now; n < H; n++) { cold += ffn_pair_price(c, prices, rank[n]) * count[n]; }
+    double t_now = now < H ? ffn_path_fixed(c, H, now) + cold / tokens
+                           : ffn_path_time(c, prices, H, now, dense, prefix);
     int best = 0;
     double best_time = ffn_path_time(c, prices, H, 0, dense, prefix);
     for (int h = hot_ok ? FFN_HOT_ALIGN : H;; h += FFN_HOT_ALIGN) {
@@ -347,8 +345,8 @@ void ffn_hot_rechoose(Ffn<T>* ffn, const uint32_t* count, double tokens, const F
         FfnLayer<T>* f = &ffn->layer[l];
         const uint32_t* c = count + (size_t)l * H;
         ffn_hot_order(perm.data(), prefix.data(), c, H, tokens);
-        int units = ffn_path_choose(perm.data(), prefix.data(), c, H, f->hot_units, tokens, &costs, &ffn_no_prices, 0, 1,
-                                    FFN_PATH_MIN_STEPS, (double*)NULL);
+        int units = ffn_path_choose(perm.data(), prefix.data(), c, H, f->hot_units, tokens, &costs, &ffn_no_prices,
+                                    0, 1, FFN_PATH_MIN_STEPS, (double*)NULL);
         if (units < 0) { continue; }
         ffn_hot_permute(f->wg, f->wu, f->wdT, l, perm.data(), H, ffn->D, &ffn->hooks, ffn->device);
         if (verbose) {

@@ -289,12 +289,11 @@ static inline int request_samples(const ServeRequest* r) { return r->params.temp
 // the next token of r from its logits, or for a greedy request from its
 // greedy token (logits_greedy; the logits may then be NULL), the lock held:
 // its text to the client, and the end of r when it is end-of-text, completes
-// a stop string or reaches max_tokens. A non-finite logit ends r with an error.
+// a stop string or reaches max_tokens. A non-finite logit (greedy < 0, which
+// logits_greedy gives for any row with one) ends r with an error.
 static inline void scheduler_take_token(Scheduler* s, ServeRequest* r, const float* logits, int greedy, double now) {
     const int V = s->engine->vocab;
-    int finite = greedy >= 0;
-    for (int i = 0; request_samples(r) && i < V; i++) { finite &= isfinite(logits[i]); }
-    if (!finite) {
+    if (greedy < 0) {
         fprintf(stderr, "serve: the logits of a sequence are not finite; its request ends with an error\n");
         r->cancel = CANCEL_ERROR;
         request_end_locked(s, r, NULL);
