@@ -8,7 +8,7 @@
  embedded corpus's val tokens; dy random). Per pattern: the times and ratios
  against dense, the hot/cold costs measured as training measures them
  (ffn_costs: the dense part over two numbers of units, the gate, the sparse
- layer per pair) and the hot
+ layer per pair and its constant, from the last 64 units alone as a cold part) and the hot
  units it gives (ffn_path_choose, the busiest first, as training orders them),
  what --ffn auto runs (the path training's choice takes with the dense layer
  and the layer's paths timed here; one not timed yet is timed for it), the
@@ -224,8 +224,9 @@ static void bench_pattern(Bench* b, const char* name) {
     };
 
     // the hot/cold split: the costs as training measures them (ffn_hot_costs: the dense part alone over
-    // FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate, the sparse layer), the hot units they give
-    const int large = std::min(H, 4 * FFN_HOT_PROBE), small = large / 4;
+    // FFN_HOT_PROBE and 4 FFN_HOT_PROBE units, the gate, the sparse layer, the last units alone as a cold part),
+    // the hot units they give
+    const int large = std::min(H, 4 * FFN_HOT_PROBE), small = large / 4, part_units = ffn_cold_probe_units(H);
     bf16* probe_buf = (bf16*)cuda_malloc(ffn_hot_scratch_elems(M, large) * 2);
     auto dense_part = [&](int units) {
         return median_ms([&] {
@@ -236,11 +237,22 @@ static void bench_pattern(Bench* b, const char* name) {
                                &b->scratch);
         });
     };
-    float t_small = dense_part(small), t_large = dense_part(large);
+    float t_small = dense_part(small), t_large = dense_part(large), t_part = 0.0f;
+    double part_pairs = 0;
+    if (part_units > 0) {
+        FfnColdPart<bf16> part;
+        ffn_cold_part_alloc(&part, M, part_units, D, DEVICE_CUDA);
+        t_part = median_ms([&] {
+            ffn_cold_part_run(&part, b->y[1], b->l1, b->active, b->fired, b->df[1], b->grads[1][0], b->grads[1][1],
+                              b->grads[1][2], b->count, b->g, b->dy, b->f, b->wg, b->wu, b->wdT, M, D, H, &b->scratch);
+        });
+        ffn_cold_part_free(&part, DEVICE_CUDA);
+        for (int n = H - part_units; n < H; n++) { part_pairs += counts[n]; }
+    }
     cuda_free(probe_buf);
     cold_free(&all);
     FfnHotPolicy measured = ffn_hot_policy(FFN_HOT_MEASURED, 0);
-    measured.costs = ffn_costs(t_small, small, t_large, large, t_gate, t_sfb, pairs, H, M);
+    measured.costs = ffn_costs(t_small, small, t_large, large, t_gate, t_sfb, pairs, t_part, part_units, part_pairs, H, M);
     measured.measured = 1;
     std::vector<int> perm(H);
     std::vector<double> prefix(H + 1);
@@ -354,8 +366,9 @@ static void bench_pattern(Bench* b, const char* name) {
            3.0 * MH * 2 / 1e6, split.mb, err_sparse, split.err);
     printf("%-13s stages of the sparse path (ms): gate+pack %.3f | up %.3f | down %.3f | transpose %.3f | dh+wgrad %.3f |"
            " df %.3f; the split's fwd+bwd: hot units alone %.3f, cold alone %.3f; dense part over %d / %d units %.3f / "
-           "%.3f; the dense layer %.3f, modelled from the dense part %.3f\n", "", t_gate, st[0], st[1], st[2], st[3],
-           st[4], split.t_hot, split.t_cold, small, large, t_small, t_large, split.t_dfb,
+           "%.3f; the last %d units alone as a cold part %.3f, the cold part's constant %.3f; the dense layer %.3f, "
+           "modelled from the dense part %.3f\n", "", t_gate, st[0], st[1], st[2], st[3], st[4], split.t_hot,
+           split.t_cold, small, large, t_small, t_large, part_units, t_part, M * measured.costs.cold0, split.t_dfb,
            M * ffn_path_fixed(&measured.costs, H, H));
 }
 

@@ -252,9 +252,7 @@ static void infer_hot_calibrate_layer(void* ctx, int l, int M) {
     if (l != ffn->L / 2) { return; }
     std::vector<uint32_t> host(H);
     device_copy(host.data(), count, H * sizeof(uint32_t), ffn->device);
-    double pairs = 0;
-    for (uint32_t c : host) { pairs += c; }
-    cal->policy.costs = ffn_prefill_costs(&s->ffn, ffn, l, s->proj, s->normed, M, pairs, s->gu, cal->verbose);
+    cal->policy.costs = ffn_prefill_costs(&s->ffn, ffn, l, s->proj, s->normed, M, host.data(), s->gu, cal->verbose);
     cal->policy.measured = 1;
 }
 

@@ -14,8 +14,13 @@
    threshold; dense, all cold or the split from given costs, the same path for
    the same inputs; a layer swinging around a boundary does not flap; a layer
    whose busy units' pairs cost less than its others' is priced by its own
-   measurements (ffn_prices_fit) and leaves the split it tried; the policy,
-   the last change and the prices as a checkpoint keeps them (older ones too);
+   measurements (ffn_prices_fit) and leaves the split it tried; a cold part's
+   constant makes a busy layer keep dense over the split with 64 cold units
+   and leaves a quiet one all cold; the constant and the pair price fitted
+   from two times of the sparse part (ffn_costs), within bounds on noisy ones;
+   the last units alone as a cold part (FfnColdPart) equal the dense FFN over
+   them; the policy, the last change and the prices as a checkpoint keeps them
+   (older ones too, of 5 floats of costs among them);
  - the model: a layer's units permuted in the weights and in the optimizer
    state (rows of Wg, Wu, WdT and their moments) give the same loss; a short
    training with the hot set re-chosen stays within float noise of
@@ -205,7 +210,8 @@ static void test_choose(void) {
     // a fixed cost of the dense part: worth it for enough units only
     hot = 0;
     for (int n = 0; n < H; n++) { count[n] = n < 64 ? 300 : n % 7; }
-    FfnHotPolicy fixed5 = measured({5.0f, 0.1f, 0.0f, 1.0f, 0.0f}), fixed20 = measured({20.0f, 0.1f, 0.0f, 1.0f, 0.0f});
+    FfnHotPolicy fixed5 = measured({5.0f, 0.1f, 0.0f, 1.0f, 0.0f, 0.0f}),
+                 fixed20 = measured({20.0f, 0.1f, 0.0f, 1.0f, 0.0f, 0.0f});
     CHECK(choose(&fixed5) == 64, "64 units pay for a fixed cost of 5");
     CHECK(choose(&fixed20) == -1, "not for one of 20");
     FfnHotPolicy off = ffn_hot_policy(FFN_HOT_OFF, 0), later = ffn_hot_policy(FFN_HOT_MEASURED, 0);
@@ -220,7 +226,7 @@ static void test_choose(void) {
 // the same inputs, the same path
 static void test_auto_path(void) {
     const int H = 256;
-    const FfnCosts c = {0.0f, 1.0f, 0.1f, 50.0f, 256.0f}; // (the dense layer: H dense units)
+    const FfnCosts c = {0.0f, 1.0f, 0.1f, 50.0f, 256.0f, 0.0f}; // (the dense layer: H dense units)
     std::vector<int> perm, perm2;
     std::vector<uint32_t> count(H);
     double t[2];
@@ -242,7 +248,7 @@ static void test_auto_path(void) {
     CHECK(h == 64 && perm == perm2, "the same inputs: the same path and order");
     CHECK(choose_path(perm, count, H, 1000, c, ffn_no_prices, 1, 1, FFN_PATH_MIN_STEPS - 1) == -1,
           "no change within FFN_PATH_MIN_STEPS of the last");
-    const FfnCosts unmeasured_dense = {0.0f, 1.0f, 0.1f, 50.0f, 0.0f};
+    const FfnCosts unmeasured_dense = {0.0f, 1.0f, 0.1f, 50.0f, 0.0f, 0.0f};
     CHECK(choose_path(perm, count, H, 1000, unmeasured_dense, ffn_no_prices, 1, 1, 100, t) == 64 && t[0] == 256,
           "the dense layer unmeasured: dense0 + dense1 H");
 }
@@ -252,7 +258,7 @@ static void test_auto_path(void) {
 // FFN_PATH_MIN_STEPS steps
 static void test_hysteresis(void) {
     const int H = 256;
-    const FfnCosts c = {0.0f, 1.0f, 0.1f, 50.0f, 256.0f};
+    const FfnCosts c = {0.0f, 1.0f, 0.1f, 50.0f, 256.0f, 0.0f};
     std::vector<int> perm;
     for (int swing : {4, 60}) { // counts 182 / 178 (all cold 1% above / below dense), 210 / 150 (15%)
         std::vector<uint32_t> count(H);
@@ -279,7 +285,7 @@ static void test_hysteresis(void) {
 static void test_prices(void) {
     const int H = 256;
     const double tokens = 1000;
-    const FfnCosts c = {12.8f, 0.5f, 0.1f, 0.0f, 200.0f}; // (the split with 64 hot: 64 but its cold pairs)
+    const FfnCosts c = {12.8f, 0.5f, 0.1f, 0.0f, 200.0f, 0.0f}; // (the split with 64 hot: 64 but its cold pairs)
     std::vector<uint32_t> count(H);
     for (int n = 0; n < H; n++) { count[n] = n < 64 ? 500 : 10; } // 32 busy pairs a token, 1.92 others
     // the layer's true time: a busy unit's cold pair 1, another 20
@@ -304,6 +310,110 @@ static void test_prices(void) {
     CHECK(now == 0 && changes == 2, "the split tried once, then all cold for good (%d changes, now %d)", changes, now);
     CHECK(fabs(ffn_path_time(&c, &p, H, 64, 1, prefix.data()) - true_time(64)) < 1e-4 &&
           fabs(ffn_path_time(&c, &p, H, 0, 1, prefix.data()) - true_time(0)) < 1e-4, "both paths priced as measured");
+}
+
+// A cold part's constant (cold0): a uniform busy layer whose dense part is a little cheaper per unit than the
+// dense layer (H 1024, the dense layer 1024, the dense part 0.95 per unit, a cold pair 20) gains 4% from the
+// split with 64 cold units when a cold part costs nothing beyond its gate and pairs, and stays dense when one
+// costs 80 (each cold part runs its whole pipeline of kernels, however few its units); a quiet layer runs all
+// cold either way; a split's time fits its pairs' price without the constant
+static void test_cold_constant(void) {
+    const int H = 1024;
+    const double tokens = 1000;
+    const FfnCosts free_part = {0.0f, 0.95f, 0.1f, 20.0f, 1024.0f, 0.0f};
+    const FfnCosts priced = {0.0f, 0.95f, 0.1f, 20.0f, 1024.0f, 80.0f};
+    std::vector<int> perm;
+    std::vector<uint32_t> busy(H, 50), quiet(H, 10); // 51.2 pairs a token (3.2 in 64 units), 10.24
+    double t[2];
+    int h = choose_path(perm, busy, H, tokens, free_part, ffn_no_prices, 1, 1, 100, t);
+    CHECK(h == H - 64 && fabs(t[1] - (0.95 * 960 + 6.4 + 64)) < 1e-3,
+          "no constant: the busy layer leaves dense for the split with 64 cold units (%d, %g -> %g)", h, t[0], t[1]);
+    CHECK(choose_path(perm, busy, H, tokens, priced, ffn_no_prices, 1, 1, 100) == -1,
+          "a constant of 80: the busy layer stays dense");
+    h = choose_path(perm, busy, 0, tokens, priced, ffn_no_prices, 1, 1, 100, t);
+    CHECK(h == H && fabs(t[0] - (80 + 102.4 + 1024)) < 1e-3 && t[1] == 1024,
+          "... and turns dense from all cold (%d, %g -> %g)", h, t[0], t[1]);
+    h = choose_path(perm, quiet, H, tokens, priced, ffn_no_prices, 1, 1, 100, t);
+    CHECK(h == 0 && fabs(t[1] - (80 + 102.4 + 204.8)) < 1e-3, "the quiet layer: all cold (%d, %g)", h, t[1]);
+    CHECK(choose_path(perm, quiet, 0, tokens, priced, ffn_no_prices, 0, 1, 100) == -1,
+          "... also without the dense layer (--ffn sparse)");
+    std::vector<double> prefix(H + 1);
+    ffn_hot_order(perm.data(), prefix.data(), busy.data(), H, tokens);
+    const double split_time = 0.95 * 960 + 80 + 6.4 + 40 * 3.2; // (its cold pairs at 40)
+    FfnPairPrices p = ffn_prices_fit(&priced, &ffn_no_prices, H, H - 64, split_time, prefix.data());
+    CHECK(fabs(p.busy - 40) < 1e-3 && fabs(ffn_path_time(&priced, &p, H, H - 64, 1, prefix.data()) - split_time) < 1e-3,
+          "a split timed: its pairs priced without the constant (%g)", p.busy);
+}
+
+// The costs from their timings (ffn_costs): given a dense part, gate, cold part constant and pair price, the
+// times they make (the layer all cold and its last 64 units alone) give them back; noisy times keep the
+// constant within [0, the layer's time beyond its gate] and give back the all-cold time; no part timed: no
+// constant
+static void test_cold_fit(void) {
+    const int H = 5632, M = 16384, part = ffn_cold_probe_units(H);
+    const double dense0 = 2e-8, dense1 = 4.5e-11, gate1 = 1e-11, cold0 = 3e-8, pair1 = 3e-9; // (H200-like)
+    const double pairs = 100.0 * M, part_pairs = 1.2 * M; // (a few more than 64 / H of the pairs)
+    auto dense = [&](int units) { return (dense0 + dense1 * units) * M; };
+    double gate = gate1 * H * M, sparse = cold0 * M + gate + pair1 * pairs;
+    double cold_part = (cold0 + gate1 * part) * M + pair1 * part_pairs;
+    FfnCosts c = ffn_costs(dense(128), 128, dense(512), 512, gate, sparse, pairs, cold_part, part, part_pairs, H, M);
+    auto near = [](double a, double b) { return fabs(a - b) < 1e-5 * fabs(b); };
+    CHECK(part == FFN_HOT_ALIGN && ffn_cold_probe_units(FFN_HOT_ALIGN) == 0 && ffn_cold_probe_units(100) == 64,
+          "the part timed: the fewest units a split leaves cold, where there is a split");
+    CHECK(near(c.dense0, dense0) && near(c.dense1, dense1) && near(c.gate1, gate1) && near(c.cold0, cold0) &&
+          near(c.pair1, pair1) && c.dense == 0, "the costs given back: cold0 %g, pair1 %g, gate1 %g", c.cold0, c.pair1,
+          c.gate1);
+    FfnCosts none = ffn_costs(dense(128), 128, dense(512), 512, gate, sparse, pairs, 0.0, 0, 0.0, H, M);
+    CHECK(none.cold0 == 0 && near(none.pair1, (sparse - gate) / pairs), "no part timed: no constant (%g)", none.pair1);
+    for (double noise : {0.3, 20.0, -3.0}) { // the part's time: 30% off, more than the layer's, 0
+        FfnCosts n = ffn_costs(dense(128), 128, dense(512), 512, gate, sparse, pairs,
+                               noise < 0 ? 0.0 : cold_part * (1 + noise), part, part_pairs, H, M);
+        double all_cold = (n.cold0 + n.gate1 * H + (double)n.pair1 * pairs / M) * M;
+        CHECK(n.cold0 >= 0 && n.cold0 * M <= (sparse - gate) * (1 + 1e-6) && n.pair1 > 0 && near(all_cold, sparse),
+              "noise %g: cold0 %g within bounds, a pair %g, the all-cold time %g (%g)", noise, n.cold0, n.pair1,
+              all_cold, sparse);
+    }
+}
+
+// the cold part timed alone (FfnColdPart): the last units of a layer as a split's cold part, against the dense FFN
+// over those units (a layer of them alone, all hot); the other units' gradients, counts and marks untouched
+static void test_cold_part(void) {
+    const int M = 40, D = 24, H = 48, units = 16, first = H - units;
+    const size_t MD = (size_t)M * D, HD = (size_t)H * D, off = (size_t)first * D;
+    std::vector<real> f = normal(MD, 1), wg = normal(HD, 1.0 / sqrt(D)), wu = normal(HD, 1.0 / sqrt(D));
+    std::vector<real> wdT = normal(HD, 1.0 / sqrt(H)), dy = normal(MD, 1);
+    struct Out {
+        std::vector<real> y, df, l1, dw[3];
+        std::vector<int> active;
+        std::vector<uint8_t> fired;
+        std::vector<uint32_t> count;
+    } out[2];
+    for (Out& o : out) {
+        o.y.assign(MD, NAN), o.df.assign(MD, NAN), o.l1.assign(M, NAN), o.active.assign(M, -1);
+        for (int i = 0; i < 3; i++) { o.dw[i].assign(HD, 0.5 * i); }
+        o.fired.assign(H, 0), o.count.assign(H, 3);
+    }
+    std::vector<real> g_scratch((size_t)M * H), hot(ffn_hot_scratch_elems(M, units));
+    FfnColdPart<real> part;
+    ffn_cold_part_alloc(&part, M, units, D, DEVICE_CPU);
+    Out* o = &out[0];
+    ffn_cold_part_run(&part, o->y.data(), o->l1.data(), o->active.data(), o->fired.data(), o->df.data(),
+                      o->dw[0].data(), o->dw[1].data(), o->dw[2].data(), o->count.data(), g_scratch.data(), dy.data(),
+                      f.data(), wg.data(), wu.data(), wdT.data(), M, D, H, (SparseScratch*)NULL);
+    ffn_cold_part_free(&part, DEVICE_CPU);
+    o = &out[1]; // the layer of the last units alone, every one hot (the dense FFN)
+    ffn_split_forward(o->y.data(), o->l1.data(), o->active.data(), o->fired.data() + first, (SparsePattern<real>*)NULL,
+                      units, hot.data(), g_scratch.data(), f.data(), wg.data() + off, wu.data() + off, wdT.data() + off, M,
+                      D, units, (SparseScratch*)NULL);
+    ffn_split_backward(o->df.data(), o->dw[0].data() + off, o->dw[1].data() + off, o->dw[2].data() + off,
+                       o->count.data() + first, (SparsePattern<real>*)NULL, units, (SparseTransposed*)NULL,
+                       (real*)NULL, (real*)NULL, hot.data(), dy.data(), f.data(), wg.data() + off, wu.data() + off,
+                       wdT.data() + off, 0.0f, M, D, units, (SparseScratch*)NULL);
+    double e = fmax(rel_err(out[0].y.data(), out[1].y.data(), MD), rel_err(out[0].df.data(), out[1].df.data(), MD));
+    for (int i = 0; i < 3; i++) { e = fmax(e, rel_err(out[0].dw[i].data(), out[1].dw[i].data(), HD)); }
+    CHECK(e < 1e-12 && rel_err(out[0].l1.data(), out[1].l1.data(), M) < 1e-12 && out[0].active == out[1].active &&
+          out[0].fired == out[1].fired && out[0].count == out[1].count,
+          "the last %d units as a cold part: the dense FFN over them (%g)", units, e);
 }
 
 // the model: permuting a layer's units in the weights and the optimizer state keeps the loss, the
@@ -399,7 +509,7 @@ static void test_state(void) {
     l0->changed = 30, l0->prices = (FfnPairPrices){0, 64, 1.5e-9f, 4.25e-9f};
     l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot_units = 0;
     std::vector<int32_t> state(ffn_state_ints(2));
-    const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f, 3e-7f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
+    const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f, 3e-7f, 2e-8f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
                                      ffn_hot_policy(FFN_HOT_MEASURED, 0), ffn_hot_policy(FFN_HOT_OFF, 0)};
     for (const FfnHotPolicy& p : policies) {
         a.ffn.hot = p;
@@ -414,6 +524,18 @@ static void test_state(void) {
               (!p.measured || memcmp(&q->costs, &p.costs, sizeof(FfnCosts)) == 0),
               "FFN state round trip (hot policy %d, measured %d)", p.mode, p.measured);
     }
+    // from before the cold part's constant: 9 ints per layer and 5 floats; the constant 0, as they chose with
+    a.ffn.hot = measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f, 3e-7f, 2e-8f});
+    ffn_state_get(&a.ffn, state.data());
+    ffn_state_set(&b.ffn, state.data(), 9 * 2 + 5, "a state of 5 floats of costs");
+    CHECK(b.ffn.layer[0].hot_units == 64 && b.ffn.layer[0].changed == 30 &&
+          memcmp(&b.ffn.layer[0].prices, &l0->prices, sizeof(FfnPairPrices)) == 0 && b.ffn.hot.measured &&
+          b.ffn.hot.costs.pair1 == 3.3e-9f && b.ffn.hot.costs.dense == 3e-7f && b.ffn.hot.costs.cold0 == 0,
+          "an FFN state of 5 floats of costs: the paths, prices and costs, no cold part's constant");
+    a.ffn.hot = ffn_hot_policy(FFN_HOT_RATE, 0.05f);
+    ffn_state_get(&a.ffn, state.data());
+    ffn_state_set(&b.ffn, state.data(), 9 * 2 + 5, "a state of 5 floats of costs");
+    CHECK(b.ffn.hot.mode == FFN_HOT_RATE && b.ffn.hot.rate == 0.05f, "... and its rate");
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
     b.ffn.hot = ffn_hot_policy(FFN_HOT_MEASURED, 0);
     ffn_state_set(&b.ffn, old, 6, "an old state");
@@ -430,7 +552,8 @@ static void test_state(void) {
           b.ffn.hot.costs.pair1 == costs4[3] && b.ffn.hot.costs.dense == 0 &&
           b.ffn.layer[0].changed == -FFN_PATH_MIN_STEPS && b.ffn.layer[0].prices.at == -1,
           "an FFN state of 4 ints a layer: the hot units and the costs, the dense layer not measured");
-    CHECK(ffn_state_ints_known(12, 2) && ffn_state_ints_known(6, 2) && !ffn_state_ints_known(13, 2),
+    CHECK(ffn_state_ints_known(12, 2) && ffn_state_ints_known(6, 2) && ffn_state_ints_known(23, 2) &&
+          ffn_state_ints_known(24, 2) && !ffn_state_ints_known(13, 2) && !ffn_state_ints_known(25, 2),
           "the sizes of older FFN states are known");
     // a tail of more rows than the micro-batch has (from a run of larger micro-batches) is cut to it
     gpt_alloc_activations(&b, 2, 8);
@@ -450,6 +573,9 @@ int main(void) {
     test_auto_path();
     test_hysteresis();
     test_prices();
+    test_cold_constant();
+    test_cold_fit();
+    test_cold_part();
     test_model();
     test_state();
     return test_summary("test_ffn_split");

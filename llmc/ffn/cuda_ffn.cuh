@@ -86,4 +86,12 @@ static inline void ffn_prefill_sparse_layer(FfnCache<bf16>* cache, Ffn<bf16>* ff
     twell_prefill_run(&cache->twell, l, y, f, fl->wg, fl->wu, fl->wdT, M, ffn->D, ffn->H, scratch);
 }
 
+static inline void ffn_prefill_cold_units(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int l, int units, double active,
+                                          bf16* y, const bf16* f, int M, bf16* scratch) {
+    const FfnLayer<bf16>* fl = &ffn->layer[l];
+    const size_t off = (size_t)(ffn->H - units) * ffn->D;
+    twell_prefill_probe(&cache->twell, y, f, fl->wg + off, fl->wu + off, fl->wdT + off, M, ffn->D, units, active,
+                        scratch);
+}
+
 #endif // LLMC_FFN_CUDA_FFN_CUH

@@ -793,22 +793,26 @@ static inline long long twell_prefill_records(const TwellPrefill* tp, int l) {
     return (long long)tp->counters_host[(size_t)l * TWELL_NUM_COUNTERS + TWELL_RECORDS_NEEDED];
 }
 
+// the buffers for prefills of M rows over up to tp->cols units (a new M: the dense FFN is timed again)
+static inline void twell_prefill_rows(TwellPrefill* tp, int M, int D, int H) {
+    if (H > tp->cols) { fatal("twell: a layer of %d units, the prefill's buffers are for %d", H, tp->cols); }
+    const int tiles = ceil_div(tp->cols, TWELL_TILE);
+    if ((long long)M * tiles > INT_MAX) { fatal("twell: a prefill of %d rows is too many for its records", M); }
+    if (tp->rows == M) { return; }
+    if (tp->rows) { twell_ffn_free(&tp->ffn); }
+    tp->ffn = twell_ffn_create(M, D, tp->cols, TWELL_SLOTS, M * tiles);
+    tp->ffn.choice = tp->choice;
+    tp->rows = M;
+    tp->dense_timed = 0;
+}
+
 // Queues layer l's FFN for M rows, y [M, D] from f, by TwELL over H units
 // (the layer's cold ones where it has hot units: llmc/ffn/split.h), exact
 // when the work is done; scratch: 2 M H. Its counters and times are copied
 // for the layer's next run to learn from.
 static inline void twell_prefill_run(TwellPrefill* tp, int l, bf16* y, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int M, int D, int H, bf16* scratch) {
-    if (H > tp->cols) { fatal("twell: a layer of %d units, the prefill's buffers are for %d", H, tp->cols); }
-    const int tiles = ceil_div(tp->cols, TWELL_TILE);
-    if ((long long)M * tiles > INT_MAX) { fatal("twell: a prefill of %d rows is too many for its records", M); }
-    if (tp->rows != M) {
-        if (tp->rows) { twell_ffn_free(&tp->ffn); }
-        tp->ffn = twell_ffn_create(M, D, tp->cols, TWELL_SLOTS, M * tiles);
-        tp->ffn.choice = tp->choice;
-        tp->rows = M;
-        tp->dense_timed = 0;
-    }
+    twell_prefill_rows(tp, M, D, H);
     twell_prefill_learn(tp, l);
     TwellFFN* tw = &tp->ffn;
     int slots = tp->slots ? tp->slots : ffn_policy_twell_slots(tp->layer_active[l] / ceil_div(H, TWELL_TILE));
@@ -830,6 +834,22 @@ static inline void twell_prefill_run(TwellPrefill* tp, int l, bf16* y, const bf1
     cudaCheck(cudaEventRecord(ev[TWELL_EVENT_COPIED], main_stream));
     tp->pending[l] = 1;
     tp->run_rows[l] = M;
+}
+
+// Queues y [M, D] from f by TwELL's sparse path over H units alone (the rows of wg, wu, wdT), which fire
+// `active` times per row (their slots per block), as a layer's cold part runs but teaching no layer's choices:
+// nothing is copied to learn from, and the path is not chosen (llmc/ffn/hot.h times the smallest cold part so).
+// scratch: as twell_prefill_run's.
+static inline void twell_prefill_probe(TwellPrefill* tp, bf16* y, const bf16* f, const bf16* wg, const bf16* wu,
+                                       const bf16* wdT, int M, int D, int H, double active, bf16* scratch) {
+    twell_prefill_rows(tp, M, D, H);
+    TwellFFN* tw = &tp->ffn;
+    int slots = tp->slots ? tp->slots : ffn_policy_twell_slots(active / ceil_div(H, TWELL_TILE));
+    tw->tw = twell_layout(M, H, TWELL_TILE, slots, tw->tw.record_capacity);
+    TwellChoice choice = tw->choice;
+    tw->choice = TWELL_FORCE_SPARSE;
+    twell_ffn_forward(tw, y, f, wg, wu, wdT, scratch);
+    tw->choice = choice;
 }
 
 #endif // LLMC_FFN_CUDA_TWELL_CUH

@@ -417,13 +417,14 @@ void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
 // before the first forward; n: the ints the checkpoint held (older files: 3
 // per layer from before the hot/cold split, no hot units and the policy as the
 // run asks; 4 per layer and 4 floats from before the layers' paths were
-// measured, no change yet and no prices); source: the file they came from,
+// measured, no change yet and no prices; 9 per layer and 5 floats from before
+// the cold part's constant, which is 0); source: the file they came from,
 // which an error names
 template <typename T>
 void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source) {
     int H = ffn->H, L = ffn->L;
-    int per = n == 3 * L ? 3 : n == 4 * L + 4 ? 4 : FFN_STATE_PER_LAYER, floats = per == 4 ? 4 : FFN_COSTS_FLOATS;
     if (!ffn_state_ints_known(n, L)) { fatal("%s: %d ints of FFN state, expected %d", source, n, ffn_state_ints(L)); }
+    int per = n == 3 * L ? 3 : n == 4 * L + 4 ? 4 : FFN_STATE_PER_LAYER, floats = n - per * L;
     for (int l = 0; l < L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
         const int32_t* s = state + per * l;
@@ -497,6 +498,18 @@ void ffn_forward_cached(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f
 template <typename T>
 void ffn_prefill_sparse_layer(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, T* scratch) {
     ffn_forward_cached(cache, ffn, l, y, f, M, 0, scratch);
+}
+
+// y [M, D] = layer l's last `units` units alone (the others excluded) by a prefill's sparse path, as the cold part
+// of a split, whose units fire `active` times per row, teaching the layer's choices nothing (llmc/ffn/hot.h times
+// it); the CPU path runs them dense
+template <typename T>
+void ffn_prefill_cold_units(FfnCache<T>* cache, Ffn<T>* ffn, int l, int units, double active, T* y, const T* f, int M,
+                            T* scratch) {
+    const FfnLayer<T>* fl = &ffn->layer[l];
+    const size_t off = (size_t)(ffn->H - units) * ffn->D;
+    ffn_dense_forward(y, scratch, scratch + (size_t)M * units, f, fl->wg + off, fl->wu + off, fl->wdT + off, M, ffn->D,
+                      units, (unsigned long long*)NULL);
 }
 
 #ifdef __CUDACC__

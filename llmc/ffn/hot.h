@@ -7,10 +7,12 @@
  A unit that fires for a share p of the tokens costs the sparse part p
  gathered pairs per token and the dense part a fixed amount per token. With
  the costs of the running device (FfnCosts, in seconds per token),
-     time(h hot units) = dense0 + dense1 h + gate1 (H - h) + (the cold units' pairs per token, priced)
- (with h = 0 no dense0), and a layer's path is the number h of busiest units,
- 0, a multiple of FFN_HOT_ALIGN (llmc/ffn/policy.h) or H, with the least
- time. h = H is every unit hot: under --ffn auto the dense layer itself, whose
+     time(h hot units) = dense0 + dense1 h + cold0 + gate1 (H - h) + (the cold units' pairs per token, priced)
+ (with h = 0 no dense0, with h = H no cold0: a cold part of any size runs its
+ whole pipeline of kernels, ~0.5 ms fwd + bwd at M 16384, D 2048 on an H200,
+ which 64 cold units beside 5568 hot ones did not save over the dense layer),
+ and a layer's path is the number h of busiest units, 0, a multiple of
+ FFN_HOT_ALIGN (llmc/ffn/policy.h) or H, with the least time. h = H is every unit hot: under --ffn auto the dense layer itself, whose
  time is measured where one runs (dense0 + dense1 H until then). A cold pair
  is priced pair1 until the layer's own time is measured on a path
  (FfnPairPrices): then at what that path costs, and after a second path at
@@ -55,12 +57,13 @@ struct FfnCache;
 typedef enum { FFN_DENSE = 0, FFN_SPARSE = 1, FFN_AUTO = 2 } FfnMode;
 
 // per token: the dense part's constant and cost per unit, the gate's per cold unit, a cold pair's; the dense
-// layer's time where one was measured (0: not measured)
+// layer's time where one was measured (0: not measured); the cold part's constant (its kernels' cost beyond
+// the gate's per unit and the pairs', whatever its size)
 typedef struct {
-    float dense0, dense1, gate1, pair1, dense;
+    float dense0, dense1, gate1, pair1, dense, cold0;
 } FfnCosts;
 
-#define FFN_COSTS_FLOATS 5
+#define FFN_COSTS_FLOATS 6
 
 typedef enum { FFN_HOT_OFF = 0, FFN_HOT_RATE = 1, FFN_HOT_MEASURED = 2 } FfnHotMode;
 
@@ -72,16 +75,17 @@ typedef struct {
 } FfnHotPolicy;
 
 static inline FfnHotPolicy ffn_hot_policy(int mode, float rate) {
-    FfnHotPolicy p = {mode, rate, 0, {0.0f, 0.0f, 0.0f, 0.0f, 0.0f}};
+    FfnHotPolicy p = {mode, rate, 0, {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}};
     return p;
 }
 
 // the costs a choice is made with: a rate's, the measured ones, or else the prior of policy.h (in units of the
-// dense layer's cost per unit and token)
+// dense layer's cost per unit and token; no cold part's constant: the prior chooses between dense and all
+// cold only, and stays optimistic)
 static inline FfnCosts ffn_hot_model(const FfnHotPolicy* p) {
-    if (p->mode == FFN_HOT_RATE) { return (FfnCosts){0.0f, p->rate, 0.0f, 1.0f, 0.0f}; }
+    if (p->mode == FFN_HOT_RATE) { return (FfnCosts){0.0f, p->rate, 0.0f, 1.0f, 0.0f, 0.0f}; }
     if (p->mode == FFN_HOT_MEASURED && p->measured) { return p->costs; }
-    return (FfnCosts){0.0f, 1.0f, (float)FFN_PRIOR_GATE, (float)FFN_PRIOR_PAIR, 0.0f};
+    return (FfnCosts){0.0f, 1.0f, (float)FFN_PRIOR_GATE, (float)FFN_PRIOR_PAIR, 0.0f, 0.0f};
 }
 
 // whether paths with hot units are chosen now (off, or measured costs not yet taken: dense or all cold only)
@@ -90,25 +94,27 @@ static inline int ffn_hot_active(const FfnHotPolicy* p) {
 }
 
 // the policy as the FFN_COSTS_FLOATS floats a checkpoint keeps (llmc/model.h): off all 0, a rate (0, rate, 0, 1,
-// 0), measured costs as they are, costs still to measure (0, -1, 0, 0, 0); and back from n of them (4: a file
-// from before the dense layer's time was measured; a corrupt value is fatal, naming source)
+// 0, 0), measured costs as they are, costs still to measure (0, -1, 0, 0, 0, 0); and back from n of them (a file
+// of an older version holds fewer: 4 from before the dense layer's time was measured, 5 from before the cold
+// part's constant, which is then 0, the model those costs chose with; a corrupt value is fatal, naming source)
 static inline void ffn_hot_policy_pack(float out[FFN_COSTS_FLOATS], const FfnHotPolicy* p) {
-    FfnCosts c = p->mode == FFN_HOT_OFF ? (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f, 0.0f}
-                 : p->mode == FFN_HOT_MEASURED && !p->measured ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f, 0.0f}
+    FfnCosts c = p->mode == FFN_HOT_OFF ? (FfnCosts){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}
+                 : p->mode == FFN_HOT_MEASURED && !p->measured ? (FfnCosts){0.0f, -1.0f, 0.0f, 0.0f, 0.0f, 0.0f}
                  : ffn_hot_model(p);
-    out[0] = c.dense0, out[1] = c.dense1, out[2] = c.gate1, out[3] = c.pair1, out[4] = c.dense;
+    out[0] = c.dense0, out[1] = c.dense1, out[2] = c.gate1, out[3] = c.pair1, out[4] = c.dense, out[5] = c.cold0;
 }
 
 static inline FfnHotPolicy ffn_hot_policy_unpack(const float* in, int n, const char* source) {
-    float v[FFN_COSTS_FLOATS] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float v[FFN_COSTS_FLOATS] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = 0; i < n; i++) {
         if (!isfinite(in[i]) || in[i] < -1 || in[i] > 1) { fatal("%s: hot/cold cost %g is corrupt", source, in[i]); }
         v[i] = in[i];
     }
-    if (v[0] == 0 && v[1] == 0 && v[2] == 0 && v[3] == 0 && v[4] == 0) { return ffn_hot_policy(FFN_HOT_OFF, 0); }
-    if (v[0] == 0 && v[2] == 0 && v[3] == 1 && v[4] == 0 && v[1] > 0) { return ffn_hot_policy(FFN_HOT_RATE, v[1]); }
+    int rest_zero = v[4] == 0 && v[5] == 0;
+    if (v[0] == 0 && v[1] == 0 && v[2] == 0 && v[3] == 0 && rest_zero) { return ffn_hot_policy(FFN_HOT_OFF, 0); }
+    if (v[0] == 0 && v[2] == 0 && v[3] == 1 && rest_zero && v[1] > 0) { return ffn_hot_policy(FFN_HOT_RATE, v[1]); }
     FfnHotPolicy p = ffn_hot_policy(FFN_HOT_MEASURED, 0);
-    if (v[1] >= 0) { p.measured = 1, p.costs = (FfnCosts){v[0], v[1], v[2], v[3], v[4]}; }
+    if (v[1] >= 0) { p.measured = 1, p.costs = (FfnCosts){v[0], v[1], v[2], v[3], v[4], v[5]}; }
     return p;
 }
 
@@ -119,9 +125,9 @@ static inline void ffn_hot_policy_describe(char* out, size_t n, const FfnHotPoli
         snprintf(out, n, "a sparse layer's units firing for more than %.3f%% of the tokens run dense", 100 * p->rate);
     } else if (!p->measured) { snprintf(out, n, "their costs are measured after the first sparse step"); }
     else {
-        snprintf(out, n, "as the measured costs say (per token: the dense part %.3g s + %.3g s per unit, a cold "
-                 "unit's gate %.3g s, a cold pair %.3g s; the dense layer %.3g s)", p->costs.dense0, p->costs.dense1,
-                 p->costs.gate1, p->costs.pair1, p->costs.dense);
+        snprintf(out, n, "as the measured costs say (per token: the dense part %.3g s + %.3g s per unit, the cold "
+                 "part %.3g s + a cold unit's gate %.3g s + a cold pair %.3g s; the dense layer %.3g s)",
+                 p->costs.dense0, p->costs.dense1, p->costs.cold0, p->costs.gate1, p->costs.pair1, p->costs.dense);
     }
 }
 
@@ -144,9 +150,10 @@ static inline void ffn_hot_order(int* perm, double* prefix, const uint32_t* coun
     for (int i = 0; i < H; i++) { prefix[i + 1] = prefix[i] + count[perm[i]] / tokens; }
 }
 
-// a path's time per token but its cold pairs: the dense part over h units and the gate of the other H - h
+// a path's time per token but its cold pairs: the dense part over h units, the cold part's constant and the
+// gate of the other H - h
 static inline double ffn_path_fixed(const FfnCosts* c, int H, int h) {
-    return (h > 0 ? c->dense0 + (double)c->dense1 * h : 0.0) + (double)c->gate1 * (H - h);
+    return (h > 0 ? c->dense0 + (double)c->dense1 * h : 0.0) + (h < H ? c->cold0 + (double)c->gate1 * (H - h) : 0.0);
 }
 
 // the price of a cold pair of the unit of rank r
@@ -247,43 +254,68 @@ static double ffn_time(Device device, F fn) {
 
 // The costs from times (seconds) on M tokens: the dense part alone over
 // `small` and `large` units, the sparse part's gate alone over all H units,
-// the layer all sparse over `pairs` (token, unit) pairs. The dense part's time
-// is a constant and a slope in its units (small sets use the tensor cores less
-// well); the sparse part's beyond its gate is per pair.
+// the layer all sparse over `pairs` (token, unit) pairs, and the sparse part
+// over `part` units alone (0: not timed) over `part_pairs` pairs. The dense
+// part's time is a constant and a slope in its units (small sets use the
+// tensor cores less well); the sparse part's beyond its gate is a constant
+// and a cost per pair, the line through its two times. Timing noise never
+// makes the constant negative nor more than the whole layer's time beyond its
+// gate, whose all-sparse time the costs give back; a pair is never free
+// (FLT_MIN at least).
 static inline FfnCosts ffn_costs(double dense_small, int small, double dense_large, int large, double gate,
-                                 double sparse, double pairs, int H, int M) {
+                                 double sparse, double pairs, double cold_part, int part, double part_pairs, int H,
+                                 int M) {
     FfnCosts c;
     double slope = (dense_large - dense_small) / (large - small), base = dense_small - slope * small;
     if (slope <= 0 || base < 0) { slope = dense_large / large, base = 0; } // (noise: the larger set's mean)
     c.dense0 = (float)(base / M);
     c.dense1 = (float)(slope / M);
     c.gate1 = (float)(gate / ((double)H * M));
-    c.pair1 = (float)(fmax(sparse - gate, 0.0) / fmax(pairs, 1.0));
+    // beyond the gate's per unit: cold0 M + pair1 pairs for the whole layer, cold0 M + pair1 part_pairs for the part
+    double beyond = fmax(sparse - gate, 0.0), part_beyond = cold_part - gate * part / H, fixed = 0;
+    if (part > 0 && pairs > part_pairs) {
+        double per_pair = (beyond - part_beyond) / (pairs - part_pairs);
+        fixed = fmin(fmax(part_beyond - per_pair * part_pairs, 0.0), beyond);
+    }
+    c.cold0 = (float)(fixed / M);
+    c.pair1 = (float)fmax((beyond - fixed) / fmax(pairs, 1.0), FLT_MIN);
     c.dense = 0.0f; // (the dense layer itself is timed where one runs)
     return c;
 }
 
-// run(FFN_RUN_GATE): the gate of the layer's sparse part alone
+// run(FFN_RUN_GATE): the gate of the layer's sparse part alone; run(FFN_RUN_COLD): the sparse part over the
+// layer's last ffn_cold_probe_units(H) units alone (the others excluded, not hot)
 #define FFN_RUN_GATE (-1)
+#define FFN_RUN_COLD (-2)
+
+// the units of the cold part timed alone: the fewest a split leaves cold (FFN_HOT_ALIGN), where a layer has a
+// split at all (else 0: only all cold and all hot remain, and all cold is timed whole)
+static inline int ffn_cold_probe_units(int H) { return H > FFN_HOT_ALIGN ? FFN_HOT_ALIGN : 0; }
 
 // The costs of a layer of H units over M tokens that fire `pairs` (token,
-// unit) pairs, from timed runs of run(h) on `device`: h > 0 the layer's dense
-// part alone over its first h units (FFN_HOT_PROBE and four times as many),
-// h = 0 the layer all sparse, h = FFN_RUN_GATE the sparse part's gate alone
-// (ffn_costs). `what` (verbose) names the run in the log line.
+// unit) pairs, `part_pairs` of them in its last ffn_cold_probe_units(H)
+// units, from timed runs of run(h) on `device`: h > 0 the layer's dense part
+// alone over its first h units (FFN_HOT_PROBE and four times as many), h = 0
+// the layer all sparse, h = FFN_RUN_GATE the sparse part's gate alone, h =
+// FFN_RUN_COLD the sparse part over the last units alone (ffn_costs). `what`
+// (verbose) names the run in the log line.
 template <typename F>
-FfnCosts ffn_hot_measure(Device device, F run, double pairs, int H, int M, int verbose, const char* what) {
+FfnCosts ffn_hot_measure(Device device, F run, double pairs, double part_pairs, int H, int M, int verbose,
+                         const char* what) {
     int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, small = large / 4 > 0 ? large / 4 : 1;
+    int part = ffn_cold_probe_units(H);
     double dense_small = ffn_time(device, [&] { run(small); });
     double dense_large = ffn_time(device, [&] { run(large); });
     double gate = ffn_time(device, [&] { run(FFN_RUN_GATE); });
+    double cold_part = part > 0 ? ffn_time(device, [&] { run(FFN_RUN_COLD); }) : 0.0;
     double sparse = ffn_time(device, [&] { run(0); });
     if (verbose) {
         printf("ffn: hot units: costs measured on %s: the dense part over %d / %d units %.3f / %.3f ms, the layer "
-               "all sparse %.3f ms (its gate %.3f) at %.1f pairs per token\n", what, small, large, 1e3 * dense_small,
-               1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M);
+               "all sparse %.3f ms (its gate %.3f) at %.1f pairs per token, its last %d units alone %.3f ms at %.2f\n",
+               what, small, large, 1e3 * dense_small, 1e3 * dense_large, 1e3 * sparse, 1e3 * gate, pairs / M, part,
+               1e3 * cold_part, part_pairs / M);
     }
-    return ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, H, M);
+    return ffn_costs(dense_small, small, dense_large, large, gate, sparse, pairs, cold_part, part, part_pairs, H, M);
 }
 
 // ----------------------------------------------------------------------------
@@ -372,7 +404,8 @@ struct FfnProbe {
 };
 
 // the costs of moving units between the hot and cold parts, measured on
-// sparse layer l (no hot units yet) with the last step's inputs
+// sparse layer l (no hot units yet) with the last step's inputs (its last
+// units alone as a cold part of their own: FfnColdPart)
 template <typename T, typename G>
 FfnCosts ffn_hot_costs(Ffn<T>* ffn, int l, const FfnProbe<T, G>* b, int verbose) {
     int M = ffn->M, D = ffn->D, H = ffn->H;
@@ -383,11 +416,18 @@ FfnCosts ffn_hot_costs(Ffn<T>* ffn, int l, const FfnProbe<T, G>* b, int verbose)
     uint32_t* count = (uint32_t*)device_malloc(H * sizeof(uint32_t), ffn->device);
     device_zero(fired, H, ffn->device);
     device_zero(count, H * sizeof(uint32_t), ffn->device);
-    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE;
+    int large = H < 4 * FFN_HOT_PROBE ? H : 4 * FFN_HOT_PROBE, part_units = ffn_cold_probe_units(H);
     T* probe = (T*)device_malloc(ffn_hot_scratch_elems(M, large) * sizeof(T), ffn->device);
+    FfnColdPart<T> part = {};
+    if (part_units > 0) { ffn_cold_part_alloc(&part, M, part_units, D, ffn->device); }
     auto run = [&](int hot) {
         if (hot == FFN_RUN_GATE) {
             ffn_cold_gate(&f->p, b->row_active, fired, ffn->g, b->f, f->wg, D, &ffn->sparse_scratch);
+            return;
+        }
+        if (hot == FFN_RUN_COLD) {
+            ffn_cold_part_run(&part, b->y, b->row_l1, b->row_active, fired, b->df, b->dwg, b->dwu, b->dwdT, count,
+                              ffn->g, b->dy, b->f, f->wg, f->wu, f->wdT, M, D, H, &ffn->sparse_scratch);
             return;
         }
         // hot > 0: the dense part alone, `hot` hot units and no cold ones; 0: every unit cold
@@ -398,13 +438,23 @@ FfnCosts ffn_hot_costs(Ffn<T>* ffn, int l, const FfnProbe<T, G>* b, int verbose)
                            ffn->sparse_dg, probe, b->dy, b->f, f->wg, f->wu, f->wdT, 0.0f, M, D, units,
                            &ffn->sparse_scratch);
     };
-    std::vector<int> active(M);
-    device_copy(active.data(), b->row_active, M * sizeof(int), ffn->device); // (the last forward's)
-    double pairs = 0;
-    for (int m = 0; m < M; m++) { pairs += active[m]; }
+    // the pairs of the last forward's (all cold), then of the part's units alone (their forward's row counts)
+    auto row_pairs = [&] {
+        std::vector<int> active(M);
+        device_copy(active.data(), b->row_active, M * sizeof(int), ffn->device);
+        double pairs = 0;
+        for (int m = 0; m < M; m++) { pairs += active[m]; }
+        return pairs;
+    };
+    double pairs = row_pairs(), part_pairs = 0;
+    if (part_units > 0) {
+        run(FFN_RUN_COLD);
+        part_pairs = row_pairs();
+    }
     char what[64];
     snprintf(what, sizeof(what), "layer %d", l);
-    FfnCosts costs = ffn_hot_measure(ffn->device, run, pairs, H, M, verbose, what);
+    FfnCosts costs = ffn_hot_measure(ffn->device, run, pairs, part_pairs, H, M, verbose, what);
+    if (part_units > 0) { ffn_cold_part_free(&part, ffn->device); }
     device_free(probe, ffn->device);
     device_free(fired, ffn->device);
     device_free(count, ffn->device);
@@ -470,9 +520,9 @@ void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count
         if (l < L) { // (measured once a layer has run sparse)
             auto b = probe(l);
             FfnCosts c = ffn_hot_costs(ffn, l, &b, verbose);
-            float v[4] = {c.dense0, c.dense1, c.gate1, c.pair1};
-            if (ffn->hooks.agree) { ffn->hooks.agree(ffn->hooks.ctx, v, 4); }
-            policy->costs = (FfnCosts){v[0], v[1], v[2], v[3], 0.0f};
+            float v[5] = {c.dense0, c.dense1, c.gate1, c.pair1, c.cold0};
+            if (ffn->hooks.agree) { ffn->hooks.agree(ffn->hooks.ctx, v, 5); }
+            policy->costs = (FfnCosts){v[0], v[1], v[2], v[3], 0.0f, v[4]};
             policy->measured = 1;
         }
     }
@@ -544,18 +594,25 @@ void ffn_count_firing(const Ffn<T>* ffn, int l, uint32_t* count, const T* f, int
     unit_count_add(count, scratch, M, ffn->H);
 }
 
-// the costs of a prefill, measured on layer l's
-// input f [M, D] with `pairs` firing pairs: the dense FFN over the first
-// units, the sparse path over all of them, its gate alone; y, scratch: [M, D],
-// [M, 2H]
+// the costs of a prefill, measured on layer l's input f [M, D] whose units
+// fire count [H] (host) times: the dense FFN over the first units, the sparse
+// path over all of them, its gate alone, the sparse path over the last units
+// alone (ffn_prefill_cold_units); y, scratch: [M, D], [M, 2H]
 template <typename T>
-FfnCosts ffn_prefill_costs(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, double pairs, T* scratch,
-                           int verbose) {
+FfnCosts ffn_prefill_costs(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, const uint32_t* count,
+                           T* scratch, int verbose) {
     const FfnLayer<T>* fl = &ffn->layer[l];
-    const int D = ffn->D, H = ffn->H;
+    const int D = ffn->D, H = ffn->H, part = ffn_cold_probe_units(H);
+    double pairs = 0, part_pairs = 0;
+    for (int n = 0; n < H; n++) {
+        pairs += count[n];
+        part_pairs += n >= H - part ? count[n] : 0;
+    }
     auto run = [&](int hot) {
         if (hot == FFN_RUN_GATE) {
             gemm(scratch, f, fl->wg, M, H, D, 0, 1, 0);
+        } else if (hot == FFN_RUN_COLD) {
+            ffn_prefill_cold_units(cache, ffn, l, part, part_pairs / M, y, f, M, scratch);
         } else if (hot > 0) {
             ffn_dense_forward(y, scratch, scratch + (size_t)M * hot, f, fl->wg, fl->wu, fl->wdT, M, D, hot,
                               (unsigned long long*)NULL);
@@ -565,7 +622,7 @@ FfnCosts ffn_prefill_costs(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T
     };
     char what[96];
     snprintf(what, sizeof(what), "layer %d of a prefill of %d tokens", l, M);
-    return ffn_hot_measure(ffn->device, run, pairs, H, M, verbose, what);
+    return ffn_hot_measure(ffn->device, run, pairs, part_pairs, H, M, verbose, what);
 }
 
 #endif // LLMC_FFN_HOT_H

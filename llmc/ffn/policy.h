@@ -10,10 +10,14 @@
  | (--ffn auto and  | no wait, no dense): the busiest h units hot, h = 0     | tokens costs the sparse part p gathered    |
  | sparse), and a   | (all cold), a multiple of FFN_HOT_ALIGN or H (auto:    | pairs per token, a dense column a fixed    |
  | prefill's hot set| the dense layer), with the least modelled time (the    | amount; the dense layer is the path with   |
- |                  | costs measured on the device, each layer's own pair    | every unit hot; a busy unit's pair costs   |
- |                  | prices measured where it ran: llmc/ffn/hot.h); changed | less than an average one ("Hot units as    |
- |                  | when that saves FFN_PATH_MARGIN, FFN_PATH_MIN_STEPS    | dense GEMMs"); the margin and the wait     |
- |                  | after the last change (ffn_policy_path_change)         | keep a layer near a boundary from flapping |
+ |                  | costs measured on the device, a cold part's constant   | every unit hot; a cold part of any size    |
+ |                  | from its last FFN_HOT_ALIGN units timed alone, each    | runs its whole pipeline of kernels (64     |
+ |                  | layer's own pair prices measured where it ran:         | cold units lost 0.92x to dense: "One path  |
+ |                  | llmc/ffn/hot.h); changed when that saves               | per layer from measured costs"); a busy    |
+ |                  | FFN_PATH_MARGIN, FFN_PATH_MIN_STEPS after the last     | unit's pair costs less than an average one |
+ |                  | change (ffn_policy_path_change)                        | ("Hot units as dense GEMMs"); the margin   |
+ |                  |                                                        | and the wait keep a layer near a boundary  |
+ |                  |                                                        | from flapping                              |
  | training, before | dense or all cold by the prior costs FFN_PRIOR_GATE,   | the first sparse step measures the costs;  |
  | costs are        | FFN_PRIOR_PAIR (in units of the dense layer's cost per | the prior is optimistic (a pair measured   |
  | measured (and on | unit and token); no hot units                          | about 75 on an H100) so that a layer that  |

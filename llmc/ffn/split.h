@@ -119,4 +119,49 @@ void ffn_split_backward(T* df, G* dwg, G* dwu, G* dwdT, uint32_t* unit_count, co
     }
 }
 
+// A layer's last `units` units alone as a split's cold part (the others excluded, not hot): its pattern, with room
+// for every row's entries (the ELL width all its units: no row needs the tail, and the kernels' cost follows a
+// row's entries, not the width), and its backward's scratch. What llmc/ffn/hot.h times as the smallest cold part.
+template <typename T>
+struct FfnColdPart {
+    SparsePattern<T> p;
+    SparseTransposed t;
+    T *du, *dg;     // [entries] the backward's scratch
+    int* tail_used; // [1] the pattern's counter (no row asks)
+};
+
+template <typename T>
+void ffn_cold_part_alloc(FfnColdPart<T>* c, int M, int units, int D, Device device) {
+    size_t n = sparse_entries(M, units, units, 0);
+    c->tail_used = (int*)device_malloc(sizeof(int), device);
+    sparse_pattern_alloc(&c->p, M, units, units, 0, c->tail_used, device);
+    sparse_transposed_alloc(&c->t, units, D, n, device);
+    c->du = (T*)device_malloc(n * sizeof(T) + 16, device);
+    c->dg = (T*)device_malloc(n * sizeof(T) + 16, device);
+}
+
+template <typename T>
+void ffn_cold_part_free(FfnColdPart<T>* c, Device device) {
+    sparse_pattern_free(&c->p, device);
+    sparse_transposed_free(&c->t, device);
+    device_free(c->du, device);
+    device_free(c->dg, device);
+    device_free(c->tail_used, device);
+}
+
+// The forward and backward of the cold part c over the last c->p.H of a layer's H units (weights wg, wu, wdT
+// [H, D]), as ffn_split_forward and ffn_split_backward run a cold part: y, df, the statistics of its units
+// (row_l1, row_active: theirs alone), their fired marks, counts and weight gradients
+template <typename T, typename G>
+void ffn_cold_part_run(FfnColdPart<T>* c, T* y, G* row_l1, int* row_active, uint8_t* fired, T* df, G* dwg, G* dwu,
+                       G* dwdT, uint32_t* unit_count, T* g_scratch, const T* dy, const T* f, const T* wg, const T* wu,
+                       const T* wdT, int M, int D, int H, SparseScratch* scratch) {
+    const int units = c->p.H, first = H - units;
+    const size_t off = (size_t)first * D;
+    ffn_split_forward(y, row_l1, row_active, fired + first, &c->p, 0, (T*)NULL, g_scratch, f, wg + off, wu + off,
+                      wdT + off, M, D, units, scratch);
+    ffn_split_backward(df, dwg + off, dwu + off, dwdT + off, unit_count + first, &c->p, 0, &c->t, c->du, c->dg, (T*)NULL,
+                       dy, f, wg + off, wu + off, wdT + off, 0.0f, M, D, units, scratch);
+}
+
 #endif // LLMC_FFN_SPLIT_H

@@ -13,7 +13,8 @@
  - the model (llmc/gpt.h, llmc/optimizer.h): a layer's units permuted in the
    bf16 weights, the master weights and the moments keep the losses; training
    with --ffn sparse and the hot sets re-chosen every step follows --ffn dense;
-   the hot/cold costs measured on the GPU are positive and finite.
+   the hot/cold costs measured on the GPU are positive and finite (the cold
+   part's constant at least 0).
 */
 #include <algorithm>
 #include <vector>
@@ -292,9 +293,10 @@ static void test_model(void) {
         }
         if (mode == 1) {
             const FfnCosts* hc = &m.ffn.hot.costs;
-            CHECK(m.ffn.hot.measured && hc->dense0 >= 0 && hc->dense1 > 0 && hc->gate1 > 0 && hc->pair1 > 0 && hc->dense1 < 1e-3,
-                  "measured costs per token: dense %g + %g per unit, gate %g per unit, %g per pair", hc->dense0,
-                  hc->dense1, hc->gate1, hc->pair1);
+            CHECK(m.ffn.hot.measured && hc->dense0 >= 0 && hc->dense1 > 0 && hc->gate1 > 0 && hc->pair1 > 0 &&
+                  hc->dense1 < 1e-3 && hc->cold0 >= 0 && hc->cold0 < 1e-3,
+                  "measured costs per token: dense %g + %g per unit, cold %g + gate %g per unit + %g per pair",
+                  hc->dense0, hc->dense1, hc->cold0, hc->gate1, hc->pair1);
         }
         optimizer_free(&o);
         gpt_free(&m);
