@@ -1,8 +1,12 @@
 # Shared by the data-parallel tests (sourced from test_ddp.sh and test_ddp_all.sh):
-# the GPU count ($gpus, at least the first argument or the test skips), a small model's
-# flags, and reading and comparing the train losses of two runs.
+# the GPU count ($gpus: those CUDA_VISIBLE_DEVICES names, else the machine's; at least the first
+# argument or the test skips), a small model's flags, and reading and comparing the train losses of two runs.
 
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+else
+    gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+fi
 if [ "$gpus" -lt "$1" ]; then
     echo "SKIP $TEST_NAME: every test (needs $1 or more GPUs, this machine has $gpus)"
     echo "$TEST_NAME: 0 passed, 0 failed"

@@ -9,6 +9,10 @@ cd "$(dirname "$0")/../.."
 TEST_NAME=ddp_all
 . test/check.sh
 source test/gpu/ddp_lib.sh 3 # skips with fewer GPUs
+# the default peak learning rate, not the small model's 3e-3: there its loss spikes near step 16, and the
+# different roundings of one micro-batch of N (other product shapes than N micro-batches of 1) part the
+# runs there by up to 0.035 (dense and auto alike, dev/RESULTS.md "Data parallelism")
+for i in "${!small[@]}"; do if [ "${small[$i]}" = -l ]; then small[$((i + 1))]=1e-3; fi; done
 n=$gpus
 tokens=$((n * 128))
 echo "ddp_all: $n GPUs, FFN path $ffn, $tokens tokens per step"
