@@ -182,6 +182,8 @@ typedef struct {
     double attention, ffn, head, kv;
 } StepBytes;
 
+static double step_total(const StepBytes* b) { return b->attention + b->ffn + b->head + b->kv; }
+
 // rows: units whose W_u and W_d^T rows a step reads per layer (the dense path: H); gate_bytes: what its gate
 // reads per layer; context: the positions a row attends to (mean over the steps)
 static StepBytes step_bytes(const GPTConfig* c, int B, double context, double gate_bytes, double rows) {
@@ -195,15 +197,20 @@ static StepBytes step_bytes(const GPTConfig* c, int B, double context, double ga
 }
 
 // the bytes model of both paths beside their measured step times
+// fired: the units a step's rows fire per layer, summed over the rows and as their union (each row of W_u and
+// W_d^T the step must read once)
+typedef struct {
+    double pairs, units;
+} StepFired;
+
 static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double dense_s,
-                         double twell_s, double fired_per_layer) {
+                         double twell_s, StepFired fired) {
     const GPTConfig* c = &model->config;
     const double D = c->channels, H = c->hidden, context = T + (steps + 1) / 2.0, bw = measure_read_bandwidth();
     const int screened = ffn_policy_decode_screened(B) && screened_gate_fits(B, c->channels);
     const double screen_bytes = H * D + H * ceil_div(c->channels, SCREEN_GROUP) * 4 + H * 4;
-    const double sparse_rows = fired_per_layer;
     StepBytes dense = step_bytes(c, B, context, H * D * 2, H);
-    StepBytes twell = step_bytes(c, B, context, screened ? screen_bytes : H * D * 2, sparse_rows);
+    StepBytes twell = step_bytes(c, B, context, screened ? screen_bytes : H * D * 2, fired.units);
     printf("bytes model per decode step (batch %d, mean context %.0f; the GPU reads %.2f TB/s, measured here):\n", B,
            context, bw / 1e12);
     const StepBytes* bs[2] = {&dense, &twell};
@@ -211,18 +218,22 @@ static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, in
     const char* names[2] = {"dense", "twell"};
     for (int i = 0; i < 2; i++) {
         const StepBytes* b = bs[i];
-        double total = b->attention + b->ffn + b->head + b->kv;
+        double total = step_total(b);
         printf("  %-5s %8.1f MB: attention weights %.1f, FFN %.1f, head %.1f, K and V %.1f | %7.1f us a step = "
                "%.2f TB/s, %.0f%% of the bandwidth\n", names[i], total / 1e6, b->attention / 1e6, b->ffn / 1e6,
                b->head / 1e6, b->kv / 1e6, secs[i] * 1e6, total / secs[i] / 1e12, 100 * total / secs[i] / bw);
     }
-    printf("  twell's FFN per layer: the gate %s, then the rows of %.1f units (%.1f fired per row)\n",
-           screened ? "from its int8 copy" : "in bf16", sparse_rows, fired_per_layer / B);
+    printf("  twell's FFN per layer: the gate %s, then the rows of the %.1f units the step's rows fire (%.1f per row, "
+           "%.1f summed over the rows)\n", screened ? "from its int8 copy" : "in bf16", fired.units, fired.pairs / B,
+           fired.pairs);
+    // the most the sparse step can gain where both paths read at the same share of the bandwidth
+    printf("  at equal shares of the bandwidth twell / dense would be %.2fx (the bytes' ratio); measured %.2fx\n",
+           step_total(&dense) / step_total(&twell), dense_s / twell_s);
 }
 
-// the fired units per layer and step of the sparse path (summed over the rows), from `steps` counted
-// decode steps (the counting is not part of the timed steps)
-static double decode_fired(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, int B, int T, int steps) {
+// the fired units per layer and step of the sparse path, from `steps` counted decode steps (the counting is
+// not part of the timed steps)
+static StepFired decode_fired(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, int B, int T, int steps) {
     const int L = model->config.num_layers;
     model->ffn.mode = FFN_SPARSE;
     infer_state_count_fired(s, model);
@@ -232,11 +243,11 @@ static double decode_fired(GPT<bf16, float>* model, InferState<bf16>* s, const i
         for (int b = 0; b < B; b++) { pos[b] = T + i; next[b] = (int)((tokens[b * T + i % T] + i) % model->config.vocab_size); }
         gpt_decode(model, s, next.data(), pos.data(), B, NULL);
     }
-    std::vector<uint64_t> counts(L, 0);
-    gpt_fired_read(model, s, counts.data());
-    double all = 0;
-    for (uint64_t n : counts) { all += (double)n; }
-    return all / ((double)L * steps);
+    std::vector<uint64_t> pairs(L, 0), units(L, 0);
+    gpt_fired_read(model, s, pairs.data(), units.data());
+    StepFired f = {0.0, 0.0};
+    for (int l = 0; l < L; l++) { f.pairs += (double)pairs[l] / ((double)L * steps); f.units += (double)units[l] / ((double)L * steps); }
+    return f;
 }
 
 // the model's weights as a checkpoint, step 0, in the directory dir
@@ -314,7 +325,7 @@ static void bench(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, in
     }
     printf("twell / dense: prefill %.2fx, decode %.2fx%s\n", dense.prefill_ms / twell.prefill_ms,
            dense.decode_s / twell.decode_s, have_nvml ? "" : " (energy: NVML unavailable)");
-    double fired = decode_fired(model, s, tokens, B, T, steps);
+    StepFired fired = decode_fired(model, s, tokens, B, T, steps);
     report_bytes(model, s, B, T, steps, dense.decode_s, twell.decode_s, fired);
     bench_decode_parts(model, s, B);
     free(lens);

@@ -51,8 +51,9 @@ struct InferState {
     T* logits;         // [max_seqs, Vp]
     int *tokens, *row_slot, *row_pos; // [rows]: each row's token, sequence (cache slot) and position
     int* last_row;     // [max_seqs] each prompt's last row
-    unsigned long long* fired; // [L] FFN units that fired in the decode steps since gpt_fired_read (NULL: not
-                               // counted; infer_state_count_fired turns it on)
+    unsigned long long* fired; // [L][2] FFN units that fired in the decode steps since gpt_fired_read, summed
+                               // over the rows, and (the GPU's sparse decode only) the units any row of a
+                               // step fired, summed over the steps (NULL: not counted; infer_state_count_fired)
     float* lse;        // [max_rows, NH] the prefill attention's log-sum-exp (the GPU's; NULL on the CPU)
     // called before layer l's FFN of a prefill of M rows (the synthetic-sparse
     // benchmark model sets its gates there, llmc/synthetic.h); NULL: nothing
@@ -105,22 +106,28 @@ void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
 }
 
 // From now on the decode steps count each layer's FFN units that fire (g > 0),
-// summed over the rows (the server's metrics; an atomic add per fired unit)
+// summed over the rows (the server's metrics; an atomic add per fired unit), and
+// on the GPU's sparse path the union of the units a step's rows fire (the rows
+// of W_u and W_d^T the step must read)
 template <typename T, typename G>
 void infer_state_count_fired(InferState<T>* s, const GPT<T, G>* model) {
-    size_t bytes = (size_t)model->config.num_layers * sizeof(unsigned long long);
+    size_t bytes = (size_t)model->config.num_layers * 2 * sizeof(unsigned long long);
     s->fired = (unsigned long long*)device_malloc(bytes, model->device);
     device_zero(s->fired, bytes, model->device);
 }
 
-// adds the counts since the last read to add[L], and starts them again from 0
+// adds the counts since the last read to add[L] (the units fired, summed over the rows) and, if not NULL,
+// add_union[L] (the units a step's rows fired, summed over the steps), and starts them again from 0
 template <typename T, typename G>
-void gpt_fired_read(const GPT<T, G>* model, InferState<T>* s, uint64_t* add) {
+void gpt_fired_read(const GPT<T, G>* model, InferState<T>* s, uint64_t* add, uint64_t* add_union = NULL) {
     int L = model->config.num_layers;
-    std::vector<unsigned long long> counts(L);
-    device_copy(counts.data(), s->fired, L * sizeof(unsigned long long), model->device);
-    device_zero(s->fired, L * sizeof(unsigned long long), model->device);
-    for (int l = 0; l < L; l++) { add[l] += counts[l]; }
+    std::vector<unsigned long long> counts(2 * L);
+    device_copy(counts.data(), s->fired, 2 * L * sizeof(unsigned long long), model->device);
+    device_zero(s->fired, 2 * L * sizeof(unsigned long long), model->device);
+    for (int l = 0; l < L; l++) {
+        add[l] += counts[2 * l];
+        if (add_union) { add_union[l] += counts[2 * l + 1]; }
+    }
 }
 
 // y = x W^T of the cached forward: a decode step's few rows by decode_linear (the GPU's GEMV)
@@ -159,7 +166,7 @@ static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const 
                                        model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps, decode);
         if (s->before_ffn) { s->before_ffn(s->before_ffn_ctx, l, M); }
         ffn_forward_cached(&s->ffn, &model->ffn, l, s->proj, s->normed, M, decode, s->gu,
-                           decode && s->fired ? s->fired + l : NULL);
+                           decode && s->fired ? s->fired + 2 * l : NULL);
         int last = l == L - 1;
         fused_residual_rmsnorm_forward(s->x, s->normed, (G*)NULL, s->x_mid, s->proj,
                                        last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,

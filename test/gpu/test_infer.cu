@@ -370,6 +370,7 @@ static void test_sparse_decode_ffn(void) {
                 std::vector<bf16> g((size_t)B * H);
                 std::vector<double> ref((size_t)B * D, 0.0);
                 std::vector<int> active(B, 0);
+                std::vector<char> any(H, 0); // fired in some row
                 for (int b = 0; b < B; b++) {
                     for (int n = 0; n < H; n++) {
                         double gd = 0, u = 0;
@@ -378,6 +379,7 @@ static void test_sparse_decode_ffn(void) {
                         double gv = __bfloat162float(g[(size_t)b * H + n]);
                         if (!(gv > 0)) { continue; }
                         active[b]++;
+                        any[n] = 1;
                         for (int d = 0; d < D; d++) { u += (double)ff[(size_t)b * D + d] * wuf[(size_t)n * D + d]; }
                         for (int d = 0; d < D; d++) { ref[(size_t)b * D + d] += gv * u * wdf[(size_t)n * D + d]; }
                     }
@@ -387,11 +389,12 @@ static void test_sparse_decode_ffn(void) {
                 int* list_d = (int*)cuda_malloc((size_t)B * H * sizeof(int));
                 int* count_d = (int*)cuda_malloc(B * sizeof(int));
                 float* a_d = (float*)cuda_malloc((size_t)B * H * sizeof(float));
-                unsigned long long* fired_d = (unsigned long long*)cuda_malloc(sizeof(unsigned long long));
+                unsigned long long* fired_d = (unsigned long long*)cuda_malloc(2 * sizeof(unsigned long long));
                 dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
                 double mean_active = 0;
-                unsigned long long fired = 0;
+                unsigned long long fired = 0, fired_union = 0;
                 for (int b = 0; b < B; b++) { mean_active += (double)active[b] / B; fired += active[b]; }
+                for (char a : any) { fired_union += a; }
                 auto error = [&](const char* path) {
                     std::vector<float> y = to_float(download(y_d, (size_t)B * D));
                     double e = 0;
@@ -408,12 +411,17 @@ static void test_sparse_decode_ffn(void) {
                 cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                 cudaCheck(cudaMemset(count_d, 0xFF, B * sizeof(int)));
                 cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
-                cudaCheck(cudaMemset(fired_d, 0, sizeof(unsigned long long)));
+                cudaCheck(cudaMemset(fired_d, 0, 2 * sizeof(unsigned long long)));
                 sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int)>>>(a_d, list_d, count_d, g_d,
                                                                                                  f_d, wu_d, D, H, fired_d);
                 cudaCheck(cudaGetLastError());
-                CHECK(download(fired_d, 1)[0] == fired, "sparse up B %d p %g: counted %llu fired units, not %llu", B,
-                      pt[0], download(fired_d, 1)[0], fired);
+                fired_union_kernel<<<ceil_div(H, SPARSE_THREADS), SPARSE_THREADS>>>(fired_d + 1, g_d, B, H);
+                cudaCheck(cudaGetLastError());
+                std::vector<unsigned long long> counted = download(fired_d, 2);
+                CHECK(counted[0] == fired, "sparse up B %d p %g: counted %llu fired units, not %llu", B, pt[0], counted[0],
+                      fired);
+                CHECK(counted[1] == fired_union, "fired_union_kernel B %d p %g: counted %llu units fired in some row, not %llu",
+                      B, pt[0], counted[1], fired_union);
                 sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, list_d, count_d, wdT_d, D, H);
                 cudaCheck(cudaGetLastError());
                 CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
@@ -421,11 +429,14 @@ static void test_sparse_decode_ffn(void) {
                 if (B <= GEMV_MAX_ROWS) { // the fused gate + up (every a written), then down from a != 0
                     cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                     cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
-                    cudaCheck(cudaMemset(fired_d, 0, sizeof(unsigned long long)));
+                    cudaCheck(cudaMemset(fired_d, 0, 2 * sizeof(unsigned long long)));
                     gemv(GateUpRow{a_d, wu_d, D, H, fired_d}, f_d, wg_d, B, H, D);
                     cudaCheck(cudaGetLastError());
-                    CHECK(download(fired_d, 1)[0] == fired, "gate + up B %d p %g: counted %llu fired units, not %llu", B,
-                          pt[0], download(fired_d, 1)[0], fired);
+                    counted = download(fired_d, 2);
+                    CHECK(counted[0] == fired, "gate + up B %d p %g: counted %llu fired units, not %llu", B, pt[0],
+                          counted[0], fired);
+                    CHECK(counted[1] == fired_union, "gate + up B %d p %g: counted %llu units fired in some row, not %llu",
+                          B, pt[0], counted[1], fired_union);
                     sparse_down_active_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H)>>>(y_d, a_d, wdT_d, D, H);
                     cudaCheck(cudaGetLastError());
                     error("(fused gate)");
@@ -639,7 +650,8 @@ struct SlotOp {
 
 template <typename T, typename G>
 static std::vector<std::vector<float>> run_slot_ops(GPT<T, G>* model, InferState<T>* s, const std::vector<SlotOp>& ops,
-                                                    std::vector<uint64_t>* fired) {
+                                                    std::vector<uint64_t>* fired,
+                                                    std::vector<uint64_t>* fired_union = NULL) {
     std::vector<std::vector<float>> out;
     const int Vp = model->config.padded_vocab_size;
     for (const SlotOp& op : ops) {
@@ -659,7 +671,8 @@ static std::vector<std::vector<float>> run_slot_ops(GPT<T, G>* model, InferState
         out.push_back(logits);
     }
     fired->assign(model->config.num_layers, 0);
-    gpt_fired_read(model, s, fired->data());
+    if (fired_union) { fired_union->assign(model->config.num_layers, 0); }
+    gpt_fired_read(model, s, fired->data(), fired_union ? fired_union->data() : NULL);
     return out;
 }
 
@@ -703,7 +716,8 @@ static void test_model_slots(void) {
         infer_state_count_fired(&m, &model);
         model.ffn.mode = mode;
         const char* name = mode == FFN_DENSE ? "dense" : "sparse";
-        std::vector<std::vector<float>> got = run_slot_ops(&model, &m, ops, &gpu_fired);
+        std::vector<uint64_t> gpu_union;
+        std::vector<std::vector<float>> got = run_slot_ops(&model, &m, ops, &gpu_fired, &gpu_union);
         double worst = 0;
         for (size_t k = 0; k < ops.size(); k++) {
             for (size_t i = 0; i < ops[k].slot.size(); i++) {
@@ -720,6 +734,14 @@ static void test_model_slots(void) {
         CHECK(cpu_fired[0] > 0 && fired_err < 0.05, "slots, %s FFN: fired units counted on the GPU differ from the "
               "CPU's by %.1f%% (layer 0: %llu vs %llu)", name, 100 * fired_err, (unsigned long long)gpu_fired[0],
               (unsigned long long)cpu_fired[0]);
+        // the union of a step's units: counted by the sparse decode only; between a step's pairs / rows and its pairs
+        bool union_ok = true;
+        for (int l = 0; l < c.num_layers; l++) {
+            union_ok = union_ok && (mode == FFN_DENSE ? gpu_union[l] == 0
+                                                      : gpu_union[l] <= gpu_fired[l] && 3 * gpu_union[l] >= gpu_fired[l]);
+        }
+        CHECK(union_ok, "slots, %s FFN: units fired in some row of a step, layer 0: %llu of %llu fired (at most 3 rows "
+              "a step)", name, (unsigned long long)gpu_union[0], (unsigned long long)gpu_fired[0]);
         infer_state_free(&m, &model);
         infer_state_alloc(&m, &model, 4, 24, c.max_seq_len);
         infer_state_count_fired(&m, &model);
