@@ -236,7 +236,7 @@ static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, in
 static StepFired decode_fired(GPT<bf16, float>* model, InferState<bf16>* s, const int* tokens, int B, int T, int steps) {
     const int L = model->config.num_layers;
     model->ffn.mode = FFN_SPARSE;
-    infer_state_count_fired(s, model);
+    infer_state_count_fired(s, model, 1);
     cuda_graph_free(&s->dev.graphs[B - 1]); // captured again with the counters
     std::vector<int> next(B), pos(B);
     for (int i = 0; i < steps; i++) {

@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
                 relu_mul(g, g, u, (size_t)B * H, NULL);
                 gemm(y_dense, g, wdT_d, B, D, H, 0, 0, 0);
             };
-            auto gate = [&] { gemv(GateUpRow{a_sparse, wu_d, D, H, NULL}, f_d, wg_d, B, H, D); };
-            auto screen_gate = [&] { screened_gate(GateUpRow{a_screen, wu_d, D, H, NULL}, sg, wg_d, f_d, B, NULL); };
+            auto gate = [&] { gemv(GateUpRow{a_sparse, wu_d, D, H, NULL, NULL}, f_d, wg_d, B, H, D); };
+            auto screen_gate = [&] { screened_gate(GateUpRow{a_screen, wu_d, D, H, NULL, NULL}, sg, wg_d, f_d, B, NULL); };
             auto sparse = [&] {
                 gate();
                 launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y_sparse,
@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
             };
             // the counts, and the two sparse paths' outputs, bit for bit
             cudaCheck(cudaMemsetAsync(candidates, 0, (MAX_B + 1) * sizeof(int), main_stream));
-            screened_gate(GateUpRow{a_screen, wu_d, D, H, NULL}, sg, wg_d, f_d, B, candidates);
+            screened_gate(GateUpRow{a_screen, wu_d, D, H, NULL, NULL}, sg, wg_d, f_d, B, candidates);
             sparse();
             screened();
             std::vector<int> count = download(candidates, B + 1);

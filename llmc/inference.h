@@ -51,9 +51,10 @@ struct InferState {
     T* logits;         // [max_seqs, Vp]
     int *tokens, *row_slot, *row_pos; // [rows]: each row's token, sequence (cache slot) and position
     int* last_row;     // [max_seqs] each prompt's last row
-    unsigned long long* fired; // [L][2] FFN units that fired in the decode steps since gpt_fired_read, summed
-                               // over the rows, and (the GPU's sparse decode only) the units any row of a
-                               // step fired, summed over the steps (NULL: not counted; infer_state_count_fired)
+    unsigned long long* fired; // [L] FFN units that fired in the decode steps since gpt_fired_read, summed over
+                               // the rows (NULL: not counted; infer_state_count_fired turns it on)
+    unsigned long long* fired_union; // [L] the units some row of a step fired, summed over the steps (the GPU's
+                                     // sparse decode only; NULL: not counted)
     float* lse;        // [max_rows, NH] the prefill attention's log-sum-exp (the GPU's; NULL on the CPU)
     // called before layer l's FFN of a prefill of M rows (the synthetic-sparse
     // benchmark model sets its gates there, llmc/synthetic.h); NULL: nothing
@@ -98,7 +99,7 @@ void infer_state_alloc(InferState<T>* s, const GPT<T, G>* model, int max_seqs, i
 template <typename T, typename G>
 void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
     void* bufs[] = {s->k_cache, s->v_cache, s->x, s->x_mid, s->normed, s->qkv, s->att, s->proj, s->gu, s->last,
-                    s->logits, s->lse, s->tokens, s->row_slot, s->row_pos, s->last_row, s->fired};
+                    s->logits, s->lse, s->tokens, s->row_slot, s->row_pos, s->last_row, s->fired, s->fired_union};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) { device_free(bufs[i], model->device); }
     ffn_cache_free(&s->ffn);
     infer_device_free(&s->dev);
@@ -107,26 +108,32 @@ void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
 
 // From now on the decode steps count each layer's FFN units that fire (g > 0),
 // summed over the rows (the server's metrics; an atomic add per fired unit), and
-// on the GPU's sparse path the union of the units a step's rows fire (the rows
-// of W_u and W_d^T the step must read)
+// with count_union on the GPU's sparse path the units some row of a step fires
+// (the rows of W_u and W_d^T the step must read; above 8 rows a kernel more a layer)
 template <typename T, typename G>
-void infer_state_count_fired(InferState<T>* s, const GPT<T, G>* model) {
-    size_t bytes = (size_t)model->config.num_layers * 2 * sizeof(unsigned long long);
+void infer_state_count_fired(InferState<T>* s, const GPT<T, G>* model, int count_union = 0) {
+    size_t bytes = (size_t)model->config.num_layers * sizeof(unsigned long long);
     s->fired = (unsigned long long*)device_malloc(bytes, model->device);
     device_zero(s->fired, bytes, model->device);
+    if (count_union) {
+        s->fired_union = (unsigned long long*)device_malloc(bytes, model->device);
+        device_zero(s->fired_union, bytes, model->device);
+    }
 }
 
-// adds the counts since the last read to add[L] (the units fired, summed over the rows) and, if not NULL,
-// add_union[L] (the units a step's rows fired, summed over the steps), and starts them again from 0
+// adds the counts since the last read to add[L] (the units fired, summed over the rows) and, where both are
+// counted and not NULL, to add_union[L] (the units some row of a step fired), and starts them again from 0
 template <typename T, typename G>
 void gpt_fired_read(const GPT<T, G>* model, InferState<T>* s, uint64_t* add, uint64_t* add_union = NULL) {
     int L = model->config.num_layers;
-    std::vector<unsigned long long> counts(2 * L);
-    device_copy(counts.data(), s->fired, 2 * L * sizeof(unsigned long long), model->device);
-    device_zero(s->fired, 2 * L * sizeof(unsigned long long), model->device);
-    for (int l = 0; l < L; l++) {
-        add[l] += counts[2 * l];
-        if (add_union) { add_union[l] += counts[2 * l + 1]; }
+    unsigned long long* counters[2] = {s->fired, add_union ? s->fired_union : NULL};
+    uint64_t* adds[2] = {add, add_union};
+    std::vector<unsigned long long> counts(L);
+    for (int i = 0; i < 2; i++) {
+        if (!counters[i]) { continue; }
+        device_copy(counts.data(), counters[i], L * sizeof(unsigned long long), model->device);
+        device_zero(counters[i], L * sizeof(unsigned long long), model->device);
+        for (int l = 0; l < L; l++) { adds[i][l] += counts[l]; }
     }
 }
 
@@ -166,7 +173,8 @@ static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const 
                                        model->param[P_FFN_NORM] + (size_t)l * D, M, D, c->norm_eps, decode);
         if (s->before_ffn) { s->before_ffn(s->before_ffn_ctx, l, M); }
         ffn_forward_cached(&s->ffn, &model->ffn, l, s->proj, s->normed, M, decode, s->gu,
-                           decode && s->fired ? s->fired + 2 * l : NULL);
+                           decode && s->fired ? s->fired + l : NULL,
+                           decode && s->fired_union ? s->fired_union + l : NULL);
         int last = l == L - 1;
         fused_residual_rmsnorm_forward(s->x, s->normed, (G*)NULL, s->x_mid, s->proj,
                                        last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,

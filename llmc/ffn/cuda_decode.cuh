@@ -83,13 +83,13 @@ __device__ int list_units(int* list, float* values, int H, Values values_of) {
 // B <= 8 sequences, the epilogue of the GEMV g = f Wg^T: g_b = bf16(acc_b) (the
 // GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
 // a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is
-// written); active (if not NULL) gets the number of g_b > 0 in active[0] and 1 in active[1], atomics per unit
-// that fired
+// written); active (if not NULL) gets the number of g_b > 0 and active_union (if
+// not NULL) 1, atomics per unit that fired
 struct GateUpRow {
     float* a;
     const bf16* wu;
     int D, H;
-    unsigned long long* active;
+    unsigned long long *active, *active_union;
     template <int B>
     __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
         float g[B];
@@ -102,8 +102,8 @@ struct GateUpRow {
             #pragma unroll
             for (int b = 0; b < B; b++) { fired += g[b] > 0.0f; }
             atomicAdd(active, (unsigned long long)fired);
-            atomicAdd(active + 1, 1ull);
         }
+        if (any && active_union && lane == 0) { atomicAdd(active_union, 1ull); }
         if (any) { // the same for every lane of the warp
             float u[B] = {};
             RowSteps<ROW_PREFETCH_STREAM> r; // (fewer registers: the GEMV's streaming kernel runs this too)
@@ -204,13 +204,13 @@ __device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s
 // shared memory of the down kernels: a list of up to H units and their values
 static inline size_t sparse_down_smem(int H) { return (size_t)H * (sizeof(int) + sizeof(float)); }
 
-// active[0] += the units with g > 0 in any of the B rows of g [B, H] (a thread per unit)
-__global__ void fired_union_kernel(unsigned long long* active, const bf16* g, int B, int H) {
+// *active_union += the units with g > 0 in any of the B rows of g [B, H] (a thread per unit)
+__global__ void fired_union_kernel(unsigned long long* active_union, const bf16* g, int B, int H) {
     const int n = blockIdx.x * blockDim.x + threadIdx.x;
     bool any = false;
     for (int b = 0; n < H && b < B && !any; b++) { any = __bfloat162float(g[(size_t)b * H + n]) > 0.0f; }
     const int count = warp_reduce<Sum>((int)any);
-    if (threadIdx.x % 32 == 0 && count > 0) { atomicAdd(active, (unsigned long long)count); }
+    if (threadIdx.x % 32 == 0 && count > 0) { atomicAdd(active_union, (unsigned long long)count); }
 }
 
 // down after sparse_up_kernel: the list and count it stored, a in list order
@@ -285,20 +285,21 @@ static inline void sparse_decode_free(SparseDecode* s) {
 // y [B, D] = the FFN of f [B, D] over each row's active units (see the top of the
 // file); screen: the int8 copy of this layer's Wg (or NULL); g_scratch: [B, H]
 // for the path above 8 sequences (cuBLASLt's gate); active (if not NULL) gets
-// the number of units that fired, summed over the rows, in active[0], and the
-// number that fired in any row in active[1]
+// the number of units that fired, summed over the rows, and active_union (if not
+// NULL) the number that fired in some row (above 8 rows one more kernel)
 static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int B, int D, int H, const ScreenedGate* screen,
-                                     bf16* g_scratch, unsigned long long* active = NULL) {
+                                     bf16* g_scratch, unsigned long long* active = NULL,
+                                     unsigned long long* active_union = NULL) {
     using namespace sparse_decode_detail;
     dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
     if (screen && ffn_policy_decode_screened(B) && screened_gate_fits(B, D)) {
-        screened_gate(GateUpRow{s->a, wu, D, H, active}, *screen, wg, f, B, (int*)NULL);
+        screened_gate(GateUpRow{s->a, wu, D, H, active, active_union}, *screen, wg, f, B, (int*)NULL);
         launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
     }
     if (gemv_fits(B, D)) {
-        gemv(GateUpRow{s->a, wu, D, H, active}, f, wg, B, H, D);
+        gemv(GateUpRow{s->a, wu, D, H, active, active_union}, f, wg, B, H, D);
         launch_early(sparse_down_active_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, wdT, D, H);
         return;
     }
@@ -306,8 +307,8 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
     sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
         s->a, s->list, s->count, g_scratch, f, wu, D, H, active);
     cudaCheck(cudaGetLastError());
-    if (active) {
-        fired_union_kernel<<<ceil_div(H, SPARSE_THREADS), SPARSE_THREADS, 0, main_stream>>>(active + 1, g_scratch, B, H);
+    if (active_union) {
+        fired_union_kernel<<<ceil_div(H, SPARSE_THREADS), SPARSE_THREADS, 0, main_stream>>>(active_union, g_scratch, B, H);
         cudaCheck(cudaGetLastError());
     }
     sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(y, s->a, s->list, s->count,

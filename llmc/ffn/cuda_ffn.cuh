@@ -53,13 +53,14 @@ static inline int ffn_prefill_sparse(const FfnCache<bf16>* cache, const Ffn<bf16
 }
 
 static inline void ffn_forward_cached(FfnCache<bf16>* cache, Ffn<bf16>* ffn, int l, bf16* y, const bf16* f, int M,
-                                      int decode, bf16* scratch, unsigned long long* fired = NULL) {
+                                      int decode, bf16* scratch, unsigned long long* fired = NULL,
+                                      unsigned long long* fired_union = NULL) {
     const FfnLayer<bf16>* fl = &ffn->layer[l];
     const int D = ffn->D, H = ffn->H;
     if (ffn->mode == FFN_SPARSE && decode) {
         ScreenedGate rows = cache->screen.q ? screen_gate_rows(&cache->screen, l * H, H) : cache->screen;
         ffn_sparse_decode(y, &cache->decode, f, fl->wg, fl->wu, fl->wdT, M, D, H, cache->screen.q ? &rows : NULL,
-                          scratch, fired);
+                          scratch, fired, fired_union);
         return;
     }
     if (!decode && ffn_prefill_sparse(cache, ffn, M)) {

@@ -484,11 +484,11 @@ template <typename T>
 int ffn_prefill_sparse(const FfnCache<T>* cache, const Ffn<T>* ffn, int M) { return 0; }
 
 // y [M, D] = layer l's FFN of f [M, D] for a prefill (decode 0) or a decode step's rows; scratch: [M, 2H];
-// fired (if not NULL, two counters) gets the number of units that fire (g > 0), summed over the rows, in
-// fired[0], and from the GPU's sparse decode the number that fire in any row in fired[1]
+// fired (if not NULL) gets the number of units that fire (g > 0), summed over the rows; fired_union (if not
+// NULL) the number that fire in some row, counted by the GPU's sparse decode only (the rows it reads)
 template <typename T>
 void ffn_forward_cached(FfnCache<T>* cache, Ffn<T>* ffn, int l, T* y, const T* f, int M, int decode, T* scratch,
-                        unsigned long long* fired = NULL) {
+                        unsigned long long* fired = NULL, unsigned long long* fired_union = NULL) {
     const FfnLayer<T>* fl = &ffn->layer[l];
     ffn_dense_forward(y, scratch, scratch + (size_t)M * ffn->H, f, fl->wg, fl->wu, fl->wdT, M, ffn->D, ffn->H, fired,
                       decode, 0, ffn->activation);

@@ -430,7 +430,7 @@ static void test_sparse_decode_ffn(void) {
                     cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                     cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
                     cudaCheck(cudaMemset(fired_d, 0, 2 * sizeof(unsigned long long)));
-                    gemv(GateUpRow{a_d, wu_d, D, H, fired_d}, f_d, wg_d, B, H, D);
+                    gemv(GateUpRow{a_d, wu_d, D, H, fired_d, fired_d + 1}, f_d, wg_d, B, H, D);
                     cudaCheck(cudaGetLastError());
                     counted = download(fired_d, 2);
                     CHECK(counted[0] == fired, "gate + up B %d p %g: counted %llu fired units, not %llu", B, pt[0],
@@ -713,7 +713,7 @@ static void test_model_slots(void) {
     for (int mode : {FFN_DENSE, FFN_SPARSE}) {
         InferState<bf16> m;
         infer_state_alloc(&m, &model, 4, 24, c.max_seq_len);
-        infer_state_count_fired(&m, &model);
+        infer_state_count_fired(&m, &model, 1);
         model.ffn.mode = mode;
         const char* name = mode == FFN_DENSE ? "dense" : "sparse";
         std::vector<uint64_t> gpu_union;

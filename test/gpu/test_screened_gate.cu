@@ -110,7 +110,7 @@ static void test_gate(int B, int H, int D, int kind, cudaStream_t capture_stream
     cudaCheck(cudaMemset(g_ref, 0xFF, (size_t)B * H * sizeof(bf16)));
     cudaCheck(cudaMemset(a_ref, 0xFF, (size_t)B * H * sizeof(float)));
     gemv(StoreRow{g_ref, H}, f_d, wg_d, B, H, D);
-    gemv(GateUpRow{a_ref, wu_d, D, H, NULL}, f_d, wg_d, B, H, D);
+    gemv(GateUpRow{a_ref, wu_d, D, H, NULL, NULL}, f_d, wg_d, B, H, D);
 
     // g with StoreRow: the GEMV's bits where it fires; its bits or +0 elsewhere
     cudaCheck(cudaMemset(g_scr, 0xFF, (size_t)B * H * sizeof(bf16)));
@@ -144,7 +144,7 @@ static void test_gate(int B, int H, int D, int kind, cudaStream_t capture_stream
             cudaGraph_t g;
             cudaGraphExec_t exec;
             cudaCheck(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeThreadLocal));
-            screened_gate(GateUpRow{a_scr, wu_d, D, H, NULL}, sg, wg_d, f_d, B, NULL);
+            screened_gate(GateUpRow{a_scr, wu_d, D, H, NULL, NULL}, sg, wg_d, f_d, B, NULL);
             cudaCheck(cudaStreamEndCapture(main_stream, &g));
             cudaCheck(cudaGraphInstantiate(&exec, g, 0));
             cudaCheck(cudaGraphLaunch(exec, main_stream));
@@ -153,7 +153,7 @@ static void test_gate(int B, int H, int D, int kind, cudaStream_t capture_stream
             cudaCheck(cudaGraphDestroy(g));
             main_stream = saved;
         } else {
-            screened_gate(GateUpRow{a_scr, wu_d, D, H, NULL}, sg, wg_d, f_d, B, NULL);
+            screened_gate(GateUpRow{a_scr, wu_d, D, H, NULL, NULL}, sg, wg_d, f_d, B, NULL);
         }
         std::vector<float> a1 = download(a_ref, (size_t)B * H), a2 = download(a_scr, (size_t)B * H);
         CHECK(memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)) == 0, "%s B %d D %d: a differs from gemv(GateUpRow)'s%s",
