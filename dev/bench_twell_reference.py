@@ -21,7 +21,8 @@ host's time to queue a run is hidden) with a dense bf16 FFN in torch beside them
 from pattern to pattern where the two runs saw the same clock); and prints the error of the reference's y and of ours against a dense
 fp32 FFN on the same inputs, max|y - y32| / max|y32|. The ratio is reference time
 / our time: 1.5x means ours takes 1/1.5 of the reference's time. Our times come
-from bench_twell's own run.
+from bench_twell's own run, timed there as this script times the reference (a dense
+FFN, the whole and the two stages in turn).
 
 The reference's limits, from its code: compute capability 9.0 with at least 128
 SMs (its gate is a persistent grid of 128 CTAs in clusters of 2), D = 2048 (its
