@@ -196,13 +196,13 @@ static StepBytes step_bytes(const GPTConfig* c, int B, double context, double ga
     return b;
 }
 
-// the bytes model of both paths beside their measured step times
-// fired: the units a step's rows fire per layer, summed over the rows and as their union (each row of W_u and
-// W_d^T the step must read once)
+// the units a step's rows fire per layer, summed over the rows and as their union (each row of W_u and W_d^T
+// the step must read once)
 typedef struct {
     double pairs, units;
 } StepFired;
 
+// the bytes model of both paths beside their measured step times
 static void report_bytes(GPT<bf16, float>* model, InferState<bf16>* s, int B, int T, int steps, double dense_s,
                          double twell_s, StepFired fired) {
     const GPTConfig* c = &model->config;

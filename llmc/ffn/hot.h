@@ -9,11 +9,12 @@
  the costs of the running device (FfnCosts, in seconds per token),
      time(h hot units) = dense0 + dense1 h + cold0 + gate1 (H - h) + (the cold units' pairs per token, priced)
  (with h = 0 no dense0, with h = H no cold0: a cold part of any size runs its
- whole pipeline of kernels, ~0.5 ms fwd + bwd at M 16384, D 2048 on an H200,
- which 64 cold units beside 5568 hot ones did not save over the dense layer),
+ whole pipeline of kernels, which 64 cold units beside 5568 hot ones did not
+ save over the dense layer, dev/RESULTS.md "The measured paths' first choice"),
  and a layer's path is the number h of busiest units, 0, a multiple of
- FFN_HOT_ALIGN (llmc/ffn/policy.h) or H, with the least time. h = H is every unit hot: under --ffn auto the dense layer itself, whose
- time is measured where one runs (dense0 + dense1 H until then). A cold pair
+ FFN_HOT_ALIGN (llmc/ffn/policy.h) or H, with the least time. h = H is every
+ unit hot: under --ffn auto the dense layer itself, whose time is measured
+ where one runs (dense0 + dense1 H until then). A cold pair
  is priced pair1 until the layer's own time is measured on a path
  (FfnPairPrices): then at what that path costs, and after a second path at
  what moving the units between the two saved (the busiest units' pairs cost
