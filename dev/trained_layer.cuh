@@ -36,7 +36,8 @@ static void load_trained_layer(const char* path, int l, int M, int D, int H, bf1
     int* tokens = upload(std::vector<int>(val.inputs, val.inputs + M));
     gpt_forward(&model, tokens, (const int*)NULL, B, T, 0.0f);
     size_t MD = (size_t)M * D, HD = (size_t)H * D;
-    cudaCheck(cudaMemcpy(f, model.acts.ffn_in + l * MD, MD * 2, cudaMemcpyDeviceToDevice));
+    // (the forward keeps the last layer's FFN input only)
+    cudaCheck(cudaMemcpy(f, gpt_norm_output(&model, l, 1), MD * 2, cudaMemcpyDeviceToDevice));
     cudaCheck(cudaMemcpy(wg, model.param[P_WG] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
     cudaCheck(cudaMemcpy(wu, model.param[P_WU] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));
     cudaCheck(cudaMemcpy(wdT, model.param[P_WDT] + l * HD, HD * 2, cudaMemcpyDeviceToDevice));

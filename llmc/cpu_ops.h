@@ -196,6 +196,18 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int M, int D, fl
     }
 }
 
+// out = inp * rstd * w with the rstd of an earlier rmsnorm_forward of inp: that forward's out again, to the
+// bit (the backward recomputes the norms' outputs instead of keeping one per layer)
+template <typename T>
+void rmsnorm_apply(T* out, const T* inp, const T* rstd, const T* w, int M, int D) {
+    #pragma omp parallel for
+    for (int m = 0; m < M; m++) {
+        const T* x = inp + (size_t)m * D;
+        T* o = out + (size_t)m * D;
+        for (int i = 0; i < D; i++) { o[i] = x[i] * rstd[m] * w[i]; }
+    }
+}
+
 // the residual add fused with the norm that follows it:
 // x_out = x + y, norm_out = RMSNorm(x_out; w)
 template <typename T>

@@ -2,6 +2,7 @@
  RMSNorm on the GPU, over rows of D (bf16 in and out, fp32 math and statistics):
      forward:   rstd = 1 / sqrt(mean(x^2) + eps),  out = x * rstd * w
      fused:     x_out = bf16(x + y),  norm_out = RMSNorm(x_out as stored)
+     apply:     out = x * rstd * w with a forward's rstd (its out again, to the bit)
      backward:  n = x * rstd,  dinp += rstd * (dout*w - n * mean(dout*w*n)),  dw += sum_m dout * n
  Forward: a block per row (a warp per row when D > 8192). Backward: a warp per row; the weight
  gradient is a sum over rows: each block writes the partial sum of its rows to scratch, and a second
@@ -29,6 +30,13 @@ __device__ __forceinline__ Bf16x8 rmsnorm_row_input(const bf16* __restrict__ x, 
     return a;
 }
 
+// out = bf16(x * r * w) for 8 columns: every kernel here rounds the norm's output by this one expression
+__device__ __forceinline__ Bf16x8 rmsnorm_scale(const Bf16x8& a, float r, const Bf16x8& w) {
+    Bf16x8 o;
+    for (int i = 0; i < 8; i++) { o.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) * r * __bfloat162float(w.v[i])); }
+    return o;
+}
+
 // a block per row, a thread per 8 columns, the row kept in registers: one read
 // of x (and y), and a decode step's single row spread over a whole block. The
 // weights are read before the wait of an early launch (cuda_common.cuh).
@@ -51,13 +59,7 @@ __global__ void rmsnorm_forward_kernel(bf16* __restrict__ out, float* __restrict
     }
     sum_sq = block_reduce<Sum>(sum_sq);
     const float r = 1.0f / sqrtf(sum_sq / D + eps);
-    if (col < D) {
-        Bf16x8 o;
-        for (int i = 0; i < 8; i++) {
-            o.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) * r * __bfloat162float(wv.v[i]));
-        }
-        store_bf16x8(out + row + col, o);
-    }
+    if (col < D) { store_bf16x8(out + row + col, rmsnorm_scale(a, r, wv)); }
     if (rstd && threadIdx.x == 0) { rstd[blockIdx.x] = r; }
 }
 
@@ -81,13 +83,19 @@ rmsnorm_forward_wide_kernel(bf16* __restrict__ out, float* __restrict__ rstd, bf
     const float r = 1.0f / sqrtf(sum_sq / D + eps);
     #pragma unroll 4
     for (int col = lane * 8; col < D; col += 32 * 8) {
-        Bf16x8 a = rmsnorm_row_input(x, y, row + col), wv = load_bf16x8(w + col), o;
-        for (int i = 0; i < 8; i++) {
-            o.v[i] = __float2bfloat16_rn(__bfloat162float(a.v[i]) * r * __bfloat162float(wv.v[i]));
-        }
-        store_bf16x8(out + row + col, o);
+        Bf16x8 a = rmsnorm_row_input(x, y, row + col), wv = load_bf16x8(w + col);
+        store_bf16x8(out + row + col, rmsnorm_scale(a, r, wv));
     }
     if (rstd && lane == 0) { rstd[m] = r; }
+}
+
+// out = x * rstd * w, a thread per 8 columns of a row
+__global__ void rmsnorm_apply_kernel(bf16* __restrict__ out, const bf16* __restrict__ x, const float* __restrict__ rstd,
+                                     const bf16* __restrict__ w, int M, int D) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (i >= (size_t)M * D) { return; }
+    const int col = (int)(i % D);
+    store_bf16x8(out + i, rmsnorm_scale(load_bf16x8(x + i), rstd[i / D], load_bf16x8(w + col)));
 }
 
 static void rmsnorm_launch(bf16* out, float* rstd, bf16* x_out, const bf16* x, const bf16* y, const bf16* w,
@@ -111,6 +119,14 @@ static void rmsnorm_launch(bf16* out, float* rstd, bf16* x_out, const bf16* x, c
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* w, int M, int D, float eps,
                      bool early = false) {
     rmsnorm_launch(out, rstd, NULL, inp, NULL, w, M, D, eps, early);
+}
+
+// out = inp * rstd * w with the rstd of an earlier rmsnorm_forward of inp: that forward's out again, to the bit
+void rmsnorm_apply(bf16* out, const bf16* inp, const float* rstd, const bf16* w, int M, int D) {
+    if (D % 8 != 0) { fatal("rmsnorm: D %d must be a multiple of 8 on the GPU", D); }
+    const size_t n8 = (size_t)M * D / 8;
+    rmsnorm_apply_kernel<<<(unsigned int)((n8 + 255) / 256), 256, 0, main_stream>>>(out, inp, rstd, w, M, D);
+    cudaCheck(cudaGetLastError());
 }
 
 // x_out and norm_out must not overlap the inputs

@@ -53,12 +53,13 @@ template <typename T, typename G>
 struct Activations {
     T* x_res;      // [L+1, M, D] residual stream entering each layer; [L] enters the final norm
     T* x_mid;      // [L, M, D] after the attention residual add
-    T* attn_in;    // [L, M, D] RMSNorm output feeding qkv
+    T* attn_in;    // [M, D] RMSNorm output feeding qkv, the latest layer's (the backward recomputes each layer's
+                   // from x_res and attn_rstd: 2 L M D bytes fewer for it and ffn_in)
     G* attn_rstd;  // [L, M]
     T* qkv;        // [L, M, QKV] q and k after RoPE
     T* att;        // [L, M, D] attention output before Wo
     G* lse;        // [L, B, NH, T] attention log-sum-exp per query
-    T* ffn_in;     // [L, M, D] RMSNorm output f
+    T* ffn_in;     // [M, D] RMSNorm output f, the latest layer's (recomputed from x_mid and ffn_rstd)
     G* ffn_rstd;   // [L, M]
     G* row_l1;     // [L, M] sum_n |h|
     int* row_active; // [L, M] firing units
@@ -161,9 +162,9 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
-        {(void**)&a->attn_in, L * M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
+        {(void**)&a->attn_in, M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
         {(void**)&a->qkv, L * M * QKV * sizeof(T)}, {(void**)&a->att, L * M * D * sizeof(T)},
-        {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, L * M * D * sizeof(T)},
+        {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, M * D * sizeof(T)},
         {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
         {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
         {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
@@ -268,6 +269,19 @@ void gpt_load_params(GPT<T, G>* model, const float* params) {
     device_upload_params(model->params, params, model->num_parameters, model->device);
 }
 
+// layer l's norm output as its forward computed it, from the residual stream and rstd it kept: the norm
+// before the FFN into ffn_in (ffn 1) or the one before attention into attn_in (ffn 0), which it returns; the
+// forward keeps only the latest layer's
+template <typename T, typename G>
+static T* gpt_norm_output(GPT<T, G>* model, int l, int ffn) {
+    const int M = model->B * model->T_, D = model->config.channels;
+    Activations<T, G>* a = &model->acts;
+    T* out = ffn ? a->ffn_in : a->attn_in;
+    rmsnorm_apply(out, (ffn ? a->x_mid : a->x_res) + (size_t)l * M * D, (ffn ? a->ffn_rstd : a->attn_rstd) + (size_t)l * M,
+                  model->param[ffn ? P_FFN_NORM : P_ATTN_NORM] + (size_t)l * D, M, D);
+    return out;
+}
+
 // The FFN's paths after optimizer step `step` of `tokens` tokens (llmc/ffn/hot.h,
 // ffn_path_update), from the step's firing counts (gpt_stats_read); what is
 // timed runs on a layer's input of the last step, with the projection and
@@ -278,7 +292,7 @@ void gpt_ffn_update(GPT<T, G>* model, int step, double tokens, int verbose) {
     Activations<T, G>* a = &model->acts;
     auto probe = [&](int l) {
         size_t LD = (size_t)l * H * D;
-        return FfnProbe<T, G>{a->ffn_in + (size_t)l * M * D, a->proj, a->d_tmp, a->d_res, model->grad[P_WG] + LD,
+        return FfnProbe<T, G>{gpt_norm_output(model, l, 1), a->proj, a->d_tmp, a->d_res, model->grad[P_WG] + LD,
                               model->grad[P_WU] + LD, model->grad[P_WDT] + LD, a->row_l1 + (size_t)l * M,
                               a->row_active + (size_t)l * M};
     };
@@ -317,9 +331,9 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
         if (model->params_needed && l + 1 < L) { model->params_needed(model->params_needed_ctx, l + 1); }
         T* qkv = a->qkv + (size_t)l * M * QKV;
         T* att = a->att + l * MD;
-        T* ffn_in = a->ffn_in + l * MD;
+        T* ffn_in = a->ffn_in;
 
-        linear_forward(qkv, a->attn_in + l * MD, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
+        linear_forward(qkv, a->attn_in, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV);
         rope_forward(qkv, B, T_, 0, NH, NKV, hd, c->rope_theta);
         attention_forward(att, a->lse + (size_t)l * M * NH, qkv, B, T_, NH, NKV, hd);
         linear_forward(a->proj, att, model->param[P_WO] + (size_t)l * D * D, M, D, D);
@@ -330,7 +344,7 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
                     model->fired + (size_t)l * H, ffn_in);
         // the residual add, fused with the norm of the next layer (or the final norm)
         int last = l == L - 1;
-        fused_residual_rmsnorm_forward(a->x_res + (l + 1) * MD, last ? a->final_out : a->attn_in + (l + 1) * MD,
+        fused_residual_rmsnorm_forward(a->x_res + (l + 1) * MD, last ? a->final_out : a->attn_in,
                                        last ? a->final_rstd : a->attn_rstd + (size_t)(l + 1) * M, a->x_mid + l * MD,
                                        a->proj, last ? model->param[P_FINAL_NORM] : model->param[P_ATTN_NORM] + (size_t)(l + 1) * D,
                                        M, D, c->norm_eps);
@@ -390,7 +404,7 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
         size_t LHD = (size_t)l * H * D;
         // FFN: x_out = x_mid + h Wd^T; d_res is dL/dx_out and passes through to x_mid
         ffn_backward(&model->ffn, l, a->d_tmp, model->grad[P_WG] + LHD, model->grad[P_WU] + LHD,
-                     model->grad[P_WDT] + LHD, model->unit_count + (size_t)l * H, d_res, a->ffn_in + l * MD,
+                     model->grad[P_WDT] + LHD, model->unit_count + (size_t)l * H, d_res, gpt_norm_output(model, l, 1),
                      a->row_l1 + (size_t)l * M, a->row_active + (size_t)l * M, model->fired + (size_t)l * H, l1_scale);
         rmsnorm_backward(d_res, model->grad[P_FFN_NORM] + (size_t)l * D, a->scratch, a->d_tmp, a->x_mid + l * MD,
                          model->param[P_FFN_NORM] + (size_t)l * D, a->ffn_rstd + (size_t)l * M, M, D);
@@ -401,7 +415,7 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
         attention_backward(a->d_qkv, a->scratch, a->d_tmp, a->att + l * MD, a->qkv + (size_t)l * M * QKV,
                            a->lse + (size_t)l * M * NH, B, T_, NH, NKV, hd);
         rope_backward(a->d_qkv, B, T_, NH, NKV, hd, c->rope_theta);
-        linear_backward(a->d_tmp, model->grad[P_WQKV] + (size_t)l * QKV * D, a->d_qkv, a->attn_in + l * MD,
+        linear_backward(a->d_tmp, model->grad[P_WQKV] + (size_t)l * QKV * D, a->d_qkv, gpt_norm_output(model, l, 0),
                         model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV, 0);
         rmsnorm_backward(d_res, model->grad[P_ATTN_NORM] + (size_t)l * D, a->scratch, a->d_tmp, a->x_res + l * MD,
                          model->param[P_ATTN_NORM] + (size_t)l * D, a->attn_rstd + (size_t)l * M, M, D);

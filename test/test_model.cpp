@@ -193,6 +193,19 @@ static void test_recompute(void) {
     gpt_free(&recomputed);
 }
 
+// the norms' outputs the backward recomputes (rmsnorm_apply from the forward's rstd) are the forward's, bit for bit
+template <typename T>
+static void test_norm_apply(int M, int D) {
+    uint64_t rng = 11;
+    std::vector<T> x((size_t)M * D), w(D), out((size_t)M * D), again((size_t)M * D, (T)NAN), rstd(M);
+    for (T& v : x) { v = (T)(rng_uniform(&rng) * 4 - 2); }
+    for (T& v : w) { v = (T)(rng_uniform(&rng) + 0.5); }
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), M, D, 1e-5f);
+    rmsnorm_apply(again.data(), x.data(), rstd.data(), w.data(), M, D);
+    CHECK(memcmp(out.data(), again.data(), out.size() * sizeof(T)) == 0, "rmsnorm_apply (%zu-byte values, M %d, D %d) "
+          "differs from the forward's output", sizeof(T), M, D);
+}
+
 // prompts of the given lengths prefilled as one batch, then decode steps of all
 // sequences until the longest fills max_seq_len, against each sequence's
 // training forward
@@ -289,6 +302,8 @@ int main(void) {
     test_gradients(0.0, ACT_SILU, 1);
     test_gradients(0.05, ACT_SILU, 1); // (the trainer keeps lambda 0 for SiLU; the math holds either way)
     test_recompute();
+    test_norm_apply<float>(7, 48);
+    test_norm_apply<double>(3, 16);
     const int one[1] = {3}, batch[3] = {3, 1, 5};
     test_cached_forward(1, one);
     test_cached_forward(3, batch);

@@ -271,6 +271,20 @@ static void test_rmsnorm(int M, int D) {
     fused_residual_rmsnorm_forward(d_x_out, d_norm, d_rstd, d_x, d_y, d_w, M, D, eps);
     check_deterministic("fused_residual_rmsnorm", "norm_out", shape, same_bits(norm, download(d_norm, MD)));
 
+    // apply: a forward's output again from its input and rstd, to the bit (what the backward recomputes), and
+    // the CPU's apply on the same rstd
+    bf16* d_apply = poisoned<bf16>(MD);
+    rmsnorm_apply(d_apply, d_x_out, d_rstd, d_w, M, D);
+    check_exact("rmsnorm_apply", "the fused norm's output", shape, download(d_apply, MD), norm);
+    std::vector<double> rstd2 = to_double(download(d_rstd, M)), apply_ref(MD);
+    rmsnorm_apply(apply_ref.data(), x_out_d.data(), rstd2.data(), wd.data(), M, D);
+    check_close("rmsnorm_apply", "out", shape, download(d_apply, MD), apply_ref, 1e-2);
+    rmsnorm_forward(d_out, d_rstd, d_x, d_w, M, D, eps);
+    cudaCheck(cudaMemset(d_apply, 0xFF, MD * sizeof(bf16)));
+    rmsnorm_apply(d_apply, d_x, d_rstd, d_w, M, D);
+    check_exact("rmsnorm_apply", "the forward's output", shape, download(d_apply, MD), out);
+    cuda_free(d_apply);
+
     // backward, from the forward's rstd (as fp32 on both sides); dinp and dw accumulate
     std::vector<float> rstd_f(M);
     for (int m = 0; m < M; m++) { rstd_f[m] = (float)rstd_ref[m]; }
