@@ -149,14 +149,15 @@ static void test_model(int NKV, float lambda, int activation = ACT_RELU, int unt
     printf("NKV %d lambda %g: loss cpu %.6f gpu %.6f | l1 cpu %.6f gpu %.6f | l0 layer0 cpu %.2f gpu %.2f\n",
            NKV, lambda, cpu.ce, gpu.ce, cpu.l1_term, gpu.l1_term, cpu.stats[0].l0_mean, gpu.stats[0].l0_mean);
     // the forward's activations, each within a few bf16 roundings of the fp32 path
-    size_t MD = (size_t)M * c.num_layers * c.channels, MH = (size_t)M * c.num_layers * c.hidden;
+    // (attn_in and ffn_in hold one layer's, the last the backward recomputed)
+    size_t MD = (size_t)M * c.num_layers * c.channels, MH = (size_t)M * c.num_layers * c.hidden, M1D = (size_t)M * c.channels;
     struct { const char* name; const bf16* gpu; const float* cpu; size_t n; } acts[] = {
-        {"x_res", gpu.acts.x_res, cpu.acts.x_res, MD + (size_t)M * c.channels}, {"attn_in", gpu.acts.attn_in, cpu.acts.attn_in, MD},
+        {"x_res", gpu.acts.x_res, cpu.acts.x_res, MD + (size_t)M * c.channels}, {"attn_in", gpu.acts.attn_in, cpu.acts.attn_in, M1D},
         {"qkv", gpu.acts.qkv, cpu.acts.qkv, (size_t)M * c.num_layers * qkv_dim(&c)}, {"att", gpu.acts.att, cpu.acts.att, MD},
-        {"x_mid", gpu.acts.x_mid, cpu.acts.x_mid, MD}, {"ffn_in", gpu.acts.ffn_in, cpu.acts.ffn_in, MD},
-        {"final_out", gpu.acts.final_out, cpu.acts.final_out, (size_t)M * c.channels},
+        {"x_mid", gpu.acts.x_mid, cpu.acts.x_mid, MD}, {"ffn_in", gpu.acts.ffn_in, cpu.acts.ffn_in, M1D},
+        {"final_out", gpu.acts.final_out, cpu.acts.final_out, M1D},
         {"dlogits", gpu.acts.logits, cpu.acts.logits, (size_t)M * c.padded_vocab_size},
-        {"d_res", gpu.acts.d_res, cpu.acts.d_res, (size_t)M * c.channels},
+        {"d_res", gpu.acts.d_res, cpu.acts.d_res, M1D},
     };
     for (int l = 0; l < c.num_layers; l++) { // each layer's g, u, h, kept in the layer's own buffer
         double err = act_err(gpu.ffn.layer[l].dense, cpu.ffn.layer[l].dense, 3 * MH / c.num_layers);
