@@ -84,14 +84,30 @@ __device__ int list_units(int* list, float* values, int H, Values values_of) {
 // GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
 // a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is
 // written); active (if not NULL) gets the number of g_b > 0 and active_union (if
-// not NULL) 1, atomics per unit that fired
+// not NULL) 1, atomics per unit that fired. Wu[n]'s first steps are requested
+// when a unit fires, or earlier by early(n, lane) (the screened gate's candidates:
+// with their bf16 gate row, one DRAM round trip instead of two)
 struct GateUpRow {
     float* a;
     const bf16* wu;
     int D, H;
     unsigned long long *active, *active_union;
+    typedef RowSteps<ROW_PREFETCH_STREAM> Early; // (fewer registers: the GEMV's streaming kernel runs this too)
+    __device__ Early early(int n, int lane) const {
+        Early r;
+        prefetch_row(r, wu + (size_t)n * D, D, lane);
+        return r;
+    }
     template <int B>
     __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
+        finish<B, false>(n, acc, xs, lane, NULL);
+    }
+    template <int B>
+    __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane, const Early& wu_row) const {
+        finish<B, true>(n, acc, xs, lane, &wu_row);
+    }
+    template <int B, bool REQUESTED>
+    __device__ void finish(int n, const float (&acc)[B], const bf16* xs, int lane, const Early* wu_row) const {
         float g[B];
         bool any = false;
         #pragma unroll
@@ -106,9 +122,11 @@ struct GateUpRow {
         if (any && active_union && lane == 0) { atomicAdd(active_union, 1ull); }
         if (any) { // the same for every lane of the warp
             float u[B] = {};
-            RowSteps<ROW_PREFETCH_STREAM> r; // (fewer registers: the GEMV's streaming kernel runs this too)
-            prefetch_row(r, wu + (size_t)n * D, D, lane);
-            warp_dot_rows<B>(u, xs, r, wu + (size_t)n * D, D, lane);
+            if constexpr (REQUESTED) {
+                warp_dot_rows<B>(u, xs, *wu_row, wu + (size_t)n * D, D, lane);
+            } else {
+                warp_dot_rows<B>(u, xs, early(n, lane), wu + (size_t)n * D, D, lane);
+            }
             #pragma unroll
             for (int b = 0; b < B; b++) {
                 if (g[b] > 0.0f) { h[b] = __bfloat162float(__float2bfloat16_rn(g[b] * __bfloat162float(__float2bfloat16_rn(u[b])))); }
