@@ -158,6 +158,8 @@ __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const bf16* f, const bf16* wu, int D, int H,
                  unsigned long long* active) {
     extern __shared__ int list[];
+    grid_dependents_launch(); // (launched early: the wait comes before anything is read)
+    grid_dependency_wait();
     const int b = blockIdx.y, lane = threadIdx.x % 32;
     const int count = list_active_units(list, g + (size_t)b * H, H);
     if (blockIdx.x == 0) {
@@ -236,6 +238,8 @@ __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, const bf16* wdT, int D, int H) {
     extern __shared__ int s_list[];
     float* s_a = (float*)(s_list + H);
+    grid_dependents_launch();
+    grid_dependency_wait();
     const int b = blockIdx.y, n = count[b];
     for (int i = threadIdx.x; i < n; i += SPARSE_THREADS) {
         s_list[i] = list[(size_t)b * H + i];
@@ -261,13 +265,16 @@ sparse_down_active_kernel(bf16* y, const float* a, const bf16* wdT, int D, int H
     sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
 }
 
-// with their static shared memory the down kernels pass 48 KiB from H ~ 5000
+// with their static shared memory the down kernels pass 48 KiB from H ~ 5000; the
+// kernels of the decode FFN's early-launched chains ask for the largest split
 static inline void sparse_down_allow_smem(int H) {
     cudaCheck(cudaFuncSetAttribute(sparse_down_active_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
     cudaCheck(cudaFuncSetAttribute(sparse_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
     prefer_shared_memory(sparse_down_active_kernel);
+    prefer_shared_memory(sparse_down_kernel);
+    prefer_shared_memory(sparse_up_kernel);
 }
 
 } // namespace sparse_decode_detail
@@ -322,16 +329,15 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
         return;
     }
     gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);
-    sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
-        s->a, s->list, s->count, g_scratch, f, wu, D, H, active);
-    cudaCheck(cudaGetLastError());
+    // (launched early, so that each launch overlaps the kernel before it)
+    launch_early(sparse_up_kernel, dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), s->a, s->list, s->count,
+                 g_scratch, f, wu, D, H, active);
     if (active_union) {
         fired_union_kernel<<<ceil_div(H, SPARSE_THREADS), SPARSE_THREADS, 0, main_stream>>>(active_union, g_scratch, B, H);
         cudaCheck(cudaGetLastError());
     }
-    sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(y, s->a, s->list, s->count,
-                                                                                        wdT, D, H);
-    cudaCheck(cudaGetLastError());
+    launch_early(sparse_down_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, s->list, s->count, wdT,
+                 D, H);
 }
 
 #endif // LLMC_FFN_CUDA_DECODE_CUH
