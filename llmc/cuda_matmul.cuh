@@ -208,16 +208,25 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, c
 constexpr int GEMV_MAX_ROWS = 8, GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32;
 constexpr int ROW_PREFETCH_STREAM = 4;
 
-// the epilogue of a plain product: y[b, n] = bf16(acc_b)
+// the epilogue of a plain product: y[b, n] = bf16(acc_b). (An epilogue may read
+// more memory for row n; early(n, lane) requests it, for a caller that knows
+// row n needs it before its sums are done, and operator() takes what it gave.
+// A plain store reads nothing.)
 struct StoreRow {
     bf16* y;
     int N;
+    struct Early {};
+    __device__ Early early(int n, int lane) const { return {}; }
     template <int B>
     __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
         #pragma unroll
         for (int b = 0; b < B; b++) {
             if (lane == b) { y[(size_t)b * N + n] = __float2bfloat16_rn(acc[b]); }
         }
+    }
+    template <int B>
+    __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane, const Early&) const {
+        (*this)(n, acc, xs, lane);
     }
 };
 

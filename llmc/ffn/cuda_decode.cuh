@@ -84,14 +84,30 @@ __device__ int list_units(int* list, float* values, int H, Values values_of) {
 // GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
 // a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is
 // written); active (if not NULL) gets the number of g_b > 0 and active_union (if
-// not NULL) 1, atomics per unit that fired
+// not NULL) 1, atomics per unit that fired. Wu[n]'s first steps are requested
+// when a unit fires, or earlier by early(n, lane) (the screened gate's candidates:
+// with their bf16 gate row, one DRAM round trip instead of two)
 struct GateUpRow {
     float* a;
     const bf16* wu;
     int D, H;
     unsigned long long *active, *active_union;
+    typedef RowSteps<ROW_PREFETCH_STREAM> Early; // (fewer registers: the GEMV's streaming kernel runs this too)
+    __device__ Early early(int n, int lane) const {
+        Early r;
+        prefetch_row(r, wu + (size_t)n * D, D, lane);
+        return r;
+    }
     template <int B>
     __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane) const {
+        finish<B, false>(n, acc, xs, lane, NULL);
+    }
+    template <int B>
+    __device__ void operator()(int n, const float (&acc)[B], const bf16* xs, int lane, const Early& wu_row) const {
+        finish<B, true>(n, acc, xs, lane, &wu_row);
+    }
+    template <int B, bool REQUESTED>
+    __device__ void finish(int n, const float (&acc)[B], const bf16* xs, int lane, const Early* wu_row) const {
         float g[B];
         bool any = false;
         #pragma unroll
@@ -106,9 +122,11 @@ struct GateUpRow {
         if (any && active_union && lane == 0) { atomicAdd(active_union, 1ull); }
         if (any) { // the same for every lane of the warp
             float u[B] = {};
-            RowSteps<ROW_PREFETCH_STREAM> r; // (fewer registers: the GEMV's streaming kernel runs this too)
-            prefetch_row(r, wu + (size_t)n * D, D, lane);
-            warp_dot_rows<B>(u, xs, r, wu + (size_t)n * D, D, lane);
+            if constexpr (REQUESTED) {
+                warp_dot_rows<B>(u, xs, *wu_row, wu + (size_t)n * D, D, lane);
+            } else {
+                warp_dot_rows<B>(u, xs, early(n, lane), wu + (size_t)n * D, D, lane);
+            }
             #pragma unroll
             for (int b = 0; b < B; b++) {
                 if (g[b] > 0.0f) { h[b] = __bfloat162float(__float2bfloat16_rn(g[b] * __bfloat162float(__float2bfloat16_rn(u[b])))); }
@@ -140,6 +158,8 @@ __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const bf16* f, const bf16* wu, int D, int H,
                  unsigned long long* active) {
     extern __shared__ int list[];
+    grid_dependents_launch(); // (launched early: the wait comes before anything is read)
+    grid_dependency_wait();
     const int b = blockIdx.y, lane = threadIdx.x % 32;
     const int count = list_active_units(list, g + (size_t)b * H, H);
     if (blockIdx.x == 0) {
@@ -218,6 +238,8 @@ __global__ void __launch_bounds__(SPARSE_THREADS)
 sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, const bf16* wdT, int D, int H) {
     extern __shared__ int s_list[];
     float* s_a = (float*)(s_list + H);
+    grid_dependents_launch();
+    grid_dependency_wait();
     const int b = blockIdx.y, n = count[b];
     for (int i = threadIdx.x; i < n; i += SPARSE_THREADS) {
         s_list[i] = list[(size_t)b * H + i];
@@ -243,13 +265,16 @@ sparse_down_active_kernel(bf16* y, const float* a, const bf16* wdT, int D, int H
     sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
 }
 
-// with their static shared memory the down kernels pass 48 KiB from H ~ 5000
+// with their static shared memory the down kernels pass 48 KiB from H ~ 5000; the
+// kernels of the decode FFN's early-launched chains ask for the largest split
 static inline void sparse_down_allow_smem(int H) {
     cudaCheck(cudaFuncSetAttribute(sparse_down_active_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
     cudaCheck(cudaFuncSetAttribute(sparse_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
     prefer_shared_memory(sparse_down_active_kernel);
+    prefer_shared_memory(sparse_down_kernel);
+    prefer_shared_memory(sparse_up_kernel);
 }
 
 } // namespace sparse_decode_detail
@@ -304,16 +329,15 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
         return;
     }
     gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);
-    sparse_up_kernel<<<dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), main_stream>>>(
-        s->a, s->list, s->count, g_scratch, f, wu, D, H, active);
-    cudaCheck(cudaGetLastError());
+    // (launched early, so that each launch overlaps the kernel before it)
+    launch_early(sparse_up_kernel, dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), s->a, s->list, s->count,
+                 g_scratch, f, wu, D, H, active);
     if (active_union) {
         fired_union_kernel<<<ceil_div(H, SPARSE_THREADS), SPARSE_THREADS, 0, main_stream>>>(active_union, g_scratch, B, H);
         cudaCheck(cudaGetLastError());
     }
-    sparse_down_kernel<<<down_grid, SPARSE_THREADS, sparse_down_smem(H), main_stream>>>(y, s->a, s->list, s->count,
-                                                                                        wdT, D, H);
-    cudaCheck(cudaGetLastError());
+    launch_early(sparse_down_kernel, down_grid, SPARSE_THREADS, sparse_down_smem(H), y, s->a, s->list, s->count, wdT,
+                 D, H);
 }
 
 #endif // LLMC_FFN_CUDA_DECODE_CUH
