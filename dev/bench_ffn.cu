@@ -11,7 +11,8 @@
  layer per pair and its constant, from the last 64 units alone as a cold part) and the hot
  units it gives (ffn_path_choose, the busiest first, as training orders them),
  what --ffn auto runs (the path training's choice takes with the dense layer
- and the layer's paths timed here; one not timed yet is timed for it), the
+ and the layer's paths timed here; one not timed yet is timed for it; then
+ the path it settles on as training times each path it moves to), the
  bytes each keeps for the backward, the errors
  against dense and the sparse stages' times. The ELL width and tail are sized
  from the dense run's counts, as the model does from the previous step's.
@@ -350,15 +351,40 @@ static void bench_pattern(Bench* b, const char* name) {
     ffn_hot_order(auto_perm.data(), prefix.data(), counts.data(), H, M);
     int auto_h = ffn_path_choose(auto_perm.data(), prefix.data(), counts.data(), H, H, M, &costs, &prices, 1, 1,
                                  FFN_PATH_MIN_STEPS, (double*)NULL);
-    double auto_ratio = 1.0;
-    char auto_name[32];
-    ffn_path_name(auto_name, sizeof(auto_name), auto_h < 0 ? H : auto_h, H, 1);
-    if (auto_h == 0) { auto_ratio = t_dfb / t_sfb; }
-    else if (auto_h == units) { auto_ratio = split.t_dfb / split.t_hfb; }
-    else if (auto_h > 0 && auto_h < H) {
-        SplitRun other = run_split(auto_perm, auto_h);
-        auto_ratio = other.t_dfb / other.t_hfb;
+    if (auto_h < 0) { auto_h = H; } // (it stays dense)
+    // the ratio of the path of h hot units (0: all sparse, H: dense) in the order `order`, timed for it where
+    // no earlier run gives it; `at` gets a split's run
+    SplitRun at = split;
+    auto path_ratio = [&](const std::vector<int>& order, int h) {
+        if (h == 0) { return (double)(t_dfb / t_sfb); }
+        if (h == H) { return 1.0; }
+        if (h != units || order != perm) { at = run_split(order, h); }
+        return (double)(at.t_dfb / at.t_hfb);
+    };
+    double first_ratio = path_ratio(auto_perm, auto_h), auto_ratio = first_ratio;
+    char first_name[32], auto_name[32];
+    ffn_path_name(first_name, sizeof(first_name), auto_h, H, 1);
+    // then as training goes on (ffn_path_update): the split it moved to is timed, its prices fitted again with
+    // that time, and the path chosen again from there, until it stays (at most 4 moves)
+    int moves = 0;
+    while (moves < 4 && auto_h > 0 && auto_h < H) {
+        prices = ffn_prices_fit(&costs, &prices, H, auto_h, at.t_hfb / M, prefix.data());
+        std::vector<uint32_t> now_counts(H); // the counts in today's order (the units as auto_perm put them)
+        for (int i = 0; i < H; i++) { now_counts[i] = counts[auto_perm[i]]; }
+        std::vector<int> next(H);
+        std::vector<double> next_prefix(H + 1);
+        ffn_hot_order(next.data(), next_prefix.data(), now_counts.data(), H, M);
+        int h = ffn_path_choose(next.data(), next_prefix.data(), now_counts.data(), H, auto_h, M, &costs, &prices, 1,
+                                1, FFN_PATH_MIN_STEPS, (double*)NULL);
+        if (h < 0) { break; }
+        std::vector<int> order(H);
+        for (int i = 0; i < H; i++) { order[i] = auto_perm[next[i]]; }
+        auto_perm = order;
+        auto_h = h;
+        moves++;
+        auto_ratio = path_ratio(auto_perm, auto_h);
     }
+    ffn_path_name(auto_name, sizeof(auto_name), auto_h, H, 1);
     printf("%-13s %5.1f | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %7.3f %7.3f %5.2fx %7.3f %5.2fx | %5d %4.0f%% | %10s %5.2fx |"
            " %7.1f %7.1f | %7.1e %7.1e\n",
            name, mean, t_df, t_sf, t_df / t_sf, split.t_hf, split.t_df / split.t_hf, t_dfb, t_sfb, t_dfb / t_sfb,
@@ -370,6 +396,8 @@ static void bench_pattern(Bench* b, const char* name) {
            "modelled from the dense part %.3f\n", "", t_gate, st[0], st[1], st[2], st[3], st[4], split.t_hot,
            split.t_cold, small, large, t_small, t_large, part_units, t_part, M * measured.costs.cold0, split.t_dfb,
            M * ffn_path_fixed(&measured.costs, H, H));
+    printf("%-13s auto's first choice %s (%.2fx), then %d moves as training re-times its path: %s (%.2fx)\n", "",
+           first_name, first_ratio, moves, auto_name, auto_ratio);
 }
 
 int main(int argc, char** argv) {
@@ -426,8 +454,8 @@ int main(int argc, char** argv) {
     }
     printf("ratio = dense time / that path's time (> 1: faster than dense); split = hot units dense, the rest sparse"
            " (llmc/ffn/split.h), with the hot units the costs measured on this pattern give, as in training; hot ="
-           " hot units, pairs = their share of the (token, unit) pairs; auto = the path --ffn auto runs on this"
-           " pattern (llmc/ffn/hot.h, with this run's times; fwd+bwd);"
+           " hot units, pairs = their share of the (token, unit) pairs; auto = the path --ffn auto settles on for this"
+           " pattern (llmc/ffn/hot.h, with this run's times, each path it moves to timed as training times it; fwd+bwd);"
            " MB = FFN state kept for the backward (dense: g, u, h; split: the cold pattern, the hot part recomputes its g, u);"
            " err = max over y, df, dW of ||path - dense|| / ||dense||\n");
     sparse_scratch_free_cuda(&b.scratch);
