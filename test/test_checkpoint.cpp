@@ -42,7 +42,7 @@ static void load_state_as(const char* dir, int step, const GPTConfig* c) {
     size_t n = num_parameters(c);
     float* m = (float*)mallocCheck(n * sizeof(float));
     float* v = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn[9 * 2 + 6]; // ffn_state_ints of c's 2 layers
+    int32_t ffn[11 * 2 + 6]; // ffn_state_ints of c's 2 layers
     checkpoint_load_state(dir, step, c, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
     free(m);
     free(v);
@@ -101,14 +101,14 @@ static void test_round_trip(void) {
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
-    const int32_t ffn[9 * 2 + 6] = {1, 64, 32, 128, 0, 256, 16, 0, 12345, 0, 7, 9}; // the FFN choices of c's 2 layers
+    const int32_t ffn[11 * 2 + 6] = {1, 64, 32, 128, 0, 256, 16, 0, 12345, 0, 7, 9}; // the FFN choices of c's 2 layers
     checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n, ffn);
     CHECK(checkpoint_complete(tmp_dir, 17), "model and state make a complete checkpoint");
     TrainState s2;
     char loader2[24];
     float* m2 = (float*)mallocCheck(n * sizeof(float));
     float* v2 = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn2[9 * 2 + 6] = {0};
+    int32_t ffn2[11 * 2 + 6] = {0};
     int ffn_ints = checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
     CHECK(ffn_ints == ffn_state_ints(2) && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
     // a state from before the cold part's constant (5 floats of costs) still loads, as it was
@@ -179,7 +179,7 @@ static void test_resharding(void) {
             TrainState s = {40, 2, 32, 1, writers, r, 99, 0, 0, 0, 0, 0, 0};
             state_path(path, sizeof(path), dir.s, 40, r);
             CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
-            const int32_t ffn[9 * 2 + 6] = {1, 64, 100 + r, 0, 0, 0, 0, 0, 0, 0, 32, 200 + r}; // tails sized per rank
+            const int32_t ffn[11 * 2 + 6] = {1, 64, 100 + r, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 200 + r}; // tails sized per rank
             checkpoint_save_state(path, &c, &s, loader, sizeof(loader), pm, pv, z.owned, ffn);
             free(pm);
             free(pv);
@@ -200,10 +200,10 @@ static void test_resharding(void) {
                 zero_pack(want_v, v, &z);
                 TrainState s;
                 char loader2[24];
-                int32_t ffn[9 * 2 + 6] = {0};
+                int32_t ffn[11 * 2 + 6] = {0};
                 int has_ffn = checkpoint_load_state(dir.s, 40, &c, readers, r, &s, loader2, sizeof(loader2), got_m, got_v, ffn);
                 int from = readers == writers ? r : 0; // its own file, or rank 0's when re-sharded
-                CHECK(has_ffn && ffn[0] == 1 && ffn[1] == 64 && ffn[2] == 100 + from && ffn[11] == 200 + from,
+                CHECK(has_ffn && ffn[0] == 1 && ffn[1] == 64 && ffn[2] == 100 + from && ffn[13] == 200 + from,
                       "written by %d, read by rank %d of %d: FFN state of rank %d, want %d", writers, r, readers,
                       ffn[2] - 100, from);
                 CHECK(memcmp(got_m, want_m, z.owned * sizeof(float)) == 0 &&
@@ -418,7 +418,7 @@ static void test_crafted_state(void) {
     expect_child_error(load_state_of, dir.s, "rank 0 of -1 processes, expected");
     copy_prefix(copy.s, path, size_of(copy.s));
     poke(path, 4 * 23, 5);
-    expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 24, 23, 12 or 6");
+    expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 28, 24, 23, 12 or 6");
     copy_prefix(copy.s, path, size_of(copy.s));
     poke(path, 4 * 29, (int32_t)float_bits(NAN)); // the schedule's peak lr
     expect_child_error(load_state_of, dir.s, "lr schedule (0 steps, warmup 0, lr nan, final fraction 0) is corrupt");

@@ -312,6 +312,37 @@ static void test_prices(void) {
           fabs(ffn_path_time(&c, &p, H, 0, 1, prefix.data()) - true_time(0)) < 1e-4, "both paths priced as measured");
 }
 
+// Three measured paths: a layer whose busiest 64 units' cold pairs cost 1, the next 64 units' 0.2 and the rest
+// 20 (the busiest pairs gain from the split, the next ones barely), timed all cold, on the split of 64 hot units,
+// then of 128. The prices after the third time still give every time measured (all cold 185.6, not the 83.2
+// of the middle units' price applied to the busiest), and the layer moves back to the split of 64 (96), not
+// to all cold
+static void test_prices_three(void) {
+    const int H = 256;
+    const double tokens = 1000;
+    const FfnCosts c = {12.8f, 0.5f, 0.1f, 0.0f, 200.0f, 0.0f};
+    std::vector<uint32_t> count(H);
+    for (int n = 0; n < H; n++) { count[n] = n < 64 ? 2000 : n < 128 ? 500 : 10; } // 128, 32, 1.28 pairs a token
+    auto true_time = [&](int h) {
+        return ffn_path_fixed(&c, H, h) + (h < 64 ? 128.0 : 0.0) + (h < 128 ? 0.2 * 32 : 0.0) + 20 * 1.28;
+    };
+    std::vector<int> perm(H);
+    std::vector<double> prefix(H + 1);
+    ffn_hot_order(perm.data(), prefix.data(), count.data(), H, tokens);
+    FfnPairPrices p = ffn_no_prices;
+    for (int h : {0, 64, 128}) { p = ffn_prices_fit(&c, &p, H, h, true_time(h), prefix.data()); }
+    CHECK(p.lo == 64 && p.split == 128 && fabs(p.low - 1) < 1e-4 && fabs(p.busy - 0.2) < 1e-4 && fabs(p.rest - 20) < 1e-4,
+          "three times: the busiest pairs 1, the next 0.2, the rest 20 (%d %g, %d %g, %g)", p.lo, p.low, p.split, p.busy,
+          p.rest);
+    for (int h : {0, 64, 128}) {
+        double t = ffn_path_time(&c, &p, H, h, 1, prefix.data());
+        CHECK(fabs(t - true_time(h)) < 1e-3, "the path of %d hot units priced as measured (%g, %g)", h, t, true_time(h));
+    }
+    double t[2];
+    int h = choose_path(perm, count, 128, tokens, c, p, 1, 1, 100, t);
+    CHECK(h == 64 && fabs(t[1] - true_time(64)) < 1e-3, "back to the split of 64 (%d, %g -> %g)", h, t[0], t[1]);
+}
+
 // A cold part's constant (cold0): a uniform busy layer whose dense part is a little cheaper per unit than the
 // dense layer (H 1024, the dense layer 1024, the dense part 0.95 per unit, a cold pair 20) gains 4% from the
 // split with 64 cold units when a cold part costs nothing beyond its gate and pairs, and stays dense when one
@@ -506,7 +537,7 @@ static void test_state(void) {
     FfnLayer<float>* l0 = &a.ffn.layer[0];
     FfnLayer<float>* l1 = &a.ffn.layer[1];
     l0->on = 1, l0->W = 32, l0->tail_capacity = 100, l0->hot_units = 64;
-    l0->changed = 30, l0->prices = (FfnPairPrices){0, 64, 1.5e-9f, 4.25e-9f};
+    l0->changed = 30, l0->prices = (FfnPairPrices){48, 48, 1.5e-9f, 4.25e-9f, 16, 2.5e-9f};
     l1->on = 0, l1->W = 16, l1->tail_capacity = 50, l1->hot_units = 0;
     std::vector<int32_t> state(ffn_state_ints(2));
     const FfnHotPolicy policies[] = {measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f, 3e-7f, 2e-8f}), ffn_hot_policy(FFN_HOT_RATE, 0.05f),
@@ -524,17 +555,29 @@ static void test_state(void) {
               (!p.measured || memcmp(&q->costs, &p.costs, sizeof(FfnCosts)) == 0),
               "FFN state round trip (hot policy %d, measured %d)", p.mode, p.measured);
     }
-    // from before the cold part's constant: 9 ints per layer and 5 floats; the constant 0, as they chose with
+    // from before the busiest units' own price (9 ints per layer and 6 floats) and before the cold part's
+    // constant (9 and 5): their prices without it, and the constant 0, as they chose with
     a.ffn.hot = measured({1.5e-8f, 2.25e-9f, 1e-10f, 3.3e-9f, 3e-7f, 2e-8f});
     ffn_state_get(&a.ffn, state.data());
-    ffn_state_set(&b.ffn, state.data(), 9 * 2 + 5, "a state of 5 floats of costs");
-    CHECK(b.ffn.layer[0].hot_units == 64 && b.ffn.layer[0].changed == 30 &&
-          memcmp(&b.ffn.layer[0].prices, &l0->prices, sizeof(FfnPairPrices)) == 0 && b.ffn.hot.measured &&
-          b.ffn.hot.costs.pair1 == 3.3e-9f && b.ffn.hot.costs.dense == 3e-7f && b.ffn.hot.costs.cold0 == 0,
-          "an FFN state of 5 floats of costs: the paths, prices and costs, no cold part's constant");
+    const FfnPairPrices nine = {48, 48, 1.5e-9f, 4.25e-9f, 0, 0.0f};
+    for (int floats : {6, 5}) {
+        std::vector<int32_t> older(9 * 2 + floats);
+        for (int l = 0; l < 2; l++) { memcpy(older.data() + 9 * l, state.data() + FFN_STATE_PER_LAYER * l, 9 * sizeof(int32_t)); }
+        memcpy(older.data() + 9 * 2, state.data() + FFN_STATE_PER_LAYER * 2, floats * sizeof(int32_t));
+        ffn_state_set(&b.ffn, older.data(), (int)older.size(), "an older state");
+        CHECK(b.ffn.layer[0].hot_units == 64 && b.ffn.layer[0].changed == 30 &&
+              memcmp(&b.ffn.layer[0].prices, &nine, sizeof(FfnPairPrices)) == 0 && b.ffn.hot.measured &&
+              b.ffn.hot.costs.pair1 == 3.3e-9f && b.ffn.hot.costs.dense == 3e-7f &&
+              b.ffn.hot.costs.cold0 == (floats == 6 ? 2e-8f : 0.0f),
+              "an FFN state of 9 ints a layer and %d floats of costs: the paths, prices (no busiest units' own) and "
+              "costs", floats);
+    }
     a.ffn.hot = ffn_hot_policy(FFN_HOT_RATE, 0.05f);
     ffn_state_get(&a.ffn, state.data());
-    ffn_state_set(&b.ffn, state.data(), 9 * 2 + 5, "a state of 5 floats of costs");
+    std::vector<int32_t> older(9 * 2 + 5);
+    for (int l = 0; l < 2; l++) { memcpy(older.data() + 9 * l, state.data() + FFN_STATE_PER_LAYER * l, 9 * sizeof(int32_t)); }
+    memcpy(older.data() + 9 * 2, state.data() + FFN_STATE_PER_LAYER * 2, 5 * sizeof(int32_t));
+    ffn_state_set(&b.ffn, older.data(), (int)older.size(), "a state of 5 floats of costs");
     CHECK(b.ffn.hot.mode == FFN_HOT_RATE && b.ffn.hot.rate == 0.05f, "... and its rate");
     const int32_t old[6] = {1, 48, 20, 1, 32, 10};
     b.ffn.hot = ffn_hot_policy(FFN_HOT_MEASURED, 0);
@@ -553,7 +596,8 @@ static void test_state(void) {
           b.ffn.layer[0].changed == -FFN_PATH_MIN_STEPS && b.ffn.layer[0].prices.at == -1,
           "an FFN state of 4 ints a layer: the hot units and the costs, the dense layer not measured");
     CHECK(ffn_state_ints_known(12, 2) && ffn_state_ints_known(6, 2) && ffn_state_ints_known(23, 2) &&
-          ffn_state_ints_known(24, 2) && !ffn_state_ints_known(13, 2) && !ffn_state_ints_known(25, 2),
+          ffn_state_ints_known(24, 2) && ffn_state_ints_known(28, 2) && !ffn_state_ints_known(13, 2) &&
+          !ffn_state_ints_known(25, 2) && !ffn_state_ints_known(27, 2),
           "the sizes of older FFN states are known");
     // a tail of more rows than the micro-batch has (from a run of larger micro-batches) is cut to it
     gpt_alloc_activations(&b, 2, 8);
@@ -573,6 +617,7 @@ int main(void) {
     test_auto_path();
     test_hysteresis();
     test_prices();
+    test_prices_three();
     test_cold_constant();
     test_cold_fit();
     test_cold_part();

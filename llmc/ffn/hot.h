@@ -132,15 +132,17 @@ static inline void ffn_hot_policy_describe(char* out, size_t n, const FfnHotPoli
     }
 }
 
-// What a layer's own measurements say its cold pairs cost (per pair, as FfnCosts): a pair of one of its `split`
-// busiest units `busy`, of any other unit `rest`; `at`: the path (hot units) they were last measured on, -1
-// never (then the costs' pair1)
+// What a layer's own measurements say its cold pairs cost (per pair, as FfnCosts), by the rank of the pair's
+// unit: a pair of one of its `lo` busiest units `low`, of the others of its `split` busiest `busy`, of any other
+// unit `rest`; `at`: the path (hot units) they were last measured on, -1 never (then the costs' pair1)
 typedef struct {
     int at, split;
     float busy, rest;
+    int lo;
+    float low;
 } FfnPairPrices;
 
-static const FfnPairPrices ffn_no_prices = {-1, 0, 0.0f, 0.0f};
+static const FfnPairPrices ffn_no_prices = {-1, 0, 0.0f, 0.0f, 0, 0.0f};
 
 // A layer's units by decreasing count over `tokens` tokens (perm[i] = the unit at rank i; a stable order), and
 // prefix[i] = the pairs per token of the units of rank below i (prefix [H + 1])
@@ -159,7 +161,7 @@ static inline double ffn_path_fixed(const FfnCosts* c, int H, int h) {
 
 // the price of a cold pair of the unit of rank r
 static inline double ffn_pair_price(const FfnCosts* c, const FfnPairPrices* p, int r) {
-    return p->at < 0 ? c->pair1 : r < p->split ? p->busy : p->rest;
+    return p->at < 0 ? c->pair1 : r < p->lo ? p->low : r < p->split ? p->busy : p->rest;
 }
 
 // the modelled time per token of a layer of H units with its h busiest units hot (prefix: ffn_hot_order); dense:
@@ -168,19 +170,23 @@ static inline double ffn_path_time(const FfnCosts* c, const FfnPairPrices* p, in
                                    const double* prefix) {
     if (h == H && dense && c->dense > 0) { return c->dense; }
     if (p->at < 0) { return ffn_path_fixed(c, H, h) + c->pair1 * (prefix[H] - prefix[h]); }
-    int s = std::max(h, std::min(p->split, H));
-    return ffn_path_fixed(c, H, h) + p->busy * (prefix[s] - prefix[h]) + p->rest * (prefix[H] - prefix[s]);
+    // the cold pairs (ranks h and up) of the units of ranks [a, b)
+    auto pairs = [&](int a, int b) { return prefix[std::max(b, h)] - prefix[std::max(a, h)]; };
+    int lo = std::min(p->lo, H), s = std::max(lo, std::min(p->split, H));
+    return ffn_path_fixed(c, H, h) + p->low * pairs(0, lo) + p->busy * pairs(lo, s) + p->rest * pairs(s, H);
 }
 
 // A layer's prices after its path h (0 <= h < H) took `time` per token (measured), its units ranked as prefix
 // says: its cold pairs at that time's price; after an earlier measurement on another path, the pairs of the
-// units between the two paths at what moving them saved (busy), the others at the price of the path with more
-// hot units (rest). (A price is never below FLT_MIN: timing noise does not make a pair free.)
+// units between the two paths at what moving them saved (busy), those of the units beyond both at the price of
+// the path with more hot units (rest), and those of the units busier than both at the average the old prices
+// gave them (low): so a path with fewer hot units than either keeps the time it was modelled (or timed) at,
+// not the moved units' price. (A price is never below FLT_MIN: timing noise does not make a pair free.)
 static inline FfnPairPrices ffn_prices_fit(const FfnCosts* c, const FfnPairPrices* old, int H, int h, double time,
                                            const double* prefix) {
     double cold = prefix[H] - prefix[h];
     float price = (float)fmax(cold > 0 ? (time - ffn_path_fixed(c, H, h)) / cold : c->pair1, FLT_MIN);
-    FfnPairPrices p = {h, h, price, price};
+    FfnPairPrices p = {h, h, price, price, 0, 0.0f};
     if (old->at < 0 || old->at == h) { return p; }
     int lo = std::min(old->at, h), hi = std::max(old->at, h);
     double moved = prefix[hi] - prefix[lo], beyond = prefix[H] - prefix[hi];
@@ -190,6 +196,12 @@ static inline FfnPairPrices ffn_prices_fit(const FfnCosts* c, const FfnPairPrice
     p.split = hi;
     p.busy = (float)fmax((t_lo - ffn_path_fixed(c, H, lo) - (t_hi - ffn_path_fixed(c, H, hi))) / moved, FLT_MIN);
     p.rest = (float)fmax((t_hi - ffn_path_fixed(c, H, hi)) / beyond, FLT_MIN);
+    if (lo > 0 && prefix[lo] > 0) {
+        double above = ffn_path_time(c, old, H, 0, 0, prefix) - ffn_path_fixed(c, H, 0) -
+                       (ffn_path_time(c, old, H, lo, 0, prefix) - ffn_path_fixed(c, H, lo));
+        p.lo = lo;
+        p.low = (float)fmax(above / prefix[lo], FLT_MIN);
+    }
     return p;
 }
 
