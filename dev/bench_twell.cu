@@ -294,8 +294,13 @@ int main(int argc, char** argv) {
         auto gate = [&] {
             if (wgmma_best) { twell_gate_wgmma(&ffn, f_d, wg_d); } else { twell_gate_cublas(&ffn, g_d, f_d, wg_d); }
         };
+        auto up_down = [&] { twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); };
+        auto sparse_total = [&] {
+            gate();
+            up_down();
+        };
         gate();
-        r.up_down = time_ms([&] { twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); }, iters);
+        r.up_down = time_ms(up_down, iters);
         printf("  up + down %.3f ms\n", r.up_down);
 
         // twell_ffn_forward choosing its path from what twell_ffn_status measured
@@ -306,8 +311,7 @@ int main(int argc, char** argv) {
         }
         r.dense_above = (float)ffn.dense_above;
         // dense, sparse and auto side by side
-        std::vector<float> t = time_interleaved({dense_two, dense_batched, dense_stacked,
-                                                 [&] { gate(); twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); },
+        std::vector<float> t = time_interleaved({dense_two, dense_batched, dense_stacked, sparse_total,
                                                  [&] { r.auto_path = twell_ffn_forward(&ffn, y_sparse, f_d, wg_d, wu_d, wdT_d, gu_d); }},
                                                 iters);
         r.dense = std::min(t[0], std::min(t[1], t[2]));
@@ -329,10 +333,7 @@ int main(int argc, char** argv) {
                 relu_mul(h_hot, h_hot, u_hot, (size_t)M * pat.hot, NULL);
                 gemm(y_hot, h_hot, wdT_d, M, D, pat.hot, 0, 0, 0);
             };
-            std::vector<float> th = time_interleaved({dense_batched, hot_part, [&] {
-                gate();
-                twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
-            }}, iters);
+            std::vector<float> th = time_interleaved({dense_batched, hot_part, sparse_total}, iters);
             printf("  probe: hot part %.3f ms + sparse rest %.3f = %.3f ms, %.2fx dense (%.3f ms)\n", th[1], th[2],
                    th[1] + th[2], th[0] / (th[1] + th[2]), th[0]);
         } else { // (a probe's pattern is not one of the standard point's)
@@ -341,10 +342,7 @@ int main(int argc, char** argv) {
         if (dump) {
             // timed as dev/bench_twell_reference.py times the paper's kernels: one dense FFN, the whole and its
             // two stages in turn (the times above come from runs beside three dense FFNs, a hotter card, or alone)
-            std::vector<float> tr = time_interleaved({dense_batched, [&] {
-                gate();
-                twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d);
-            }, gate, [&] { twell_up_down(&ffn, y_sparse, f_d, wu_d, wdT_d); }}, iters);
+            std::vector<float> tr = time_interleaved({dense_batched, sparse_total, gate, up_down}, iters);
             printf("  timed as the reference script times its kernels: dense %.3f, sparse total %.3f, gate + packing "
                    "%.3f, up + down %.3f ms\n", tr[0], tr[1], tr[2], tr[3]);
             char err[32]; // (JSON spells a NaN "NaN", printf "nan")
