@@ -33,6 +33,7 @@
 #include "llmc/inference.h"
 #include "llmc/nvml.h"
 #include "llmc/synthetic.h"
+#include "test/gpu/gpu_util.cuh"
 
 typedef struct {
     const char *model_path, *preset_name, *write_model;
@@ -103,28 +104,7 @@ static BenchResult bench_median(const BenchResult (&r)[3]) {
 }
 
 // the median time of fn over 20 runs on the model's stream, in microseconds
-template <typename F>
-static double time_us(F fn) {
-    cudaEvent_t start, stop;
-    cudaCheck(cudaEventCreate(&start));
-    cudaCheck(cudaEventCreate(&stop));
-    fn();
-    float ms[20];
-    for (int i = 0; i < 20; i++) {
-        cudaCheck(cudaEventRecord(start, main_stream));
-        fn();
-        cudaCheck(cudaEventRecord(stop, main_stream));
-        cudaCheck(cudaEventSynchronize(stop));
-        cudaCheck(cudaEventElapsedTime(&ms[i], start, stop));
-    }
-    qsort(ms, 20, sizeof(float), [](const void* a, const void* b) {
-        float x = *(const float*)a, y = *(const float*)b;
-        return (x > y) - (x < y);
-    });
-    cudaCheck(cudaEventDestroy(start));
-    cudaCheck(cudaEventDestroy(stop));
-    return ms[10] * 1e3;
-}
+static double time_us(const std::function<void()>& fn) { return 1e3 * median_ms(fn); }
 
 // the parts of one decode step of B sequences (layer 0, the cache as the last step left it)
 static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int B) {
@@ -148,34 +128,6 @@ static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int
 
 // ----------------------------------------------------------------------------
 // the bytes model
-
-// what one read of n 16-byte words gives the device to do (a value the compiler cannot drop)
-__global__ void stream_read_kernel(const uint4* x, size_t n, unsigned int* sink) {
-    unsigned int acc = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldcs(x + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9e3779b9u) { atomicAdd(sink, 1u); }
-}
-
-// the GPU's streaming read bandwidth in bytes/s: the best of 5 reads of 2 GiB
-static double measure_read_bandwidth(void) {
-    const size_t bytes = (size_t)2 << 30;
-    uint4* x = (uint4*)cuda_malloc(bytes);
-    unsigned int* sink = (unsigned int*)cuda_malloc(sizeof(unsigned int));
-    cudaCheck(cudaMemset(x, 1, bytes));
-    const int blocks = 4 * device_attribute(cudaDevAttrMultiProcessorCount);
-    double best = 0;
-    for (int i = 0; i < 6; i++) {
-        double us = time_us([&] { stream_read_kernel<<<blocks, 1024, 0, main_stream>>>(x, bytes / 16, sink); });
-        if (i > 0) { best = fmax(best, bytes / (us * 1e-6)); }
-        cudaCheck(cudaGetLastError());
-    }
-    cuda_free(x);
-    cuda_free(sink);
-    return best;
-}
 
 // the bytes one decode step of B rows must read, by part (per step, all layers)
 typedef struct {

@@ -26,19 +26,24 @@
  (rope_angle/rope_turn, the bits of the prefill's RoPE), the new key and value
  are taken from qkv, and the first q head of each kv head's group stores them
  in the cache for later steps (one kernel less per layer). Block (head h,
- sequence b, split j) takes positions 128 j .. 128 j + 127 (those <= pos[b]):
- a thread scores one key, then groups of threads sum p v over the split's
- positions (the keys and values come into shared memory by cp.async before
- the wait: at 40 registers a thread, not 168 with them in registers, the
- blocks fit beside a block of the qkv GEMV, so they are resident with their
- cache loaded before it ends); the sequence's cache is that of slot[b], and
- row b's split scratch is its own; the split leaves its max m_j, sum
- l_j = sum exp(s - m_j) and o_j = sum exp(s - m_j) v. The last of a head's
- splits to finish (a counter per head and sequence) combines them, in split
- order:
+ sequence b, split j) takes positions 128 j .. 128 j + 127 (those <= pos[b]);
+ thread (g, e) copies the 16-byte piece e of the keys and values of rows g,
+ g + G, .. (DECODE_ROWS of them) into shared memory by cp.async before the
+ wait for qkv (so the split's 32 KB are in flight while the kernel before
+ ends; registers would hold a third as many bytes an SM), and reads back only
+ the pieces it copied: no barrier waits on the loads. A row's score is
+ its pieces' products summed over the row's threads by shuffles; each thread
+ keeps the partial softmax of its rows (max m, l = sum exp(s - m),
+ o = sum exp(s - m) v over its 8 dimensions), merged over the threads of its
+ piece by shuffles, then over the warps, in a fixed order. The sequence's
+ cache is that of slot[b], and row b's split scratch is its own; the split
+ leaves its m_j, l_j and o_j. The last of a head's splits to finish (a
+ counter per head and sequence) combines them, in split order:
      m = max_j m_j,  out = sum_j exp(m_j - m) o_j / sum_j exp(m_j - m) l_j
  (a cache of one split writes out = o_0 / l_0 at once: the same bits). So a
- long cache spreads over many SMs. Head sizes 16, 32, 64 and 128.
+ long cache spreads over many SMs, and a sequence's bits do not depend on the
+ batch around it (the splits are fixed by position). Head sizes 16, 32, 64
+ and 128.
 */
 #ifndef LLMC_CUDA_ATTENTION_CACHED_CUH
 #define LLMC_CUDA_ATTENTION_CACHED_CUH
@@ -81,62 +86,81 @@ __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const
 
 // ----------------------------------------------------------------------------
 // decode (see the top of the file)
-constexpr int DECODE_SPLIT = 128; // positions per split = threads per block
+constexpr int DECODE_SPLIT = 128; // positions per split
+constexpr int DECODE_ROWS = 8;    // positions per thread (ROWS below)
 
-// out[b, h] from the `used` splits of (b, h), a thread per output dimension
+// a thread per 16-byte piece of a row and ROWS of the split's rows: 128 threads at head size 64 and 8 rows
+template <int HD, int ROWS> __host__ __device__ constexpr int decode_threads() { return DECODE_SPLIT / ROWS * (HD / 8); }
+
+// out[b, h] from the `used` splits of (b, h), a thread per output dimension; the
+// splits' loads unrolled so that they are in flight together
 __device__ void decode_attention_combine(bf16* out, const float* part_o, const float* part_ml, int b, int h, int NH,
                                          int hd, int splits, int used) {
     const size_t first = ((size_t)b * NH + h) * splits;
     float m = -INFINITY;
+    #pragma unroll 8
     for (int j = 0; j < used; j++) { m = fmaxf(m, part_ml[2 * (first + j)]); }
-    float l = 0.0f;
-    for (int j = 0; j < used; j++) { l += expf(part_ml[2 * (first + j)] - m) * part_ml[2 * (first + j) + 1]; }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int j = 0; j < used; j++) { o += expf(part_ml[2 * (first + j)] - m) * part_o[(first + j) * hd + d]; }
+        float l = 0.0f, o = 0.0f;
+        #pragma unroll 8
+        for (int j = 0; j < used; j++) {
+            const float w = expf(part_ml[2 * (first + j)] - m);
+            l += w * part_ml[2 * (first + j) + 1];
+            o += w * part_o[(first + j) * hd + d];
+        }
         out[(size_t)b * NH * hd + h * hd + d] = __float2bfloat16_rn(o / l);
     }
 }
 
-// the split's keys and values in shared memory: a key row padded by 16 bytes so
-// that the threads of a quarter warp, each reading its own key, hit every bank
-template <int HD> __host__ __device__ constexpr int decode_key_stride() { return HD + 8; }
-template <int HD> constexpr size_t decode_attention_smem() {
-    return (size_t)DECODE_SPLIT * (decode_key_stride<HD>() + HD) * sizeof(bf16);
+// A partial softmax over some positions: the max score m, l = sum exp(s - m) and
+// o = sum exp(s - m) v over N of the head's dimensions; (m, l, o) merged with
+// (m2, l2, o2) in the order the caller fixes (an empty part has m = -inf, l = 0, o = 0)
+template <int N>
+__device__ __forceinline__ void softmax_part_merge(float* m, float* l, float* o, float m2, float l2, const float* o2) {
+    const float mx = fmaxf(*m, m2);
+    if (mx == -INFINITY) { return; } // both empty
+    const float w = expf(*m - mx), w2 = expf(m2 - mx); // exp(-inf) = 0 for an empty one
+    *m = mx;
+    *l = *l * w + l2 * w2;
+    #pragma unroll
+    for (int k = 0; k < N; k++) { o[k] = o[k] * w + o2[k] * w2; }
 }
 
-template <int HD>
-__global__ void __launch_bounds__(DECODE_SPLIT)
+struct DecodePart {
+    float m, l, o[8];
+};
+
+template <int HD, int ROWS>
+__global__ void __launch_bounds__(decode_threads<HD, ROWS>())
 decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv,
                               bf16* k_cache, bf16* v_cache, const int* slot, const int* pos, int NH, int NKV,
                               int cache_len, int splits, float scale, float theta) {
-    constexpr int VECS = HD / 8, GROUPS = DECODE_SPLIT / VECS, HALF = HD / 2, KS = decode_key_stride<HD>();
-    __shared__ float q[HD];
-    __shared__ float p[DECODE_SPLIT];
-    __shared__ float part[GROUPS][HD];
-    extern __shared__ __align__(16) bf16 kv[];
-    bf16 *ks = kv, *vs = kv + DECODE_SPLIT * KS; // [DECODE_SPLIT][KS], [DECODE_SPLIT][HD]
+    constexpr int PIECES = HD / 8, THREADS = decode_threads<HD, ROWS>(), WARPS = THREADS / 32, HALF = HD / 2;
+    constexpr int GROUPS = DECODE_SPLIT / ROWS; // threads on one piece of the split's rows
+    __shared__ __align__(16) float q[HD];
+    __shared__ __align__(16) bf16 k_new[HD]; // the new position's key, turned
+    __shared__ DecodePart warp_part[WARPS][PIECES];
     const int h = blockIdx.x, b = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
     // pos and slot come from the host before the step and the cache before the new
     // position n - 1 from earlier steps: all are read before waiting for the kernels
     // before this one (which write qkv), and so is the angle
     const int n = pos[b] + 1, t0 = j * DECODE_SPLIT, KVD = NKV * HD, kvh = h / (NH / NKV);
     if (t0 >= n) { return; } // the whole block: past this sequence's end
-    const bool has_new = n - 1 < t0 + DECODE_SPLIT; // this split holds the new position
+    const int t_new = n - 1 - t0; // the new position's row in this split (>= DECODE_SPLIT: another split's)
     const size_t seq = (size_t)slot[b] * cache_len;
-    const bf16* kb = k_cache + seq * KVD + kvh * HD;
-    const bf16* vb = v_cache + seq * KVD + kvh * HD;
-    const int v = tid % VECS, grp = tid / VECS;
-    // the split's positions before the new one, 16 bytes a thread: consecutive threads take one row's
-    // consecutive pieces, so that a warp reads whole rows (a thread per row read 16 of each 32-byte sector
-    // at a time, and L2 served every sector twice)
+    // thread (g, e) takes piece e (dimensions 8 e .. 8 e + 7) of rows g, g + GROUPS, ...: consecutive
+    // threads read one row's consecutive 16 bytes, so a warp reads whole rows
+    const int e = tid % PIECES, g = tid / PIECES;
+    const bf16* kb = k_cache + seq * KVD + kvh * HD + e * 8;
+    const bf16* vb = v_cache + seq * KVD + kvh * HD + e * 8;
+    extern __shared__ __align__(16) bf16 kv[];
+    bf16 *ks = kv + e * 8, *vs = kv + DECODE_SPLIT * HD + e * 8; // the split's rows [DECODE_SPLIT][HD]; this piece
     #pragma unroll
-    for (int i = tid; i < DECODE_SPLIT * VECS; i += DECODE_SPLIT) {
-        const int t = i / VECS, e = i % VECS;
-        if (t0 + t < n - 1) {
-            cp_async_16(ks + t * KS + e * 8, kb + (size_t)(t0 + t) * KVD + e * 8, true);
-            cp_async_16(vs + t * HD + e * 8, vb + (size_t)(t0 + t) * KVD + e * 8, true);
-        }
+    for (int i = 0; i < ROWS; i++) { // rows past the cached ones (the new one, the end) come as zeros
+        const int t = g + i * GROUPS;
+        const size_t at = t < t_new ? (size_t)(t0 + t) * KVD : 0;
+        cp_async_16(ks + t * HD, kb + at, t < t_new);
+        cp_async_16(vs + t * HD, vb + at, t < t_new);
     }
     cp_async_commit();
     float sin_a = 0.0f, cos_a = 0.0f;
@@ -145,98 +169,124 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     grid_dependency_wait();
     const bf16* row = qkv + (size_t)b * (NH + 2 * NKV) * HD;
     const bf16 *k_row = row + (NH + kvh) * HD, *v_row = row + (NH + NKV + kvh) * HD;
+    const bool has_new = t_new < DECODE_SPLIT;
     if (tid < HALF) {
         bf16 r1, r2;
         rope_turn(&r1, &r2, __bfloat162float(row[h * HD + tid]), __bfloat162float(row[h * HD + tid + HALF]), sin_a, cos_a);
         q[tid] = __bfloat162float(r1) * scale;
         q[tid + HALF] = __bfloat162float(r2) * scale;
-        if (has_new) { // the new position's key (turned) and value, into the split's rows and the cache
-            bf16 *k_new = ks + (n - 1 - t0) * KS, *v_new = vs + (n - 1 - t0) * HD;
+        if (has_new) { // the new position's key (turned) and value, into the block's rows and the cache
             rope_turn(&k_new[tid], &k_new[tid + HALF], __bfloat162float(k_row[tid]), __bfloat162float(k_row[tid + HALF]),
                       sin_a, cos_a);
-            v_new[tid] = v_row[tid];
-            v_new[tid + HALF] = v_row[tid + HALF];
             if (h % (NH / NKV) == 0) {
                 const size_t c = (seq + n - 1) * KVD + kvh * HD + tid;
                 k_cache[c] = k_new[tid];
                 k_cache[c + HALF] = k_new[tid + HALF];
-                v_cache[c] = v_new[tid];
-                v_cache[c + HALF] = v_new[tid + HALF];
+                v_cache[c] = v_row[tid];
+                v_cache[c + HALF] = v_row[tid + HALF];
             }
         }
     }
-    cp_async_wait<0>();
     __syncthreads();
-    float s = -INFINITY;
-    if (t0 + tid < n) {
-        s = 0.0f;
+    float qe[8];
+    #pragma unroll
+    for (int k = 0; k < 8; k++) { qe[k] = q[e * 8 + k]; }
+    cp_async_wait<0>(); // the thread reads only the pieces it copied: no barrier
+    // the scores of the thread's rows: its piece's products, summed over the row's PIECES threads
+    float s[ROWS];
+    #pragma unroll
+    for (int i = 0; i < ROWS; i++) {
+        const int t = g + i * GROUPS;
+        const Bf16x8 k = load_bf16x8(t == t_new ? k_new + e * 8 : ks + t * HD);
+        float dot = 0.0f;
         #pragma unroll
-        for (int c = 0; c < VECS; c++) {
-            const Bf16x8 k = load_bf16x8(ks + tid * KS + c * 8);
+        for (int c = 0; c < 8; c++) { dot += qe[c] * __bfloat162float(k.v[c]); }
+        #pragma unroll
+        for (int off = 1; off < PIECES; off *= 2) { dot += __shfl_xor_sync(0xffffffffu, dot, off); }
+        s[i] = t <= t_new ? dot : -INFINITY;
+    }
+    DecodePart part;
+    part.m = -INFINITY;
+    #pragma unroll
+    for (int i = 0; i < ROWS; i++) { part.m = fmaxf(part.m, s[i]); }
+    part.l = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < 8; k++) { part.o[k] = 0.0f; }
+    if (part.m != -INFINITY) { // past the end every row of the thread: nothing
+        #pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+            const int t = g + i * GROUPS;
+            const Bf16x8 v = load_bf16x8(t == t_new ? v_row + e * 8 : vs + t * HD);
+            const float p = expf(s[i] - part.m);
+            part.l += p;
             #pragma unroll
-            for (int e = 0; e < 8; e++) { s += q[c * 8 + e] * __bfloat162float(k.v[e]); }
+            for (int k = 0; k < 8; k++) { part.o[k] += p * __bfloat162float(v.v[k]); }
         }
     }
-    const float mx = block_reduce<Max>(s);
-    const float pe = t0 + tid < n ? expf(s - mx) : 0.0f;
-    p[tid] = pe;
-    const float l = block_reduce<Sum>(pe); // its barriers also publish p
-    float acc[8] = {};
+    // merged over the warp's threads of piece e (lanes e, e + PIECES, ...), then over the warps, in order
     #pragma unroll
-    for (int i = 0; i < VECS; i++) {
-        int t = grp + i * GROUPS;
-        if (t0 + t < n) { // never past the end: the cache there is not written
-            const Bf16x8 val = load_bf16x8(vs + t * HD + v * 8);
-            #pragma unroll
-            for (int e = 0; e < 8; e++) { acc[e] += p[t] * __bfloat162float(val.v[e]); }
-        }
+    for (int off = PIECES; off < 32; off *= 2) {
+        DecodePart other;
+        other.m = __shfl_xor_sync(0xffffffffu, part.m, off);
+        other.l = __shfl_xor_sync(0xffffffffu, part.l, off);
+        #pragma unroll
+        for (int k = 0; k < 8; k++) { other.o[k] = __shfl_xor_sync(0xffffffffu, part.o[k], off); }
+        softmax_part_merge<8>(&part.m, &part.l, part.o, other.m, other.l, other.o);
     }
-    #pragma unroll
-    for (int e = 0; e < 8; e++) { part[grp][v * 8 + e] = acc[e]; }
+    if (tid % 32 < PIECES) { warp_part[tid / 32][e] = part; }
     __syncthreads();
     const size_t split = ((size_t)b * NH + h) * splits + j;
     const int used = (n - 1) / DECODE_SPLIT + 1;
-    for (int d = tid; d < HD; d += DECODE_SPLIT) {
-        float o = 0.0f;
-        for (int g = 0; g < GROUPS; g++) { o += part[g][d]; }
-        if (used == 1) { out[(size_t)b * NH * HD + h * HD + d] = __float2bfloat16_rn(o / l); } // the combine's bits
-        else { part_o[split * HD + d] = o; }
+    if (tid < HD) { // a thread per output dimension d = 8 e' + k
+        const int ed = tid / 8, k = tid % 8;
+        float m = warp_part[0][ed].m, l = warp_part[0][ed].l, o = warp_part[0][ed].o[k];
+        #pragma unroll
+        for (int w = 1; w < WARPS; w++) {
+            softmax_part_merge<1>(&m, &l, &o, warp_part[w][ed].m, warp_part[w][ed].l, &warp_part[w][ed].o[k]);
+        }
+        if (used == 1) { out[(size_t)b * NH * HD + h * HD + tid] = __float2bfloat16_rn(o / l); } // the combine's bits
+        else { part_o[split * HD + tid] = o; }
+        if (tid == 0 && used > 1) { part_ml[2 * split] = m; part_ml[2 * split + 1] = l; }
     }
     if (used == 1) { return; } // the only split: nothing to combine
-    if (tid == 0) { part_ml[2 * split] = mx; part_ml[2 * split + 1] = l; }
     if (block_arrives_last(splits_done + (size_t)b * NH + h, used)) { // the last split combines
         decode_attention_combine(out, part_o, part_ml, b, h, NH, HD, splits, used);
     }
 }
 
-template <int HD>
+template <int HD, int ROWS = DECODE_ROWS>
 static void decode_attention_launch(dim3 grid, bf16* out, float* part_o, float* part_ml, int* splits_done,
                                     const bf16* qkv, bf16* k_cache, bf16* v_cache, const int* slot, const int* pos,
                                     int NH, int NKV, int cache_len, int splits, float theta) {
-    const size_t smem = decode_attention_smem<HD>(); // 68 KB at HD 128: past the default 48
+    const size_t smem = 2 * DECODE_SPLIT * HD * sizeof(bf16); // 64 KB at HD 128: past the default 48
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(decode_attention_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-        prefer_shared_memory(decode_attention_split_kernel<HD>);
+        cudaCheck(cudaFuncSetAttribute(decode_attention_split_kernel<HD, ROWS>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        prefer_shared_memory(decode_attention_split_kernel<HD, ROWS>);
         configured = true;
     }
-    launch_early(decode_attention_split_kernel<HD>, grid, DECODE_SPLIT, smem, out, part_o, part_ml, splits_done, qkv,
-                 k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, 1.0f / sqrtf((float)HD), theta);
+    launch_early(decode_attention_split_kernel<HD, ROWS>, grid, decode_threads<HD, ROWS>(), smem, out, part_o, part_ml, splits_done,
+                 qkv, k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, 1.0f / sqrtf((float)HD), theta);
 }
 
 // ----------------------------------------------------------------------------
 // a prefill chunk that starts past position 0 (see the top of the file)
 constexpr int CHUNK_ROWS = 16, CHUNK_KEYS = 32; // rows of a block; key positions per tile (a lane each)
+constexpr int CHUNK_THREADS = 128;
+
+// a key row padded by 16 bytes in shared memory, so that the threads of a quarter
+// warp, each reading its own key, hit every bank
+template <int HD> __host__ __device__ constexpr int chunk_key_stride() { return HD + 8; }
 
 // Block (head h, rows row0 + CHUNK_ROWS y ..): rows of one chunk, so of one
 // sequence at consecutive positions; q already turned (rope_cache_kernel),
 // the cache already holding the chunk's own keys and values
 template <int HD>
-__global__ void __launch_bounds__(DECODE_SPLIT)
+__global__ void __launch_bounds__(CHUNK_THREADS)
 chunk_attention_kernel(bf16* out, const bf16* qkv, const bf16* k_cache, const bf16* v_cache, const int* row_slot,
                        const int* row_pos, int row0, int rows, int NH, int NKV, int cache_len, float scale) {
-    constexpr int KS = decode_key_stride<HD>(), VECS = HD / 8, WARPS = DECODE_SPLIT / 32;
+    constexpr int KS = chunk_key_stride<HD>(), VECS = HD / 8, WARPS = CHUNK_THREADS / 32;
     __shared__ float q[CHUNK_ROWS][HD];
     __shared__ float o[CHUNK_ROWS][HD];
     __shared__ float p[CHUNK_ROWS][CHUNK_KEYS];
@@ -249,7 +299,7 @@ chunk_attention_kernel(bf16* out, const bf16* qkv, const bf16* k_cache, const bf
     const size_t seq = (size_t)row_slot[r0] * cache_len;
     const bf16 *kb = k_cache + seq * KVD + kvh * HD, *vb = v_cache + seq * KVD + kvh * HD;
     const int last = row_pos[r0 + nr - 1]; // the block's last key position
-    for (int i = tid; i < CHUNK_ROWS * HD; i += DECODE_SPLIT) {
+    for (int i = tid; i < CHUNK_ROWS * HD; i += CHUNK_THREADS) {
         const int r = i / HD, d = i % HD;
         q[r][d] = r < nr ? __bfloat162float(qkv[(size_t)(r0 + r) * QKV + h * HD + d]) * scale : 0.0f;
         o[r][d] = 0.0f;
@@ -262,13 +312,13 @@ chunk_attention_kernel(bf16* out, const bf16* qkv, const bf16* k_cache, const bf
     for (int t0 = 0; t0 <= last; t0 += CHUNK_KEYS) {
         const int tile = min(CHUNK_KEYS, last + 1 - t0);
         __syncthreads(); // the last tile's readers are done (the first time: q, o and the rows are set)
-        for (int i = tid; i < tile * VECS; i += DECODE_SPLIT) {
+        for (int i = tid; i < tile * VECS; i += CHUNK_THREADS) {
             const int t = i / VECS, e = (i % VECS) * 8;
             store_bf16x8(ks + t * KS + e, load_bf16x8(kb + (size_t)(t0 + t) * KVD + e));
             store_bf16x8(vs + t * HD + e, load_bf16x8(vb + (size_t)(t0 + t) * KVD + e));
         }
         __syncthreads();
-        for (int i = tid; i < CHUNK_ROWS * CHUNK_KEYS; i += DECODE_SPLIT) { // the scores, causal per row
+        for (int i = tid; i < CHUNK_ROWS * CHUNK_KEYS; i += CHUNK_THREADS) { // the scores, causal per row
             const int r = i / CHUNK_KEYS, t = i % CHUNK_KEYS;
             float sc = -INFINITY;
             if (t < tile && t0 + t <= row_last[r]) {
@@ -296,7 +346,7 @@ chunk_attention_kernel(bf16* out, const bf16* qkv, const bf16* k_cache, const bf
             }
         }
         __syncthreads();
-        for (int i = tid; i < CHUNK_ROWS * HD; i += DECODE_SPLIT) { // o = alpha o + p v over the tile's keys
+        for (int i = tid; i < CHUNK_ROWS * HD; i += CHUNK_THREADS) { // o = alpha o + p v over the tile's keys
             const int r = i / HD, d = i % HD;
             float acc = o[r][d] * alpha[r];
             for (int t = 0; t < tile; t++) { acc += p[r][t] * __bfloat162float(vs[t * HD + d]); }
@@ -304,7 +354,7 @@ chunk_attention_kernel(bf16* out, const bf16* qkv, const bf16* k_cache, const bf
         }
     }
     __syncthreads();
-    for (int i = tid; i < nr * HD; i += DECODE_SPLIT) {
+    for (int i = tid; i < nr * HD; i += CHUNK_THREADS) {
         const int r = i / HD, d = i % HD;
         out[(size_t)(r0 + r) * NH * HD + h * HD + d] = __float2bfloat16_rn(o[r][d] / l_run[r]);
     }
@@ -315,7 +365,7 @@ static void chunk_attention_launch(bf16* out, const bf16* qkv, const bf16* k_cac
                                    const int* row_slot, const int* row_pos, int row0, int rows, int NH, int NKV,
                                    int cache_len) {
     const dim3 grid(NH, ceil_div(rows, CHUNK_ROWS));
-    chunk_attention_kernel<HD><<<grid, DECODE_SPLIT, 0, main_stream>>>(out, qkv, k_cache, v_cache, row_slot, row_pos,
+    chunk_attention_kernel<HD><<<grid, CHUNK_THREADS, 0, main_stream>>>(out, qkv, k_cache, v_cache, row_slot, row_pos,
                                                                         row0, rows, NH, NKV, cache_len,
                                                                         1.0f / sqrtf((float)HD));
     cudaCheck(cudaGetLastError());

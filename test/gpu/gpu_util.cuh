@@ -1,6 +1,7 @@
 /*
  Helpers shared by the GPU tests and the benchmarks: copying std::vectors to
- and from the device, a random batch of tokens, and timing with CUDA events.
+ and from the device, a random batch of tokens, timing with CUDA events, and
+ the GPU's streaming read bandwidth (the limit a memory-bound kernel is held to).
 */
 #ifndef TEST_GPU_GPU_UTIL_CUH
 #define TEST_GPU_GPU_UTIL_CUH
@@ -104,6 +105,34 @@ static inline std::vector<float> median_ms_interleaved(const std::vector<std::fu
 // the median time of `reps` runs of fn on main_stream, in ms, after `warmup` runs
 static inline float median_ms(const std::function<void()>& fn, int reps = 20, int warmup = 1) {
     return median_ms_interleaved({fn}, reps, warmup)[0];
+}
+
+// what one read of n 16-byte words gives the device to do (a value the compiler cannot drop)
+__global__ void stream_read_kernel(const uint4* x, size_t n, unsigned int* sink) {
+    unsigned int acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(x + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) { atomicAdd(sink, 1u); }
+}
+
+// the GPU's streaming read bandwidth in bytes/s: the best of 5 reads of 2 GiB (after one untimed)
+static inline double measure_read_bandwidth(void) {
+    const size_t bytes = (size_t)2 << 30;
+    uint4* x = (uint4*)cuda_malloc(bytes);
+    unsigned int* sink = (unsigned int*)cuda_malloc(sizeof(unsigned int));
+    cudaCheck(cudaMemset(x, 1, bytes));
+    const int blocks = 4 * device_attribute(cudaDevAttrMultiProcessorCount);
+    auto read = [&] {
+        stream_read_kernel<<<blocks, 1024, 0, main_stream>>>(x, bytes / 16, sink);
+        cudaCheck(cudaGetLastError());
+    };
+    double best = 0;
+    for (int i = 0; i < 5; i++) { best = fmax(best, bytes / (median_ms(read, 1, i == 0) * 1e-3)); }
+    cuda_free(x);
+    cuda_free(sink);
+    return best;
 }
 
 #endif // TEST_GPU_GPU_UTIL_CUH
