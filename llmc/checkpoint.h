@@ -366,8 +366,9 @@ static inline FILE* checkpoint_open_state(const char* path, const GPTConfig* run
     }
     // (fewer ints per layer: an older file, llmc/model.h)
     if (h[23] != 0 && !ffn_state_ints_known(h[23], run->num_layers)) {
-        fatal("%s: %d ints of FFN state, expected 0, %d, %d, %d, %d or %d", path, h[23], ffn_state_ints(run->num_layers),
-              9 * run->num_layers + 6, 9 * run->num_layers + 5, 4 * run->num_layers + 4, 3 * run->num_layers);
+        fatal("%s: %d ints of FFN state, expected 0, %d, %d, %d, %d, %d or %d", path, h[23],
+              ffn_state_ints(run->num_layers), 11 * run->num_layers + 6, 9 * run->num_layers + 6,
+              9 * run->num_layers + 5, 4 * run->num_layers + 4, 3 * run->num_layers);
     }
     ZeroLayout z;
     zero_layout_init(&z, run, s->num_processes, s->rank);

@@ -66,14 +66,14 @@ static inline int qkv_dim(const GPTConfig* c) { return c->channels + 2 * kv_dim(
 
 static inline int round_up(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-// the FFN state a checkpoint keeps (llmc/ffn/ffn.h, ffn_state_get): 11 ints per layer and the hot-unit policy
+// the FFN state a checkpoint keeps (llmc/ffn/ffn.h, ffn_state_get): 12 ints per layer and the hot-unit policy
 // (6 floats); older files still read hold 3 per layer (before the hot/cold split), 4 per layer and 4 (before
-// the layers' paths were measured), 9 per layer and 5 (before the cold part's constant) or 9 per layer and 6
-// (before the busiest units' own pair price)
-static inline int ffn_state_ints(int num_layers) { return 11 * num_layers + 6; }
+// the layers' paths were measured), 9 per layer and 5 (before the cold part's constant), 9 per layer and 6
+// (before the busiest units' own pair price) or 11 per layer and 6 (before the prices' miss)
+static inline int ffn_state_ints(int num_layers) { return 12 * num_layers + 6; }
 static inline int ffn_state_ints_known(int n, int num_layers) {
-    return n == ffn_state_ints(num_layers) || n == 9 * num_layers + 6 || n == 9 * num_layers + 5 ||
-           n == 3 * num_layers || n == 4 * num_layers + 4;
+    return n == ffn_state_ints(num_layers) || n == 11 * num_layers + 6 || n == 9 * num_layers + 6 ||
+           n == 9 * num_layers + 5 || n == 3 * num_layers || n == 4 * num_layers + 4;
 }
 
 static inline void param_sizes(size_t sizes[NUM_PARAM_TENSORS], const GPTConfig* c) {

@@ -42,7 +42,7 @@ static void load_state_as(const char* dir, int step, const GPTConfig* c) {
     size_t n = num_parameters(c);
     float* m = (float*)mallocCheck(n * sizeof(float));
     float* v = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn[11 * 2 + 6]; // ffn_state_ints of c's 2 layers
+    int32_t ffn[12 * 2 + 6]; // ffn_state_ints of c's 2 layers
     checkpoint_load_state(dir, step, c, 1, 0, &s, loader, sizeof(loader), m, v, ffn);
     free(m);
     free(v);
@@ -55,8 +55,8 @@ static void load_state_other_config(const void* dir) {
     load_state_as((const char*)dir, 17, &other);
 }
 
-// the state file `from` as a version before the cold part's constant wrote it, into dir (same name): `ints` FFN
-// state ints (its last ones dropped), the checksum made again
+// the state file `from` as an older version wrote it, into dir (same name): `ints` FFN state ints (its last ones
+// dropped), the checksum made again
 static void write_older_state(const char* from, const char* dir, const char* name, int ints) {
     long size = size_of(from);
     char* bytes = (char*)mallocCheck(size);
@@ -101,24 +101,28 @@ static void test_round_trip(void) {
     char loader[24] = "loader state bytes";
     Path state = tmp_path("state_00000017_00000.bin");
     CHECK(!checkpoint_complete(tmp_dir, 17), "a model file alone is no complete checkpoint");
-    const int32_t ffn[11 * 2 + 6] = {1, 64, 32, 128, 0, 256, 16, 0, 12345, 0, 7, 9}; // the FFN choices of c's 2 layers
+    const int32_t ffn[12 * 2 + 6] = {1, 64, 32, 128, 0, 256, 16, 0, 12345, 0, 7, 9}; // the FFN choices of c's 2 layers
     checkpoint_save_state(state.s, &c, &s, loader, sizeof(loader), m, v, n, ffn);
     CHECK(checkpoint_complete(tmp_dir, 17), "model and state make a complete checkpoint");
     TrainState s2;
     char loader2[24];
     float* m2 = (float*)mallocCheck(n * sizeof(float));
     float* v2 = (float*)mallocCheck(n * sizeof(float));
-    int32_t ffn2[11 * 2 + 6] = {0};
+    int32_t ffn2[12 * 2 + 6] = {0};
     int ffn_ints = checkpoint_load_state(tmp_dir, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
     CHECK(ffn_ints == ffn_state_ints(2) && memcmp(ffn, ffn2, sizeof(ffn)) == 0, "the FFN state differs after the round trip");
-    // a state from before the cold part's constant (5 floats of costs) still loads, as it was
+    // states from before the prices' miss (11 ints a layer) and before the cold part's constant (9 and 5 floats
+    // of costs) still load, as they were
     Path older = tmp_path("older");
     make_dir(older.s);
-    write_older_state(state.s, older.s, "state_00000017_00000.bin", 9 * 2 + 5);
-    memset(ffn2, 0, sizeof(ffn2));
-    ffn_ints = checkpoint_load_state(older.s, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
-    CHECK(ffn_ints == 9 * 2 + 5 && memcmp(ffn, ffn2, ffn_ints * sizeof(int32_t)) == 0 && ffn2[ffn_ints] == 0,
-          "an older FFN state of %d ints loads", ffn_ints);
+    const int older_ints[] = {11 * 2 + 6, 9 * 2 + 5};
+    for (int ints : older_ints) {
+        write_older_state(state.s, older.s, "state_00000017_00000.bin", ints);
+        memset(ffn2, 0, sizeof(ffn2));
+        ffn_ints = checkpoint_load_state(older.s, 17, &c, 1, 0, &s2, loader2, sizeof(loader2), m2, v2, ffn2);
+        CHECK(ffn_ints == ints && memcmp(ffn, ffn2, ffn_ints * sizeof(int32_t)) == 0 && ffn2[ffn_ints] == 0,
+              "an older FFN state of %d ints loads", ints);
+    }
     CHECK(s.step == s2.step && s.B == s2.B && s.T == s2.T && s.grad_accum == s2.grad_accum &&
           s.num_processes == s2.num_processes && s.rank == s2.rank && s.sample_rng == s2.sample_rng &&
           s.eval_pending == s2.eval_pending && s.sched_steps == s2.sched_steps && s.sched_warmup == s2.sched_warmup &&
@@ -179,7 +183,7 @@ static void test_resharding(void) {
             TrainState s = {40, 2, 32, 1, writers, r, 99, 0, 0, 0, 0, 0, 0};
             state_path(path, sizeof(path), dir.s, 40, r);
             CHECK(!checkpoint_complete(dir.s, 40) || r == 0, "%d of %d state files make a complete checkpoint", r, writers);
-            const int32_t ffn[11 * 2 + 6] = {1, 64, 100 + r, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 200 + r}; // tails sized per rank
+            const int32_t ffn[12 * 2 + 6] = {1, 64, 100 + r, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 200 + r}; // tails sized per rank
             checkpoint_save_state(path, &c, &s, loader, sizeof(loader), pm, pv, z.owned, ffn);
             free(pm);
             free(pv);
@@ -200,10 +204,10 @@ static void test_resharding(void) {
                 zero_pack(want_v, v, &z);
                 TrainState s;
                 char loader2[24];
-                int32_t ffn[11 * 2 + 6] = {0};
+                int32_t ffn[12 * 2 + 6] = {0};
                 int has_ffn = checkpoint_load_state(dir.s, 40, &c, readers, r, &s, loader2, sizeof(loader2), got_m, got_v, ffn);
                 int from = readers == writers ? r : 0; // its own file, or rank 0's when re-sharded
-                CHECK(has_ffn && ffn[0] == 1 && ffn[1] == 64 && ffn[2] == 100 + from && ffn[13] == 200 + from,
+                CHECK(has_ffn && ffn[0] == 1 && ffn[1] == 64 && ffn[2] == 100 + from && ffn[14] == 200 + from,
                       "written by %d, read by rank %d of %d: FFN state of rank %d, want %d", writers, r, readers,
                       ffn[2] - 100, from);
                 CHECK(memcmp(got_m, want_m, z.owned * sizeof(float)) == 0 &&
@@ -418,7 +422,7 @@ static void test_crafted_state(void) {
     expect_child_error(load_state_of, dir.s, "rank 0 of -1 processes, expected");
     copy_prefix(copy.s, path, size_of(copy.s));
     poke(path, 4 * 23, 5);
-    expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 28, 24, 23, 12 or 6");
+    expect_child_error(load_state_of, dir.s, "5 ints of FFN state, expected 0, 30, 28, 24, 23, 12 or 6");
     copy_prefix(copy.s, path, size_of(copy.s));
     poke(path, 4 * 29, (int32_t)float_bits(NAN)); // the schedule's peak lr
     expect_child_error(load_state_of, dir.s, "lr schedule (0 steps, warmup 0, lr nan, final fraction 0) is corrupt");

@@ -392,11 +392,11 @@ void ffn_set_path(Ffn<T>* ffn, int l, int h, const int* perm, int step, double k
 // The layers' choices as ffn_state_ints(L) ints (llmc/model.h): per layer
 // sparse or dense, ELL width, tail rows (0 before the first forward), hot
 // units, the step of its last change of path and its pair prices (at, split,
-// two floats' bits, lo, a float's bits), then the hot-unit policy (FFN_COSTS_FLOATS
-// floats' bits, llmc/ffn/hot.h), so that a resumed run makes the same choices
-// (the hot units themselves are the first rows of the layer's weights, which the
-// checkpoint holds in that order).
-#define FFN_STATE_PER_LAYER 11
+// two floats' bits, lo, two floats' bits: low and miss), then the hot-unit policy
+// (FFN_COSTS_FLOATS floats' bits, llmc/ffn/hot.h), so that a resumed run makes the
+// same choices (the hot units themselves are the first rows of the layer's
+// weights, which the checkpoint holds in that order).
+#define FFN_STATE_PER_LAYER 12
 
 template <typename T>
 void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
@@ -410,6 +410,7 @@ void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
         memcpy(s + 8, &f->prices.rest, sizeof(float));
         s[9] = f->prices.lo;
         memcpy(s + 10, &f->prices.low, sizeof(float));
+        memcpy(s + 11, &f->prices.miss, sizeof(float));
     }
     float policy[FFN_COSTS_FLOATS];
     ffn_hot_policy_pack(policy, &ffn->hot);
@@ -421,13 +422,15 @@ void ffn_state_get(const Ffn<T>* ffn, int32_t* state) {
 // run asks; 4 per layer and 4 floats from before the layers' paths were
 // measured, no change yet and no prices; 9 per layer and 5 floats from before
 // the cold part's constant, which is 0; 9 per layer and 6 from before the
-// busiest units' own price, which they do not have: lo 0); source: the file
-// they came from, which an error names
+// busiest units' own price, which they do not have: lo 0; 11 per layer from
+// before the prices' miss, which is then 0: the margin alone, as they chose
+// with); source: the file they came from, which an error names
 template <typename T>
 void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source) {
     int H = ffn->H, L = ffn->L;
     if (!ffn_state_ints_known(n, L)) { fatal("%s: %d ints of FFN state, expected %d", source, n, ffn_state_ints(L)); }
-    int per = n == 3 * L ? 3 : n == 4 * L + 4 ? 4 : n == 9 * L + 5 || n == 9 * L + 6 ? 9 : FFN_STATE_PER_LAYER;
+    int per = n == 3 * L ? 3 : n == 4 * L + 4 ? 4 : n == 9 * L + 5 || n == 9 * L + 6 ? 9
+              : n == 11 * L + 6 ? 11 : FFN_STATE_PER_LAYER;
     int floats = n - per * L;
     for (int l = 0; l < L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
@@ -442,19 +445,20 @@ void ffn_state_set(Ffn<T>* ffn, const int32_t* state, int n, const char* source)
         f->hot_units = hot;
         f->changed = -FFN_PATH_MIN_STEPS, f->prices = ffn_no_prices;
         if (per < 9) { continue; }
-        FfnPairPrices p = {s[5], s[6], 0.0f, 0.0f, 0, 0.0f};
+        FfnPairPrices p = {s[5], s[6], 0.0f, 0.0f, 0, 0.0f, 0.0f};
         memcpy(&p.busy, s + 7, sizeof(float));
         memcpy(&p.rest, s + 8, sizeof(float));
         if (per > 9) {
             p.lo = s[9];
             memcpy(&p.low, s + 10, sizeof(float));
         }
+        if (per > 11) { memcpy(&p.miss, s + 11, sizeof(float)); }
         auto price = [](float x) { return x > 0 && x <= 1; }; // (NaN: not a price)
         int priced = p.at < 0 || (price(p.busy) && price(p.rest) && (p.lo == 0 || price(p.low)));
         if (s[4] < -FFN_PATH_MIN_STEPS || p.at < -1 || p.at >= H || p.split < 0 || p.split > H || p.lo < 0 ||
-            p.lo > p.split || !priced) {
-            fatal("%s: FFN path of layer %d (changed at %d, prices %d, %d, %g, %g, %d, %g) is corrupt", source, l, s[4],
-                  p.at, p.split, p.busy, p.rest, p.lo, p.low);
+            p.lo > p.split || !priced || !isfinite(p.miss) || p.miss < 0) {
+            fatal("%s: FFN path of layer %d (changed at %d, prices %d, %d, %g, %g, %d, %g, miss %g) is corrupt", source,
+                  l, s[4], p.at, p.split, p.busy, p.rest, p.lo, p.low, p.miss);
         }
         f->changed = s[4];
         f->prices = p;

@@ -134,15 +134,16 @@ static inline void ffn_hot_policy_describe(char* out, size_t n, const FfnHotPoli
 
 // What a layer's own measurements say its cold pairs cost (per pair, as FfnCosts), by the rank of the pair's
 // unit: a pair of one of its `lo` busiest units `low`, of the others of its `split` busiest `busy`, of any other
-// unit `rest`; `at`: the path (hot units) they were last measured on, -1 never (then the costs' pair1)
+// unit `rest`; `at`: the path (hot units) they were last measured on, -1 never (then the costs' pair1); miss:
+// how far the prices before modelled that path's time off what it measured (|measured - modelled| / measured)
 typedef struct {
     int at, split;
     float busy, rest;
     int lo;
-    float low;
+    float low, miss;
 } FfnPairPrices;
 
-static const FfnPairPrices ffn_no_prices = {-1, 0, 0.0f, 0.0f, 0, 0.0f};
+static const FfnPairPrices ffn_no_prices = {-1, 0, 0.0f, 0.0f, 0, 0.0f, 0.0f};
 
 // A layer's units by decreasing count over `tokens` tokens (perm[i] = the unit at rank i; a stable order), and
 // prefix[i] = the pairs per token of the units of rank below i (prefix [H + 1])
@@ -176,30 +177,39 @@ static inline double ffn_path_time(const FfnCosts* c, const FfnPairPrices* p, in
     return ffn_path_fixed(c, H, h) + p->low * pairs(0, lo) + p->busy * pairs(lo, s) + p->rest * pairs(s, H);
 }
 
+// whether the modelled time of path h is a measured one: a path the layer's prices were fitted to the time of,
+// or the dense layer (dense) once timed; any other is the prices' extrapolation, which missed by prices->miss
+static inline int ffn_path_timed(const FfnCosts* c, const FfnPairPrices* p, int H, int h, int dense) {
+    return (p->at >= 0 && (h == p->lo || h == p->split)) || (h == H && dense && c->dense > 0);
+}
+
 // A layer's prices after its path h (0 <= h < H) took `time` per token (measured), its units ranked as prefix
 // says: its cold pairs at that time's price; after an earlier measurement on another path, the pairs of the
 // units between the two paths at what moving them saved (busy), those of the units beyond both at the price of
 // the path with more hot units (rest), and those of the units busier than both at the average the old prices
 // gave them (low): so a path with fewer hot units than either keeps the time it was modelled (or timed) at,
-// not the moved units' price. (A price is never below FLT_MIN: timing noise does not make a pair free.)
+// not the moved units' price. The paths whose times they give as measured are lo and split (both h after one
+// time). miss: how far the old prices' extrapolation missed this time (when they gave h as measured, their
+// own miss: a path timed again checks no extrapolation). (A price is never below FLT_MIN: timing noise does
+// not make a pair free.)
 static inline FfnPairPrices ffn_prices_fit(const FfnCosts* c, const FfnPairPrices* old, int H, int h, double time,
                                            const double* prefix) {
-    double cold = prefix[H] - prefix[h];
+    double cold = prefix[H] - prefix[h], modelled = ffn_path_time(c, old, H, h, 0, prefix);
     float price = (float)fmax(cold > 0 ? (time - ffn_path_fixed(c, H, h)) / cold : c->pair1, FLT_MIN);
-    FfnPairPrices p = {h, h, price, price, 0, 0.0f};
+    float miss = ffn_path_timed(c, old, H, h, 0) ? old->miss : (float)(time > 0 ? fabs(time - modelled) / time : 0.0);
+    FfnPairPrices p = {h, h, price, price, h, price, miss};
     if (old->at < 0 || old->at == h) { return p; }
     int lo = std::min(old->at, h), hi = std::max(old->at, h);
     double moved = prefix[hi] - prefix[lo], beyond = prefix[H] - prefix[hi];
     if (moved <= 0 || beyond <= 0) { return p; }
     double t_old = ffn_path_time(c, old, H, old->at, 0, prefix); // (the old path's prices on today's counts)
     double t_lo = h == lo ? time : t_old, t_hi = h == hi ? time : t_old;
-    p.split = hi;
+    p.split = hi, p.lo = lo;
     p.busy = (float)fmax((t_lo - ffn_path_fixed(c, H, lo) - (t_hi - ffn_path_fixed(c, H, hi))) / moved, FLT_MIN);
     p.rest = (float)fmax((t_hi - ffn_path_fixed(c, H, hi)) / beyond, FLT_MIN);
-    if (lo > 0 && prefix[lo] > 0) {
+    if (prefix[lo] > 0) {
         double above = ffn_path_time(c, old, H, 0, 0, prefix) - ffn_path_fixed(c, H, 0) -
                        (ffn_path_time(c, old, H, lo, 0, prefix) - ffn_path_fixed(c, H, lo));
-        p.lo = lo;
         p.low = (float)fmax(above / prefix[lo], FLT_MIN);
     }
     return p;
@@ -208,9 +218,10 @@ static inline FfnPairPrices ffn_prices_fit(const FfnCosts* c, const FfnPairPrice
 // The path of a layer of H units (prefix, perm: ffn_hot_order) whose path is `now` (its first `now` units hot in
 // today's order; H: every unit, under --ffn auto (dense) the dense layer), `since` steps after its last change:
 // the h busiest units hot, h 0, a multiple of FFN_HOT_ALIGN or H (hot_ok 0: 0 or H only) with the least
-// modelled time. Returns -1 when the path stays (ffn_policy_path_change), else h with perm[i] = the unit (in
-// today's order) that goes to position i: the hot units by decreasing count, then the cold ones in today's
-// order. times (if not NULL): the modelled times per token now and of the best path.
+// modelled time. Returns -1 when the path stays (ffn_policy_path_change: a path not timed must save more than
+// the prices' last miss), else h with perm[i] = the unit (in today's order) that goes to position i: the hot
+// units by decreasing count, then the cold ones in today's order. times (if not NULL): the modelled times per
+// token now and of the best path.
 static inline int ffn_path_choose(int* perm, const double* prefix, const uint32_t* count, int H, int now,
                                   double tokens, const FfnCosts* c, const FfnPairPrices* prices, int dense,
                                   int hot_ok, int since, double* times) {
@@ -230,7 +241,8 @@ static inline int ffn_path_choose(int* perm, const double* prefix, const uint32_
         if (h == H) { break; }
     }
     if (times) { times[0] = t_now, times[1] = best_time; }
-    if (!ffn_policy_path_change(t_now, best_time, since)) { return -1; }
+    double miss = ffn_path_timed(c, prices, H, best, dense) ? 0.0 : prices->miss;
+    if (!ffn_policy_path_change(t_now, best_time, since, miss)) { return -1; }
     std::sort(perm + best, perm + H); // the cold units in today's order
     return best;
 }

@@ -15,9 +15,14 @@
  |                  | layer's own pair prices measured where it ran:         | cold units lost 0.92x to dense: "One path  |
  |                  | llmc/ffn/hot.h); changed when that saves               | per layer from measured costs"); a busy    |
  |                  | FFN_PATH_MARGIN, FFN_PATH_MIN_STEPS after the last     | unit's pair costs less than an average one |
- |                  | change (ffn_policy_path_change)                        | ("Hot units as dense GEMMs"); the margin   |
- |                  |                                                        | and the wait keep a layer near a boundary  |
- |                  |                                                        | from flapping                              |
+ |                  | change, and a path but the last two the layer was      | ("Hot units as dense GEMMs"); the margin   |
+ |                  | timed on (or the dense layer, timed) also its model's  | and the wait keep a layer near a boundary  |
+ |                  | last miss there, up to FFN_PATH_MISS_MAX               | from flapping; a path not timed is priced  |
+ |                  | (ffn_policy_path_change)                               | by extrapolation, which missed the pattern |
+ |                  |                                                        | model's splits by 2-15%: with the margin   |
+ |                  |                                                        | alone its layers changed 37-58 times in    |
+ |                  |                                                        | 1500 steps (the cap, the largest of those: |
+ |                  |                                                        | no model far off holds a layer for good)   |
  | training, before | dense or all cold by the prior costs FFN_PRIOR_GATE,   | the first sparse step measures the costs;  |
  | costs are        | FFN_PRIOR_PAIR (in units of the dense layer's cost per | the prior is optimistic (a pair measured   |
  | measured (and on | unit and token); no hot units                          | about 75 on an H100) so that a layer that  |
@@ -39,13 +44,16 @@
 #ifndef LLMC_FFN_POLICY_H
 #define LLMC_FFN_POLICY_H
 
-#define FFN_HOT_ALIGN 64      // hot sets are multiples of this many units (GEMM tiles)
-#define FFN_HOT_EVERY 10      // training steps between re-choices of the layers' paths
-#define FFN_PATH_MARGIN 0.03  // a new path must save this share of the layer's modelled time
-#define FFN_PATH_MIN_STEPS 20 // steps between two changes of a layer's path (its new one is measured in between)
-#define FFN_HOT_PROBE 128     // the dense part is timed over this many units and four times as many
-#define FFN_PRIOR_GATE 0.13   // until measured: the gate per unit and token, in dense (unit, token)s (H100: 0.63 of 4.87 ms)
-#define FFN_PRIOR_PAIR 50.0   // until measured: a gathered pair, in dense (unit, token)s (H100, uniform k = 30: ~75)
+#include <math.h>
+
+#define FFN_HOT_ALIGN 64       // hot sets are multiples of this many units (GEMM tiles)
+#define FFN_HOT_EVERY 10       // training steps between re-choices of the layers' paths
+#define FFN_PATH_MARGIN 0.03   // a new path must save this share of the layer's modelled time
+#define FFN_PATH_MISS_MAX 0.15 // one the layer's prices hold no time for must also save their last miss, up to this
+#define FFN_PATH_MIN_STEPS 20  // steps between two changes of a layer's path (its new one is measured in between)
+#define FFN_HOT_PROBE 128      // the dense part is timed over this many units and four times as many
+#define FFN_PRIOR_GATE 0.13    // until measured: the gate per unit and token, in dense (unit, token)s (H100: 0.63 of 4.87 ms)
+#define FFN_PRIOR_PAIR 50.0    // until measured: a gathered pair, in dense (unit, token)s (H100, uniform k = 30: ~75)
 
 #define TWELL_PREFILL_MIN_ROWS 4096
 #define TWELL_H_PER_DENSE_ACTIVE 44.0
@@ -54,9 +62,9 @@
 #define SCREEN_MAX_ROWS 2
 
 // training: whether a layer whose path takes t_now (modelled) changes to one of t_new, `since` steps after its last
-// change
-static inline int ffn_policy_path_change(double t_now, double t_new, int since) {
-    return since >= FFN_PATH_MIN_STEPS && t_now - t_new > FFN_PATH_MARGIN * t_now;
+// change, where t_new may be off by a share `miss` of it (0: a time measured)
+static inline int ffn_policy_path_change(double t_now, double t_new, int since, double miss) {
+    return since >= FFN_PATH_MIN_STEPS && t_now - t_new > fmax(FFN_PATH_MARGIN, fmin(miss, FFN_PATH_MISS_MAX)) * t_now;
 }
 
 // whether a prefill of M rows runs the sparse FFN (min_rows: TWELL_PREFILL_MIN_ROWS unless the caller set another)
