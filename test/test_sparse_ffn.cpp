@@ -356,6 +356,39 @@ static void test_dead_reinit(void) {
     gpt_free(&model);
 }
 
+// a tail far larger than the forwards need (over 4x) is given back only after FFN_TAIL_SHRINK_AFTER forwards in a
+// row (a forward that needs it starts the count again); an overflow grows it at once and asks for a redo
+static void test_tail_shrink(void) {
+    const int M = 256, H = 64, W = 8;
+    Ffn<real> ffn = {};
+    ffn.L = 1, ffn.H = H, ffn.M = M, ffn.device = DEVICE_CPU;
+    ffn.layer = (FfnLayer<real>*)callocCheck(1, sizeof(FfnLayer<real>));
+    ffn.tail_used = (int*)callocCheck(1, sizeof(int));
+    FfnLayer<real>* f = &ffn.layer[0];
+    f->on = 1, f->W = W, f->tail_capacity = 200;
+    sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, ffn.tail_used, DEVICE_CPU);
+    auto forwards = [&](int n, int used) {
+        int redo = 0;
+        for (int i = 0; i < n; i++) {
+            *ffn.tail_used = used;
+            redo |= ffn_overflowed(&ffn);
+        }
+        return redo;
+    };
+    int redo = forwards(FFN_TAIL_SHRINK_AFTER - 1, 10) | forwards(1, 100) | forwards(FFN_TAIL_SHRINK_AFTER - 1, 10);
+    CHECK(!redo && f->tail_capacity == 200, "a tail of 200 rows kept through %d forwards needing 10 but one needing "
+          "100 (%d rows)", 2 * FFN_TAIL_SHRINK_AFTER - 2, f->tail_capacity);
+    redo = forwards(1, 10);
+    CHECK(!redo && f->tail_capacity == 2 * sparse_choose_tail(10, M), "given back after %d in a row: %d rows",
+          FFN_TAIL_SHRINK_AFTER, f->tail_capacity);
+    redo = forwards(1, 230);
+    CHECK(redo && f->tail_capacity == M && f->tail_oversized == 0, "an overflow of the allocated 200: a redo, the "
+          "tail grown to %d rows", f->tail_capacity);
+    sparse_pattern_free(&f->p, DEVICE_CPU);
+    free(ffn.tail_used);
+    free(ffn.layer);
+}
+
 int main(void) {
     test_ffn(64, 96, 40, 8, 64);  // every row fits (the tail holds all overflow)
     test_ffn(50, 64, 24, 16, 8);  // the tail exactly or more than needed, uneven shapes
@@ -363,5 +396,6 @@ int main(void) {
     test_ffn(16, 32, 8, 32, 0);   // W = H: no tail needed
     test_model();
     test_dead_reinit();
+    test_tail_shrink();
     return test_summary("test_sparse_ffn");
 }

@@ -46,6 +46,7 @@ struct FfnLayer {
     int on;                  // this step's choice: 1 sparse, 0 dense
     SparsePattern<T> p;      // the cold units' pattern, allocated (p.M > 0) from the first sparse forward on
     int W, tail_capacity;    // the sizes the next forward wants (a change reallocates p)
+    int tail_oversized;      // forwards in a row whose tail was far larger than they needed (ffn_overflowed)
     int hot_units;           // units [0, hot_units) run dense (llmc/ffn/split.h)
     int changed;             // the training step of its last change of path (llmc/ffn/hot.h)
     FfnPairPrices prices;    // what its cold pairs cost where it was timed (llmc/ffn/hot.h)
@@ -279,7 +280,11 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
 // for what it needed, and the event is logged; the caller redoes the forward.
 // The rows a layer lost are NaN in every later layer, which therefore counted
 // too few: the later layers get a tail at least as large, so that one redo
-// usually suffices (another one follows if not).
+// usually suffices (another one follows if not). A tail is given back only after
+// FFN_TAIL_SHRINK_AFTER forwards in a row needed less than a quarter of it: the
+// later layers grown for an earlier one's overflow would otherwise shrink at the
+// next forward and grow at the next overflow, each time reallocated (a device
+// sync) and often with the forward redone.
 template <typename T>
 static int ffn_overflowed(Ffn<T>* ffn) {
     int L = ffn->L, M = ffn->M, any_on = 0, overflow = 0, most = 0;
@@ -290,6 +295,8 @@ static int ffn_overflowed(Ffn<T>* ffn) {
     for (int l = 0; l < L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
         if (!f->on || f->p.M == 0) { continue; } // (a layer whose units are all hot has no pattern)
+        const int oversized = f->tail_oversized;
+        f->tail_oversized = 0;
         if (used[l] > f->p.tail_capacity) {
             f->tail_capacity = sparse_choose_tail(used[l] > most ? used[l] : most, M);
             printf("ffn: layer %d: %d rows had more than %d active units, the tail held %d: tail grown to %d rows, "
@@ -300,7 +307,11 @@ static int ffn_overflowed(Ffn<T>* ffn) {
             f->tail_capacity = sparse_choose_tail(most, M);
             printf("ffn: layer %d: tail grown to %d rows after the overflow of an earlier layer\n", l, f->tail_capacity);
         } else if (f->tail_capacity > 4 * sparse_choose_tail(used[l], M)) {
-            f->tail_capacity = 2 * sparse_choose_tail(used[l], M); // far too large: give memory back next forward
+            f->tail_oversized = oversized + 1;
+            if (f->tail_oversized >= FFN_TAIL_SHRINK_AFTER) { // far too large for long: give memory back next forward
+                f->tail_capacity = 2 * sparse_choose_tail(used[l], M);
+                f->tail_oversized = 0;
+            }
         }
     }
     ffn->redone += overflow;

@@ -27,6 +27,11 @@
  | costs are        | FFN_PRIOR_PAIR (in units of the dense layer's cost per | the prior is optimistic (a pair measured   |
  | measured (and on | unit and token); no hot units                          | about 75 on an H100) so that a layer that  |
  | the CPU)         |                                                        | may gain is tried, then measured           |
+ | training, a cold | grown to what an overflowing forward needed (and the   | a redone forward and a reallocation (a     |
+ | part's tail      | later layers with it: their counts missed the lost     | device sync) cost more than the memory;    |
+ | (rows past the   | rows), the forward redone; given back when FFN_TAIL_   | shrunk at once, the later layers' tails    |
+ | ELL width)       | SHRINK_AFTER forwards in a row needed under a quarter  | grew and shrank every step of the 124M     |
+ |                  | of it (ffn_overflowed, llmc/ffn/ffn.h)                 | run's first 300 ("Training: the tails")    |
  | prefill          | fewer than TWELL_PREFILL_MIN_ROWS rows run the dense   | a few hundred tokens fire most of H; the   |
  |                  | FFN (ffn_policy_prefill_sparse)                        | status read costs more than the gate saves |
  | prefill, a layer | TwELL's slots per block: the fewest of 3, 7, 15, 31    | fewer words to write and read; a tile past |
@@ -46,14 +51,15 @@
 
 #include <math.h>
 
-#define FFN_HOT_ALIGN 64       // hot sets are multiples of this many units (GEMM tiles)
-#define FFN_HOT_EVERY 10       // training steps between re-choices of the layers' paths
-#define FFN_PATH_MARGIN 0.03   // a new path must save this share of the layer's modelled time
-#define FFN_PATH_MISS_MAX 0.15 // one the layer's prices hold no time for must also save their last miss, up to this
-#define FFN_PATH_MIN_STEPS 20  // steps between two changes of a layer's path (its new one is measured in between)
-#define FFN_HOT_PROBE 128      // the dense part is timed over this many units and four times as many
-#define FFN_PRIOR_GATE 0.13    // until measured: the gate per unit and token, in dense (unit, token)s (H100: 0.63 of 4.87 ms)
-#define FFN_PRIOR_PAIR 50.0    // until measured: a gathered pair, in dense (unit, token)s (H100, uniform k = 30: ~75)
+#define FFN_HOT_ALIGN 64         // hot sets are multiples of this many units (GEMM tiles)
+#define FFN_HOT_EVERY 10         // training steps between re-choices of the layers' paths
+#define FFN_PATH_MARGIN 0.03     // a new path must save this share of the layer's modelled time
+#define FFN_PATH_MISS_MAX 0.15   // one the layer's prices hold no time for must also save their last miss, up to this
+#define FFN_PATH_MIN_STEPS 20    // steps between two changes of a layer's path (its new one is measured in between)
+#define FFN_HOT_PROBE 128        // the dense part is timed over this many units and four times as many
+#define FFN_PRIOR_GATE 0.13      // until measured: the gate per unit and token, in dense (unit, token)s (H100: 0.63 of 4.87 ms)
+#define FFN_PRIOR_PAIR 50.0      // until measured: a gathered pair, in dense (unit, token)s (H100, uniform k = 30: ~75)
+#define FFN_TAIL_SHRINK_AFTER 50 // forwards in a row a cold part's tail must be over 4x its need before it shrinks
 
 #define TWELL_PREFILL_MIN_ROWS 4096
 #define TWELL_H_PER_DENSE_ACTIVE 44.0
