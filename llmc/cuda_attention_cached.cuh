@@ -126,6 +126,7 @@ __device__ __forceinline__ void softmax_part_merge(float* m, float* l, float* o,
     for (int k = 0; k < N; k++) { o[k] = o[k] * w + o2[k] * w2; }
 }
 
+// a thread's partial softmax over its 8 dimensions (softmax_part_merge's m, l, o)
 struct DecodePart {
     float m, l, o[8];
 };

@@ -67,10 +67,14 @@
 
 #define SCREEN_MAX_ROWS 2
 
+// training: the share of its modelled time a layer's new path must save when that path's time may be off by a
+// share `miss` (0: a time measured)
+static inline double ffn_policy_path_margin(double miss) { return fmax(FFN_PATH_MARGIN, fmin(miss, FFN_PATH_MISS_MAX)); }
+
 // training: whether a layer whose path takes t_now (modelled) changes to one of t_new, `since` steps after its last
-// change, where t_new may be off by a share `miss` of it (0: a time measured)
+// change, where t_new may be off by a share `miss` of it
 static inline int ffn_policy_path_change(double t_now, double t_new, int since, double miss) {
-    return since >= FFN_PATH_MIN_STEPS && t_now - t_new > fmax(FFN_PATH_MARGIN, fmin(miss, FFN_PATH_MISS_MAX)) * t_now;
+    return since >= FFN_PATH_MIN_STEPS && t_now - t_new > ffn_policy_path_margin(miss) * t_now;
 }
 
 // whether a prefill of M rows runs the sparse FFN (min_rows: TWELL_PREFILL_MIN_ROWS unless the caller set another)
