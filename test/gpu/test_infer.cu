@@ -61,13 +61,15 @@ static std::vector<bf16> random_bf16(size_t n, double std, uint64_t* rng) {
     return x;
 }
 
-static void test_decode_attention(void) {
-    uint64_t rng = 101;
+// cache_len 300: positions 0, 17, 128, 299 (one key; one split; just past a split; the whole cache); 1100:
+// 1099, 700, 1023, 5 (nine splits, past the combine's unrolled eight; six; eight whole ones; one)
+static void test_decode_attention(int cache_len) {
+    uint64_t rng = 101 + cache_len;
     const float theta = 10000.0f;
     for (int hd : {16, 32, 64, 128}) {
-        const int NH = 4, NKV = 2, B = 4, S = 6, cache_len = 300, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
+        const int NH = 4, NKV = 2, B = 4, S = 6, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
         const size_t seq_size = (size_t)cache_len * KVD;
-        std::vector<int> pos = {0, 17, 128, 299}; // one key; one split; just past a split; the whole cache
+        std::vector<int> pos = cache_len == 300 ? std::vector<int>{0, 17, 128, 299} : std::vector<int>{1099, 700, 1023, 5};
         std::vector<int> slots = {4, 0, 5, 2};    // row b's cache slot (1 and 3 are other sequences')
         std::vector<bf16> qkv = random_bf16((size_t)B * QKV, 1.0, &rng);
         std::vector<bf16> seq_k = random_bf16((size_t)B * seq_size, 1.0, &rng); // row b's sequence, [cache_len, KVD]
@@ -170,10 +172,11 @@ static void test_decode_attention(void) {
             }
         }
         double e = max_rel_err(out.data(), ref.data(), ref.size());
-        CHECK(e < 1e-2, "decode attention hd %d: rel err %g", hd, e);
+        CHECK(e < 1e-2, "decode attention hd %d, cache %d: rel err %g", hd, cache_len, e);
         CHECK(cache_err < 3e-2, "decode attention hd %d: the new k, v in the cache differ by %g", hd, cache_err);
-        printf("  decode attention + RoPE hd %3d, positions 0/17/128/299 in slots 4/0/5/2: rel err %.2e, new cache "
-               "entries within %.1e, the same bits in slots 0..3\n", hd, e, cache_err);
+        printf("  decode attention + RoPE hd %3d, positions %d/%d/%d/%d of %d in slots 4/0/5/2: rel err %.2e, new "
+               "cache entries within %.1e, the same bits in slots 0..3\n", hd, pos[0], pos[1], pos[2], pos[3], cache_len,
+               e, cache_err);
     }
 }
 
@@ -765,7 +768,8 @@ int main(void) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("test_infer on %s\n", prop.name);
-    test_decode_attention();
+    test_decode_attention(300);
+    test_decode_attention(1100);
     test_prefill_rope_cache();
     test_chunk_attention();
     test_decode_linear();
