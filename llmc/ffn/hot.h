@@ -582,9 +582,8 @@ void ffn_path_update(Ffn<T>* ffn, int step, double tokens, const uint32_t* count
             double modelled = ffn_path_time(&costs, &f->prices, H, now, dense, prefix.data());
             f->prices = ffn_prices_fit(&costs, &f->prices, H, now, t, prefix.data());
             if (verbose) {
-                printf("ffn: layer %d: %s measured %.3f ms (modelled %.3f; a move to a path not timed now saves %.0f%% "
-                       "at least)\n", l, was, 1e3 * M * t, 1e3 * M * modelled,
-                       100 * ffn_policy_path_margin(f->prices.miss));
+                printf("ffn: layer %d: %s measured %.3f ms (modelled %.3f; a move to an untimed path must now save "
+                       "%.0f%%)\n", l, was, 1e3 * M * t, 1e3 * M * modelled, 100 * ffn_policy_path_margin(f->prices.miss));
             }
         }
         double times[2];
