@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
 
     GPT<bf16, float> model;
     gpt_build(&model, &c, DEVICE_CUDA);
+    model.logits_bytes = SIZE_MAX; // every row's logits at once, as dev/bench_pytorch.py holds them (its prefill keeps them)
     Optimizer opt;
     optimizer_init(&opt, &model, NULL);
     float* host = (float*)mallocCheck(model.num_parameters * sizeof(float));

@@ -22,6 +22,13 @@
  model->ffn.mode says, and gpt_stats_read gives it each step's statistics to
  choose from; this file never names a sparse format.
 
+ A forward with targets makes the logits GPT_LOGITS_BYTES at a time (all at once
+ where they fit): per slice of rows, the head, the cross-entropy and, when it is
+ told to, dlogits in place and the head's backward at once (dL/d final_out into
+ d_tmp, the head's gradient summed), so a 16384 x 50304 micro-batch keeps 256 MiB
+ of logits, not 1.6 GiB. A forward without targets keeps every row's logits for
+ its caller, so they must fit.
+
  The device is waited for at two places: gpt_stats_read, once per optimizer
  step (the loss and sparsity statistics are sums on the device until then),
  and, when a layer ran sparse, the end of each forward, which reads how many
@@ -49,6 +56,8 @@
 #include "llmc/rng.h"
 #include "llmc/utils.h"
 
+#define GPT_LOGITS_BYTES ((size_t)256 << 20) // the logits a forward with targets holds at once (see the top)
+
 template <typename T, typename G>
 struct Activations {
     T* x_res;      // [L+1, M, D] residual stream entering each layer; [L] enters the final norm
@@ -65,7 +74,8 @@ struct Activations {
     int* row_active; // [L, M] firing units
     T* final_out;  // [M, D]
     G* final_rstd; // [M]
-    T* logits;     // [M, Vp]; replaced by dlogits when the forward is told to
+    T* logits;     // [logits_rows, Vp]; replaced by dlogits when the forward is told to
+    int logits_rows; // M, or the rows of a slice when the micro-batch's logits pass the model's logits_bytes
     G* losses;     // [M]
     // scratch
     T* proj;       // [M, D] output of Wo and Wd before the residual add
@@ -85,6 +95,7 @@ struct GPT {
     T* param[NUM_PARAM_TENSORS];
     G* grad[NUM_PARAM_TENSORS];
     int B, T_;     // micro-batch the activations are sized for (0 until the first forward)
+    size_t logits_bytes; // the most logits the activations hold (GPT_LOGITS_BYTES; set before the first forward)
     Activations<T, G> acts;
     void* acts_memory;
     size_t acts_bytes;
@@ -132,6 +143,7 @@ void gpt_build(GPT<T, G>* model, const GPTConfig* config, Device device) {
     model->stats = (LayerStats*)callocCheck(L, sizeof(LayerStats));
     model->unit_count_host = (uint32_t*)callocCheck((size_t)L * config->hidden, sizeof(uint32_t));
     ffn_init(&model->ffn, config, model->param[P_WG], model->param[P_WU], model->param[P_WDT], device);
+    model->logits_bytes = GPT_LOGITS_BYTES;
 }
 
 // every matrix N(0, 0.02), norm weights 1, the padded vocab rows 0; made on
@@ -160,6 +172,9 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
     // attention backward wants B*NKV*T values (CPU) or B*NH*T (GPU: a delta per query);
     // the norm backward (GPU) wants a block's partial sums of D
     size_t scratch = M * NH > 1024 * D ? M * NH : 1024 * D;
+    size_t logits_rows = model->logits_bytes / (Vp * sizeof(T));
+    if (logits_rows >= 128) { logits_rows -= logits_rows % 128; } // (whole tiles of the head's products)
+    a->logits_rows = (int)(logits_rows < 1 ? 1 : logits_rows < M ? logits_rows : M);
     struct { void** ptr; size_t bytes; } parts[] = {
         {(void**)&a->x_res, (L + 1) * M * D * sizeof(T)}, {(void**)&a->x_mid, L * M * D * sizeof(T)},
         {(void**)&a->attn_in, M * D * sizeof(T)}, {(void**)&a->attn_rstd, L * M * sizeof(G)},
@@ -167,7 +182,7 @@ void gpt_alloc_activations(GPT<T, G>* model, int B, int T_) {
         {(void**)&a->lse, L * M * NH * sizeof(G)}, {(void**)&a->ffn_in, M * D * sizeof(T)},
         {(void**)&a->ffn_rstd, L * M * sizeof(G)}, {(void**)&a->row_l1, L * M * sizeof(G)}, {(void**)&a->row_active, L * M * sizeof(int)},
         {(void**)&a->final_out, M * D * sizeof(T)}, {(void**)&a->final_rstd, M * sizeof(G)},
-        {(void**)&a->logits, M * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
+        {(void**)&a->logits, a->logits_rows * Vp * sizeof(T)}, {(void**)&a->losses, M * sizeof(G)},
         {(void**)&a->proj, M * D * sizeof(T)}, {(void**)&a->d_res, M * D * sizeof(T)},
         {(void**)&a->d_tmp, M * D * sizeof(T)}, {(void**)&a->d_qkv, M * QKV * sizeof(T)},
         {(void**)&a->scratch, scratch * sizeof(G)},
@@ -353,8 +368,10 @@ static void gpt_forward_layers(GPT<T, G>* model, const int* inputs) {
 
 // Forward over B sequences of T tokens (inputs and targets on the model's
 // device). With targets, adds the losses and the sparsity statistics to the
-// sums; with dloss > 0, also leaves dlogits = dloss * dCE/dlogits in place of
-// the logits for gpt_backward.
+// sums; with dloss > 0, also leaves for gpt_backward dlogits = dloss *
+// dCE/dlogits in place of the logits, or, where the logits come in slices (see
+// the top of the file), dL/d final_out in d_tmp and the head's gradient summed.
+// Without targets, the logits of every row (which must fit logits_bytes).
 template <typename T, typename G>
 void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B, int T_, float dloss) {
     const GPTConfig* c = &model->config;
@@ -363,19 +380,31 @@ void gpt_forward(GPT<T, G>* model, const int* inputs, const int* targets, int B,
     if (B != model->B || T_ != model->T_) {
         fatal("batch %dx%d differs from the %dx%d the activations were sized for", B, T_, model->B, model->T_);
     }
-    int L = c->num_layers, D = c->channels, M = B * T_;
+    int L = c->num_layers, D = c->channels, M = B * T_, Vp = c->padded_vocab_size;
     Activations<T, G>* a = &model->acts;
+    const int rows = a->logits_rows, head = output_head(c);
+    if (!targets && rows < M) {
+        fatal("a forward without targets keeps every row's logits: %d rows of %d do not fit the model's logits_bytes "
+              "(%zu; %d rows)", M, Vp, model->logits_bytes, rows);
+    }
 
     // a redo after a sparse tail overflow gives the same patterns, now all held
     do {
         gpt_forward_layers(model, inputs);
     } while (ffn_overflowed(&model->ffn));
-    linear_forward(a->logits, a->final_out, model->param[output_head(c)], M, D, c->padded_vocab_size);
-    if (targets) {
-        crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, a->losses, a->logits, targets, M,
-                                      c->vocab_size, c->padded_vocab_size, dloss);
-        device_stats_accumulate(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M, model->device);
+    if (dloss > 0 && rows < M && model->grads == NULL) { gpt_zero_grad(model); }
+    for (int r0 = 0; r0 < M; r0 += rows) {
+        const int n = rows < M - r0 ? rows : M - r0;
+        const T* x = a->final_out + (size_t)r0 * D;
+        linear_forward(a->logits, x, model->param[head], n, D, Vp);
+        if (!targets) { continue; }
+        crossentropy_forward_backward(dloss > 0 ? a->logits : (T*)NULL, a->losses + r0, a->logits, targets + r0, n,
+                                      c->vocab_size, Vp, dloss);
+        if (dloss > 0 && rows < M) { // this slice's dlogits, used before the next slice takes their place
+            linear_backward(a->d_tmp + (size_t)r0 * D, model->grad[head], a->logits, x, model->param[head], n, D, Vp, 0);
+        }
     }
+    if (targets) { device_stats_accumulate(model->stats_acc, a->losses, a->row_l1, a->row_active, L, M, model->device); }
 }
 
 // Backward of the last forward (which must have been given dloss > 0).
@@ -393,9 +422,11 @@ void gpt_backward(GPT<T, G>* model, const int* inputs, float l1_scale) {
     size_t MD = (size_t)M * D;
     T* d_res = a->d_res; // dL/dx of the residual stream, walking down the layers
 
-    // classifier and final norm
-    linear_backward(a->d_tmp, model->grad[output_head(c)], a->logits, a->final_out, model->param[output_head(c)], M, D,
-                    Vp, 0);
+    // classifier (unless the forward did it, slice by slice) and final norm
+    if (a->logits_rows == M) {
+        linear_backward(a->d_tmp, model->grad[output_head(c)], a->logits, a->final_out, model->param[output_head(c)], M,
+                        D, Vp, 0);
+    }
     device_zero(d_res, MD * sizeof(T), model->device);
     rmsnorm_backward(d_res, model->grad[P_FINAL_NORM], a->scratch, a->d_tmp, a->x_res + L * MD,
                      model->param[P_FINAL_NORM], a->final_rstd, M, D);

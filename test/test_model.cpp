@@ -104,12 +104,14 @@ static double total_loss(GPT<double, double>* model, const int* inputs, const in
     return model->ce + lambda * model->l1_term;
 }
 
-static void test_gradients(double lambda, int activation, int untied_head) {
+// logits_rows > 0: the forward's logits in slices of that many rows (the head's backward in the forward)
+static void test_gradients(double lambda, int activation, int untied_head, int logits_rows = 0) {
     GPTConfig c = tiny_config(activation, untied_head);
     const char* what = activation_names[activation];
     const char* head = untied_head ? "untied" : "tied";
     GPT<double, double> model;
     gpt_build(&model, &c, DEVICE_CPU);
+    if (logits_rows > 0) { model.logits_bytes = (size_t)logits_rows * c.padded_vocab_size * sizeof(double); }
     init_for_check(&model, 42);
     int B = 2, T = 5, M = B * T;
     int inputs[10], targets[10];
@@ -148,8 +150,8 @@ static void test_gradients(double lambda, int activation, int untied_head) {
             if (isnan(analytic)) { err = INFINITY; }
             worst = fmax(worst, err);
         }
-        CHECK(worst < 1e-5, "%s, %s head, lambda %g: %s gradient rel err %g vs finite differences", what, head, lambda,
-              param_names[p], worst);
+        CHECK(worst < 1e-5, "%s, %s head, lambda %g, logits in slices of %d rows: %s gradient rel err %g vs finite "
+              "differences", what, head, lambda, model.acts.logits_rows, param_names[p], worst);
     }
     // the padded vocab rows never receive gradient (of the embedding, and of an untied head)
     const int vocab_rows[2] = {P_WTE, P_LM_HEAD};
@@ -191,6 +193,56 @@ static void test_recompute(void) {
     CHECK(kept.ce == recomputed.ce && kept.l1_term == recomputed.l1_term, "recomputation changes the statistics");
     gpt_free(&kept);
     gpt_free(&recomputed);
+}
+
+// the logits in slices (3 rows, and 4: uneven last slices of 1 and 2 of the 10) give the unsliced losses bit for
+// bit, and its gradients: bit for bit but for the head's, whose sums over the rows run in another order
+static void test_logit_slices(int untied_head) {
+    GPTConfig c = tiny_config(ACT_RELU, untied_head);
+    int B = 2, T = 5, M = B * T;
+    int inputs[10], targets[10];
+    uint64_t rng = 9;
+    for (int i = 0; i < M; i++) {
+        inputs[i] = (int)rng_below(&rng, c.vocab_size);
+        targets[i] = (int)rng_below(&rng, c.vocab_size);
+    }
+    GPT<double, double> models[3];
+    const int rows[3] = {0, 3, 4};
+    for (int i = 0; i < 3; i++) {
+        gpt_build(&models[i], &c, DEVICE_CPU);
+        if (rows[i] > 0) { models[i].logits_bytes = (size_t)rows[i] * c.padded_vocab_size * sizeof(double); }
+        init_for_check(&models[i], 42);
+        for (int micro = 0; micro < 2; micro++) { // (two micro-batches: the head's gradient sums over both)
+            if (micro == 0) { gpt_zero_grad(&models[i]); }
+            gpt_stats_reset(&models[i]);
+            gpt_forward(&models[i], inputs, targets, B, T, 1.0f / M);
+            gpt_backward(&models[i], inputs, 0.01f);
+            gpt_stats_read(&models[i], M);
+        }
+    }
+    size_t sizes[NUM_PARAM_TENSORS];
+    param_sizes(sizes, &c);
+    const int head = output_head(&c);
+    for (int i = 1; i < 3; i++) {
+        CHECK(models[i].acts.logits_rows == rows[i], "logits in slices of %d rows (%d)", rows[i], models[i].acts.logits_rows);
+        CHECK(models[i].ce == models[0].ce && models[i].l1_term == models[0].l1_term, "slices of %d rows: the loss "
+              "%.17g, unsliced %.17g", rows[i], models[i].ce, models[0].ce);
+        int same = 1;
+        double head_err = 0;
+        for (int p = 0; p < NUM_PARAM_TENSORS; p++) {
+            if (p == head || (p == P_WTE && !untied_head)) {
+                for (size_t j = 0; j < sizes[p]; j++) {
+                    head_err = fmax(head_err, fabs(models[i].grad[p][j] - models[0].grad[p][j]) /
+                                                  fmax(fabs(models[0].grad[p][j]), 1e-7));
+                }
+            } else {
+                same &= memcmp(models[i].grad[p], models[0].grad[p], sizes[p] * sizeof(double)) == 0;
+            }
+        }
+        CHECK(same && head_err < 1e-13, "slices of %d rows, %s head: the gradients but the head's the same bits (%d), "
+              "the head's within %g", rows[i], untied_head ? "untied" : "tied", same, head_err);
+    }
+    for (GPT<double, double>& m : models) { gpt_free(&m); }
 }
 
 // the norms' outputs the backward recomputes (rmsnorm_apply from the forward's rstd) are the forward's, bit for bit
@@ -301,7 +353,11 @@ int main(void) {
     test_gradients(0.0, ACT_SILU, 0);
     test_gradients(0.0, ACT_SILU, 1);
     test_gradients(0.05, ACT_SILU, 1); // (the trainer keeps lambda 0 for SiLU; the math holds either way)
+    test_gradients(0.05, ACT_RELU, 0, 3); // the logits in slices of 3 rows
+    test_gradients(0.05, ACT_SILU, 1, 4);
     test_recompute();
+    test_logit_slices(0);
+    test_logit_slices(1);
     test_norm_apply<float>(7, 48);
     test_norm_apply<double>(3, 16);
     const int one[1] = {3}, batch[3] = {3, 1, 5};
