@@ -28,6 +28,7 @@ static void load_trained_layer(const char* path, int l, int M, int D, int H, bf1
     GPT<bf16, float> model;
     gpt_build(&model, &c, DEVICE_CUDA);
     model.ffn.mode = FFN_DENSE;
+    model.logits_bytes = SIZE_MAX; // (a forward without targets keeps every row's logits)
     gpt_load_params(&model, params);
     free(params);
     DataLoader val;
