@@ -137,15 +137,23 @@ void sparse_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const 
 // entries, unit within the tile | bf16 g << 16, in unit order; else word 1 the
 // index of an overflow record, the tile's relu(g) row). Then a warp per row
 // counts (the words 0), the same scan, and a warp per row writes its entries
-// tile by tile. The records have room for every tile (g's buffer, or a scratch
-// buffer where g is too small), so none is ever lost. g never reaches memory
-// except as those records: a block is 128 bytes per row and tile, g's tile 512.
-// The blocks are read with llmc/ffn/twell.h's decoder.
+// tile by tile. g never reaches memory except as those records: a block is 128
+// bytes per row and tile, g's tile 512. The blocks are read with
+// llmc/ffn/twell.h's decoder.
+// The records sit where the caller has room (sparse_scratch_alloc_cuda), which
+// may be fewer than the tiles: a tile past the capacity is lost, its entries
+// written as NaN at valid units (the row's outputs NaN), and the gate's count of
+// records reported to records_needed so that the caller grows the buffer and
+// redoes the forward, as for a tail (llmc/ffn/ffn.h, ffn_overflowed).
 
 __global__ void sparse_count_twell_kernel(int* count, int* row_active, int* row_flag, const uint32_t* words, int M,
-                                          int T, int W) {
+                                          int T, int W, const unsigned long long* gate_counters, int* records_needed) {
     const int m = blockIdx.x * SPARSE_ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (m >= M) { return; }
+    if (m == 0 && lane == 0 && records_needed) {
+        const unsigned long long asked = gate_counters[TWELL_RECORDS_NEEDED];
+        atomicMax(records_needed, asked < INT_MAX ? (int)asked : INT_MAX);
+    }
     int c = 0;
     for (int t = lane; t < T; t += 32) { c += (int)words[((size_t)m * T + t) * (TWELL_SLOTS + 1)]; }
     c = warp_reduce<Sum>(c);
@@ -184,9 +192,14 @@ __global__ void sparse_write_twell_kernel(SparsePattern<bf16> p, uint8_t* fired,
                     if (fired && !fired[n]) { fired[n] = 1; }
                 }
                 e += c;
-            } else { // (a record: the buffer has room for every tile's, none is lost)
-                const uint32_t record = word1;
-                const bf16* values = reinterpret_cast<const bf16*>(records) + (size_t)record * TWELL_TILE;
+            } else if (word1 == TWELL_RECORD_LOST) { // (c units fired: NaN at the tile's first c)
+                for (int i = lane; i < c; i += 32) {
+                    p.unit[e + i] = (uint16_t)(unit0 + i);
+                    p.g[e + i] = __float2bfloat16(NAN);
+                }
+                e += c;
+            } else {
+                const bf16* values = reinterpret_cast<const bf16*>(records) + (size_t)word1 * TWELL_TILE;
                 e += sparse_write_positives(p, fired, e, unit0 + lane * 8, load_bf16x8(values + lane * 8));
             }
         }
@@ -196,8 +209,8 @@ __global__ void sparse_write_twell_kernel(SparsePattern<bf16> p, uint8_t* fired,
 // P from the TwELL blocks in s->gate_words and their records
 void sparse_pack_twell(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, const uint16_t* records, SparseScratch* s) {
     const int M = p->M, T = ceil_div(p->H, TWELL_TILE), blocks = ceil_div(M, SPARSE_ROW_WARPS);
-    sparse_count_twell_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(p->count, row_active, s->row_flag,
-                                                                                 s->gate_words, M, T, p->W);
+    sparse_count_twell_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(
+        p->count, row_active, s->row_flag, s->gate_words, M, T, p->W, s->gate_counters, s->records_needed);
     cudaCheck(cudaGetLastError());
     cudaCheck(cub::DeviceScan::ExclusiveSum(s->scan_temp, s->scan_temp_bytes, s->row_flag, s->row_prefix, M, main_stream));
     sparse_write_twell_kernel<<<blocks, SPARSE_ROW_WARPS * 32, 0, main_stream>>>(*p, fired, s->gate_words, records,
@@ -205,21 +218,19 @@ void sparse_pack_twell(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, 
     cudaCheck(cudaGetLastError());
 }
 
-// the records of the fused gate: one for every tile, in g where it holds them, else the scratch's
-static inline uint16_t* sparse_gate_records(SparseScratch* s, bf16* g) {
-    return s->gate_records ? s->gate_records : reinterpret_cast<uint16_t*>(g);
-}
+// whether this GPU packs the gate's tiles from the product's registers for rows of D (wgmma, D % 64 == 0)
+static inline bool sparse_gate_fused(int D) { return device_has_wgmma() && D % TWELL_D_MULTIPLE == 0; }
 
-// the fused gate + pack where this GPU and shape allow it (wgmma, D % 64 == 0,
-// the scratch's TwELL buffers allocated); else false
+// the fused gate + pack where this GPU and shape allow it (the scratch's TwELL
+// buffers allocated); else false. g is not used (the CPU's and cuBLASLt's gate
+// need it)
 bool sparse_gate_pack(SparsePattern<bf16>* p, int* row_active, uint8_t* fired, bf16* g, const bf16* f, const bf16* wg,
                       int D, SparseScratch* s) {
-    if (s->gate_words == NULL || D % TWELL_D_MULTIPLE != 0) { return false; }
+    if (s->gate_words == NULL || !sparse_gate_fused(D)) { return false; }
     const int M = p->M, H = p->H, T = ceil_div(H, TWELL_TILE);
-    Twell tw = twell_layout(M, H, TWELL_TILE, TWELL_SLOTS, M * T);
-    uint16_t* records = sparse_gate_records(s, g);
-    twell_gate_wgmma_into(s->gate_words, records, s->gate_counters, &tw, D, f, wg);
-    sparse_pack_twell(p, row_active, fired, records, s);
+    Twell tw = twell_layout(M, H, TWELL_TILE, TWELL_SLOTS, s->record_capacity < M * T ? s->record_capacity : M * T);
+    twell_gate_wgmma_into(s->gate_words, s->gate_records, s->gate_counters, &tw, D, f, wg);
+    sparse_pack_twell(p, row_active, fired, s->gate_records, s);
     return true;
 }
 
@@ -988,8 +999,12 @@ void sparse_dh_weight_grads(bf16* du, bf16* dg, float* dwu, float* dwg, float* d
 
 // spare (may be NULL): spare_bytes of device memory nothing uses while the
 // gate runs (llmc/gpt.h lends the backward's d_qkv), where the fused gate's
-// words go when they fit, instead of an allocation of their own
-static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, void* spare = NULL, size_t spare_bytes = 0) {
+// words go when they fit, instead of an allocation of their own, and its
+// records in the rest. records_needed (a device int, or NULL): where the gate
+// reports the records it asked for; without it the records have room for every
+// tile, with it they start with the spare's rest (sparse_scratch_grow_records)
+static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, void* spare = NULL, size_t spare_bytes = 0,
+                                             int* records_needed = NULL) {
     memset(s, 0, sizeof(*s));
     const int blocks = sparse_row_blocks(M);
     size_t n = (size_t)H * blocks;
@@ -1004,15 +1019,28 @@ static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, voi
     s->scan_temp_bytes = a > b ? a : b;
     s->scan_temp = cuda_malloc(s->scan_temp_bytes);
     if (device_has_wgmma()) { // the fused gate's buffers
-        const int T = ceil_div(H, TWELL_TILE);
-        const size_t word_bytes = (size_t)M * T * (TWELL_SLOTS + 1) * sizeof(uint32_t);
+        const size_t tiles = (size_t)M * ceil_div(H, TWELL_TILE), record_bytes = TWELL_TILE * sizeof(uint16_t);
+        const size_t word_bytes = tiles * (TWELL_SLOTS + 1) * sizeof(uint32_t);
+        if (tiles > INT_MAX) { fatal("sparse scratch: %zu gate tiles exceed int32", tiles); }
         s->gate_words_owned = spare == NULL || spare_bytes < word_bytes;
         s->gate_words = s->gate_words_owned ? (uint32_t*)cuda_malloc(word_bytes) : (uint32_t*)spare;
         s->gate_counters = (unsigned long long*)cuda_malloc(twell_counter_bytes());
-        if (H % TWELL_TILE != 0) { // g [M, H] cannot hold a record for every tile
-            s->gate_records = (uint16_t*)cuda_malloc((size_t)M * T * TWELL_TILE * sizeof(uint16_t));
-        }
+        s->records_needed = records_needed;
+        size_t rest = s->gate_words_owned || records_needed == NULL ? 0 : (spare_bytes - word_bytes) / record_bytes;
+        s->gate_records_owned = rest == 0;
+        s->record_capacity = (int)(s->gate_records_owned ? tiles : rest < tiles ? rest : tiles);
+        s->gate_records = s->gate_records_owned ? (uint16_t*)cuda_malloc(tiles * record_bytes)
+                                                : (uint16_t*)((char*)spare + word_bytes);
     }
+}
+
+// room for `needed` records (and a quarter more, at most every tile's) in a buffer of the scratch's own
+static inline void sparse_scratch_grow_records(SparseScratch* s, int M, int H, int needed) {
+    const long tiles = (long)M * ceil_div(H, TWELL_TILE), want = (long)needed + needed / 4 + 64;
+    if (s->gate_records_owned) { cuda_free(s->gate_records); }
+    s->record_capacity = (int)(want < tiles ? want : tiles);
+    s->gate_records = (uint16_t*)cuda_malloc((size_t)s->record_capacity * TWELL_TILE * sizeof(uint16_t));
+    s->gate_records_owned = 1;
 }
 
 static inline void sparse_scratch_free_cuda(SparseScratch* s) {
@@ -1023,7 +1051,7 @@ static inline void sparse_scratch_free_cuda(SparseScratch* s) {
     cuda_free(s->scan_temp);
     if (s->gate_words_owned) { cuda_free(s->gate_words); }
     cuda_free(s->gate_counters);
-    cuda_free(s->gate_records);
+    if (s->gate_records_owned) { cuda_free(s->gate_records); }
     memset(s, 0, sizeof(*s));
 }
 

@@ -92,11 +92,15 @@ typedef struct {
     void* scan_temp;      // cub's temporary storage
     size_t scan_temp_bytes;
     // the fused gate's TwELL blocks (GPUs with wgmma; else NULL): [M][ceil(H / 256)][32] words, its
-    // counters, and overflow records where g [M, H] cannot hold them all
+    // counters, and its overflow records (256 values a tile whose row fires more than 31 of its units)
     uint32_t* gate_words;
     int gate_words_owned;            // 0: the words sit in memory lent by the caller
     unsigned long long* gate_counters;
-    uint16_t* gate_records;
+    uint16_t* gate_records;          // [record_capacity][256]
+    int record_capacity;
+    int gate_records_owned;          // 0: the records sit in the caller's memory after the words
+    int* records_needed;             // NULL: the records have room for every tile; else where each gate reports
+                                     // (atomicMax) the records it asked for, which may pass record_capacity
 } SparseScratch;
 
 static inline size_t sparse_entries(int M, int H, int W, int tail_capacity) {

@@ -61,13 +61,16 @@ struct Ffn {
     int M;                        // rows of the training buffers (0 until ffn_alloc_batch)
     FfnLayer<T>* layer;           // [L]
     // [M, H], shared by the layers: a recomputed layer's g, u, h; the dense backward's d_h and d_u; the sparse
-    // gate's scratch g, which is also the hot part's scratch in a sparse layer's forward and backward where it
-    // holds it (ffn_hot_scratch). Under FFN_AUTO without --recompute g is d_h: each use of either ends with the
-    // layer's forward or backward that began it, so a run whose layers are all dense holds what --ffn dense holds
+    // gate's scratch g where the gate needs one (not the GPU's fused gate: ffn_gate_needs_scratch). Under FFN_AUTO
+    // without --recompute g is d_h: each use of either ends with the layer's forward or backward that began it, so
+    // a run whose layers are all dense holds what --ffn dense holds
     T *g, *u, *h, *d_h, *d_u;
-    void* spare;                  // memory the GPU's fused gate may keep its words in (idle in the forward)
+    // memory idle in the FFN's forward and backward (the backward's d_qkv): the GPU's fused gate keeps its words
+    // and records there, and a sparse layer's hot part its scratch once the gate is done (ffn_hot_scratch)
+    void* spare;
     size_t spare_bytes;
-    int* tail_used;               // [L] on the device: rows that asked for a tail slot in the last forward
+    int* tail_used;               // [L + 1] on the device: rows that asked for a tail slot in the last forward, by
+                                  // layer; then the most records a layer's fused gate asked for (ffn_overflowed)
     SparseTransposed transposed;  // the backward's scratch, shared by the layers
     T *sparse_du, *sparse_dg;     // [entries] the backward's scratch
     size_t sparse_scratch_entries;
@@ -92,7 +95,8 @@ void ffn_init(Ffn<T>* ffn, const GPTConfig* c, T* wg, T* wu, T* wdT, Device devi
         ffn->layer[l].changed = -FFN_PATH_MIN_STEPS; // (free to change at step 0)
         ffn->layer[l].prices = ffn_no_prices;
     }
-    ffn->tail_used = (int*)device_malloc(ffn->L * sizeof(int), device);
+    ffn->tail_used = (int*)device_malloc((ffn->L + 1) * sizeof(int), device);
+    device_zero(ffn->tail_used, (ffn->L + 1) * sizeof(int), device);
 }
 
 // the sparse paths skip the units whose g <= 0, which only ReLU zeroes
@@ -108,15 +112,23 @@ static void ffn_check_activation(const Ffn<T>* ffn) {
 template <typename T>
 static inline int ffn_keeps_dense(const Ffn<T>* ffn) { return !ffn->recompute && ffn->mode != FFN_SPARSE; }
 
+// whether the sparse gate needs g [M, H] as scratch: the CPU's and cuBLASLt's do, the GPU's fused gate does not
+template <typename T>
+static int ffn_gate_needs_scratch(const Ffn<T>* ffn) {
+#ifdef __CUDACC__
+    if (ffn->device == DEVICE_CUDA) { return !sparse_gate_fused(ffn->D); }
+#endif
+    return 1;
+}
+
 // The training buffers for micro-batches of M rows. spare: memory of the
-// model's that is idle during the forward (the GPU's fused gate keeps its
-// words there).
+// model's that is idle during the FFN's forward and backward (Ffn.spare).
 template <typename T>
 void ffn_alloc_batch(Ffn<T>* ffn, int M, void* spare, size_t spare_bytes) {
     ffn_check_activation(ffn);
     size_t MH = (size_t)M * ffn->H;
     size_t dense = ffn->mode != FFN_SPARSE, recomputed = dense && ffn->recompute;
-    size_t scratch_g = ffn->mode == FFN_SPARSE || recomputed;
+    size_t scratch_g = (ffn->mode == FFN_SPARSE && ffn_gate_needs_scratch(ffn)) || recomputed;
     T** bufs[] = {&ffn->g, &ffn->u, &ffn->h, &ffn->d_h, &ffn->d_u};
     size_t counts[] = {scratch_g * MH, recomputed * MH, recomputed * MH, dense * MH, dense * MH};
     for (int i = 0; i < 5; i++) { *bufs[i] = counts[i] ? (T*)device_malloc(counts[i] * sizeof(T), ffn->device) : NULL; }
@@ -158,7 +170,8 @@ template <typename T>
 static void ffn_kernel_scratch_ensure(Ffn<T>* ffn) {
 #ifdef __CUDACC__
     if (ffn->device == DEVICE_CUDA && ffn->sparse_scratch.scan_temp == NULL) {
-        sparse_scratch_alloc_cuda(&ffn->sparse_scratch, ffn->M, ffn->H, ffn->spare, ffn->spare_bytes);
+        sparse_scratch_alloc_cuda(&ffn->sparse_scratch, ffn->M, ffn->H, ffn->spare, ffn->spare_bytes,
+                                  ffn->tail_used + ffn->L);
     }
 #endif
 }
@@ -170,12 +183,16 @@ static void ffn_kernel_scratch_free(Ffn<T>* ffn) {
 #endif
 }
 
-// the scratch of a sparse layer's hot part of `hot` units (g, u, h, dh; llmc/ffn/split.h): the gate's [M, H]
-// scratch g where it holds them (the split is done with the gate's scratch before its hot part starts, and the
-// layers run one at a time), else a buffer of its own (hot > H / 4)
+// the scratch of a sparse layer's hot part of `hot` units (g, u, h, dh; llmc/ffn/split.h): the spare where it
+// fits, else the gate's [M, H] scratch g where there is one that holds it (the split is done with the gate's
+// words, records and scratch before its hot part starts, and the layers run one at a time), else a buffer of
+// its own
 template <typename T>
 static T* ffn_hot_scratch(const Ffn<T>* ffn, int hot) {
-    return ffn_hot_scratch_elems(ffn->M, hot) <= (size_t)ffn->M * ffn->H ? ffn->g : ffn->hot_scratch;
+    const size_t bytes = ffn_hot_scratch_elems(ffn->M, hot) * sizeof(T);
+    if (ffn->spare && bytes <= ffn->spare_bytes) { return (T*)ffn->spare; }
+    if (ffn->g && bytes <= (size_t)ffn->M * ffn->H * sizeof(T)) { return ffn->g; }
+    return ffn->hot_scratch;
 }
 
 // layer l's pattern at the sizes it wants, and the shared scratch large enough for it
@@ -185,7 +202,7 @@ static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
     FfnLayer<T>* f = &ffn->layer[l];
     int M = ffn->M, D = ffn->D, hot = f->hot_units;
     ffn_kernel_scratch_ensure(ffn);
-    if (ffn_hot_scratch(ffn, hot) != ffn->g && hot > ffn->hot_scratch_units) {
+    if (ffn_hot_scratch(ffn, hot) == ffn->hot_scratch && hot > ffn->hot_scratch_units) {
         device_free(ffn->hot_scratch, ffn->device);
         ffn->hot_scratch = (T*)device_malloc(ffn_hot_scratch_elems(M, hot) * sizeof(T), ffn->device);
         ffn->hot_scratch_units = hot;
@@ -194,6 +211,10 @@ static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
     if (H == 0) { return; }
     int W = f->W < H ? f->W : H;
     if (f->p.M == 0 || f->p.H != H || f->p.W != W || f->p.tail_capacity != f->tail_capacity) {
+        // a tail sized for another width or hot set may shrink after FFN_TAIL_SHRINK_AFTER_RESHAPE forward(s)
+        if (f->p.M != 0 && (f->p.H != H || f->p.W != W)) {
+            f->tail_oversized = std::max(f->tail_oversized, FFN_TAIL_SHRINK_AFTER - FFN_TAIL_SHRINK_AFTER_RESHAPE);
+        }
         sparse_pattern_free(&f->p, ffn->device);
         sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, ffn->tail_used + l, ffn->device);
     }
@@ -276,8 +297,10 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
     gemm(y, h, fl->wdT, M, D, H, 0, 0, 0);
 }
 
-// After a forward: did a sparse layer's tail overflow? Such a layer gets a tail
-// for what it needed, and the event is logged; the caller redoes the forward.
+// After a forward: did a sparse layer's tail overflow, or the GPU's fused gate
+// ask for more records than its buffer holds? Such a layer gets a tail for what
+// it needed (the gate a buffer of its own for what it asked), and the event is
+// logged; the caller redoes the forward.
 // The rows a layer lost are NaN in every later layer, which therefore counted
 // too few: the later layers get a tail at least as large, so that one redo
 // usually suffices (another one follows if not). A tail is given back only after
@@ -287,11 +310,21 @@ void ffn_forward(Ffn<T>* ffn, int l, T* y, G* row_l1, int* row_active, uint8_t* 
 // sync) and often with the forward redone.
 template <typename T>
 static int ffn_overflowed(Ffn<T>* ffn) {
-    int L = ffn->L, M = ffn->M, any_on = 0, overflow = 0, most = 0;
+    int L = ffn->L, M = ffn->M, any_on = 0, overflow = 0, most = 0, records_lost = 0;
     for (int l = 0; l < L; l++) { any_on |= ffn->layer[l].on && ffn->layer[l].hot_units < ffn->H; }
     if (!any_on) { return 0; }
-    std::vector<int> used(L);
-    device_copy(used.data(), ffn->tail_used, L * sizeof(int), ffn->device);
+    std::vector<int> used(L + 1);
+    device_copy(used.data(), ffn->tail_used, (L + 1) * sizeof(int), ffn->device);
+#ifdef __CUDACC__
+    SparseScratch* s = &ffn->sparse_scratch;
+    if (ffn->device == DEVICE_CUDA && used[L] > s->record_capacity) {
+        printf("ffn: the sparse gate asked for %d overflow records, its buffer held %d: grown, forward redone\n",
+               used[L], s->record_capacity);
+        sparse_scratch_grow_records(s, M, ffn->H, used[L]);
+        records_lost = 1;
+    }
+#endif
+    device_zero(ffn->tail_used + L, sizeof(int), ffn->device);
     for (int l = 0; l < L; l++) {
         FfnLayer<T>* f = &ffn->layer[l];
         if (!f->on || f->p.M == 0) { continue; } // (a layer whose units are all hot has no pattern)
@@ -314,8 +347,8 @@ static int ffn_overflowed(Ffn<T>* ffn) {
             }
         }
     }
-    ffn->redone += overflow;
-    return overflow;
+    ffn->redone += overflow || records_lost;
+    return overflow || records_lost;
 }
 
 // df [M, D] = dL/df of layer l from dy [M, D]; adds the weight gradients and the units' firing counts.

@@ -21,7 +21,8 @@
    the CPU reference on the GPU's own pattern, with and without lost rows:
    du, dg at every entry and each unit's gradient rows, outputs poisoned;
  - on Hopper, the fused wgmma gate + pack against cuBLAS g + pack (check_fused_gate),
-   with overflow records in a scratch buffer (H % 256 != 0) and in g's buffer;
+   with overflow records for every tile, and in memory lent for one: the tiles
+   past it lost (NaN at valid units) and reported, then grown and exact;
  - dead-neuron re-initialisation (llmc/ffn/cuda_dense.cuh): only the master rows of
    units that did not fire move, by 0.9 W + 0.1 N(0, 0.02^2), and the bf16
    weights follow them (the noise is Philox here, so it is checked by its mean
@@ -299,6 +300,65 @@ static void check_fused_gate(Case* c, const std::vector<float>& f, const std::ve
     CHECK(differ == 0, "%s: fused gate, %d entries differ from cuBLAS's pattern away from g = 0", what, differ);
     CHECK(fired == has_entry, "%s: fused gate, fired marks = the units with entries", what);
     printf("  fused gate (wgmma): the same pattern as cuBLAS g + pack, %d entries at near-zero g differ\n", ties);
+
+    // records in memory lent for one (as llmc/ffn/ffn.h lends them): the gate reports the records it asked for,
+    // the tiles past the first are lost (each a row's entries NaN at valid units, the other rows exact); with the
+    // buffer grown as ffn_overflowed grows it, the pattern of the first run
+    const int T = ceil_div(H, TWELL_TILE);
+    int want = 0, rows_over = 0;
+    std::vector<int> row_over(M, 0);
+    for (int m = 0; m < M; m++) {
+        std::vector<int> per_tile(T, 0);
+        size_t e = sparse_row_base(M, H, W, m, slot[0][m]);
+        for (int i = 0; i < count[0][m]; i++) { per_tile[unit[0][e + i] / TWELL_TILE]++; }
+        for (int t = 0; t < T; t++) { row_over[m] += per_tile[t] > TWELL_SLOTS; }
+        want += row_over[m], rows_over += row_over[m] > 0;
+    }
+    const size_t word_bytes = (size_t)M * T * (TWELL_SLOTS + 1) * sizeof(uint32_t), lent_bytes = word_bytes + 2 * TWELL_TILE;
+    void* spare = cuda_malloc(lent_bytes);
+    int* needed = (int*)cuda_malloc(sizeof(int));
+    SparseScratch lent;
+    sparse_scratch_alloc_cuda(&lent, M, H, spare, lent_bytes, needed);
+    CHECK(lent.record_capacity == 1 && !lent.gate_records_owned && !lent.gate_words_owned,
+          "%s: lent memory holds the words and one record (capacity %d)", what, lent.record_capacity);
+    for (int grown = 0; grown < 2; grown++) {
+        poison(p.count, M * 4), poison(p.unit, n * 2), poison(p.g, n * 2), poison(c->d_active, M * 4);
+        cudaCheck(cudaMemset(needed, 0, sizeof(int)));
+        sparse_gate_pack(&p, c->d_active, c->d_fired, c->d_g, c->d_f, c->d_wg, D, &lent);
+        int asked = download(needed, 1)[0];
+        std::vector<int> cnt = download(p.count, M);
+        std::vector<uint16_t> un = download(p.unit, n);
+        std::vector<bf16> gv = download(p.g, n);
+        int units_ok = 1, exact_ok = 1, nan_rows = 0;
+        for (int m = 0; m < M; m++) {
+            size_t e = sparse_row_base(M, H, W, m, slot[0][m]);
+            int nan = 0, same = 1;
+            for (int i = 0; i < cnt[m]; i++) {
+                units_ok &= un[e + i] < H;
+                nan |= isnan(__bfloat162float(gv[e + i]));
+                same &= un[e + i] == unit[0][e + i] && memcmp(&gv[e + i], &g[0][e + i], 2) == 0;
+            }
+            nan_rows += nan;
+            exact_ok &= cnt[m] == count[0][m] && (nan || same) && (row_over[m] > 0 || !nan);
+        }
+        CHECK(asked == want, "%s: lent records (%s): the gate asked for %d records, %d tiles overflow", what,
+              grown ? "grown" : "one", asked, want);
+        CHECK(units_ok && exact_ok, "%s: lent records (%s): counts exact, rows without a lost tile as before, units < H",
+              what, grown ? "grown" : "one");
+        if (!grown) {
+            CHECK(nan_rows >= rows_over - 1, "%s: lent records: %d rows NaN of the %d with a tile past its slots", what,
+                  nan_rows, rows_over);
+            sparse_scratch_grow_records(&lent, M, H, asked);
+            CHECK(lent.record_capacity >= want && lent.gate_records_owned, "%s: records grown to %d", what,
+                  lent.record_capacity);
+        } else {
+            CHECK(nan_rows == 0, "%s: grown records: no row NaN (%d)", what, nan_rows);
+        }
+    }
+    printf("  fused gate with records lent for one: %d asked, %d rows lost, then grown and exact\n", want, rows_over);
+    sparse_scratch_free_cuda(&lent);
+    cuda_free(spare);
+    cuda_free(needed);
     sparse_pattern_free(&p, DEVICE_CUDA);
     cuda_free(tail_used);
 }
@@ -486,7 +546,7 @@ int main(void) {
     const int M = 2048, D = 512, H = 1408, W = 64;
     for (double k : {8.0, 30.0, 100.0, 300.0}) { run_case(M, D, H, W, k, 0); }
     run_case(M, D, H, W, 30, 1);
-    run_case(1024, 256, 1024, 32, 300, 0); // H % 256 == 0: the fused gate's records in g, every tile one
+    run_case(1024, 256, 1024, 32, 300, 0); // the fused gate's records, every tile one
     run_case(8192, 256, 512, 64, 30, 1); // units of thousands of entries: weight gradients by parts, in slots or whole
     run_case(2048, 1024, 4096, 64, 30, 1, 1); // rows of ~700 to ~2000 entries: down and df by up to 16 streams
     run_case(1000, 200, 96, 16, 6, 1); // shapes not multiples of the tiles (D/8 = 25 threads)
