@@ -357,13 +357,14 @@ static void test_dead_reinit(void) {
 }
 
 // a tail far larger than the forwards need (over 4x) is given back only after FFN_TAIL_SHRINK_AFTER forwards in a
-// row (a forward that needs it starts the count again); an overflow grows it at once and asks for a redo
+// row (a forward that needs it starts the count again); an overflow grows it at once and asks for a redo; after a
+// new ELL width, one forward that needs little gives it back, after a new hot set alone the count goes on
 static void test_tail_shrink(void) {
     const int M = 256, H = 64, W = 8;
     Ffn<real> ffn = {};
-    ffn.L = 1, ffn.H = H, ffn.M = M, ffn.device = DEVICE_CPU;
+    ffn.L = 1, ffn.D = 16, ffn.H = H, ffn.M = M, ffn.device = DEVICE_CPU;
     ffn.layer = (FfnLayer<real>*)callocCheck(1, sizeof(FfnLayer<real>));
-    ffn.tail_used = (int*)callocCheck(1, sizeof(int));
+    ffn.tail_used = (int*)callocCheck(2, sizeof(int)); // (the layer's rows, then the records a fused gate asked for)
     FfnLayer<real>* f = &ffn.layer[0];
     f->on = 1, f->W = W, f->tail_capacity = 200;
     sparse_pattern_alloc(&f->p, M, H, W, f->tail_capacity, ffn.tail_used, DEVICE_CPU);
@@ -384,6 +385,17 @@ static void test_tail_shrink(void) {
     redo = forwards(1, 230);
     CHECK(redo && f->tail_capacity == M && f->tail_oversized == 0, "an overflow of the allocated 200: a redo, the "
           "tail grown to %d rows", f->tail_capacity);
+    f->hot_units = 8;
+    ffn_sparse_ensure(&ffn, 0);
+    redo = forwards(1, 10);
+    CHECK(!redo && f->p.tail_capacity == M && f->tail_capacity == M && f->tail_oversized == 1,
+          "a new hot set: the tail of %d rows kept, the count goes on (%d)", f->tail_capacity, f->tail_oversized);
+    f->W = 2 * W;
+    ffn_sparse_ensure(&ffn, 0);
+    redo = forwards(FFN_TAIL_SHRINK_AFTER_RESHAPE, 10);
+    CHECK(!redo && f->tail_capacity == 2 * sparse_choose_tail(10, M), "a new ELL width: the tail given back after "
+          "%d forward(s) (%d rows)", FFN_TAIL_SHRINK_AFTER_RESHAPE, f->tail_capacity);
+    ffn_scratch_free(&ffn);
     sparse_pattern_free(&f->p, DEVICE_CPU);
     free(ffn.tail_used);
     free(ffn.layer);

@@ -211,8 +211,9 @@ static void ffn_sparse_ensure(Ffn<T>* ffn, int l) {
     if (H == 0) { return; }
     int W = f->W < H ? f->W : H;
     if (f->p.M == 0 || f->p.H != H || f->p.W != W || f->p.tail_capacity != f->tail_capacity) {
-        // a tail sized for another width or hot set may shrink after FFN_TAIL_SHRINK_AFTER_RESHAPE forward(s)
-        if (f->p.M != 0 && (f->p.H != H || f->p.W != W)) {
+        // a tail sized for another ELL width may shrink after FFN_TAIL_SHRINK_AFTER_RESHAPE forward(s) (not after
+        // a new hot set: those come every FFN_HOT_EVERY steps, and tails shrunk at each grew back with a redo)
+        if (f->p.M != 0 && f->p.W != W) {
             f->tail_oversized = std::max(f->tail_oversized, FFN_TAIL_SHRINK_AFTER - FFN_TAIL_SHRINK_AFTER_RESHAPE);
         }
         sparse_pattern_free(&f->p, ffn->device);

@@ -32,8 +32,8 @@
  | (rows past the   | rows), the forward redone; given back when FFN_TAIL_   | shrunk at once, the later layers' tails    |
  | ELL width)       | SHRINK_AFTER forwards in a row needed under a quarter  | grew and shrank every step of the 124M     |
  |                  | of it (ffn_overflowed, llmc/ffn/ffn.h); after a new    | run's first 300 ("Training: the tails");   |
- |                  | width or hot set, FFN_TAIL_SHRINK_AFTER_RESHAPE        | the first tail, sized for every unit cold  |
- |                  | forward                                                | at width 256, held 0.3 GiB at 1.5B         |
+ |                  | ELL width, FFN_TAIL_SHRINK_AFTER_RESHAPE forward       | the first tail, sized for every unit cold  |
+ |                  |                                                        | at width 256, held 0.3 GiB at 1.5B         |
  | prefill          | fewer than TWELL_PREFILL_MIN_ROWS rows run the dense   | a few hundred tokens fire most of H; the   |
  |                  | FFN (ffn_policy_prefill_sparse)                        | status read costs more than the gate saves |
  | prefill, a layer | TwELL's slots per block: the fewest of 3, 7, 15, 31    | fewer words to write and read; a tile past |
@@ -62,7 +62,7 @@
 #define FFN_PRIOR_GATE 0.13      // until measured: the gate per unit and token, in dense (unit, token)s (H100: 0.63 of 4.87 ms)
 #define FFN_PRIOR_PAIR 50.0      // until measured: a gathered pair, in dense (unit, token)s (H100, uniform k = 30: ~75)
 #define FFN_TAIL_SHRINK_AFTER 50 // forwards in a row a cold part's tail must be over 4x its need before it shrinks
-#define FFN_TAIL_SHRINK_AFTER_RESHAPE 1 // the same after its pattern's width or hot set changed: its first forward tells
+#define FFN_TAIL_SHRINK_AFTER_RESHAPE 1 // the same after its ELL width changed: the first forward at the new width tells
 
 #define TWELL_PREFILL_MIN_ROWS 4096
 #define TWELL_H_PER_DENSE_ACTIVE 44.0
