@@ -997,6 +997,13 @@ void sparse_dh_weight_grads(bf16* du, bf16* dg, float* dwu, float* dwg, float* d
 // ----------------------------------------------------------------------------
 // scratch
 
+// the bytes of the fused gate's words for M rows of H units, rounded up to 256 (the records after them in lent
+// memory start aligned for their 16-byte accesses)
+static inline size_t sparse_gate_words_bytes(int M, int H) {
+    const size_t bytes = (size_t)M * ceil_div(H, TWELL_TILE) * (TWELL_SLOTS + 1) * sizeof(uint32_t);
+    return (bytes + 255) / 256 * 256;
+}
+
 // spare (may be NULL): spare_bytes of device memory nothing uses while the
 // gate runs (llmc/gpt.h lends the backward's d_qkv), where the fused gate's
 // words go when they fit, instead of an allocation of their own, and its
@@ -1020,7 +1027,7 @@ static inline void sparse_scratch_alloc_cuda(SparseScratch* s, int M, int H, voi
     s->scan_temp = cuda_malloc(s->scan_temp_bytes);
     if (device_has_wgmma()) { // the fused gate's buffers
         const size_t tiles = (size_t)M * ceil_div(H, TWELL_TILE), record_bytes = TWELL_TILE * sizeof(uint16_t);
-        const size_t word_bytes = tiles * (TWELL_SLOTS + 1) * sizeof(uint32_t);
+        const size_t word_bytes = sparse_gate_words_bytes(M, H);
         if (tiles > INT_MAX) { fatal("sparse scratch: %zu gate tiles exceed int32", tiles); }
         s->gate_words_owned = spare == NULL || spare_bytes < word_bytes;
         s->gate_words = s->gate_words_owned ? (uint32_t*)cuda_malloc(word_bytes) : (uint32_t*)spare;

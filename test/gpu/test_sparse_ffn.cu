@@ -314,7 +314,7 @@ static void check_fused_gate(Case* c, const std::vector<float>& f, const std::ve
         for (int t = 0; t < T; t++) { row_over[m] += per_tile[t] > TWELL_SLOTS; }
         want += row_over[m], rows_over += row_over[m] > 0;
     }
-    const size_t word_bytes = (size_t)M * T * (TWELL_SLOTS + 1) * sizeof(uint32_t), lent_bytes = word_bytes + 2 * TWELL_TILE;
+    const size_t lent_bytes = sparse_gate_words_bytes(M, H) + TWELL_TILE * sizeof(uint16_t);
     void* spare = cuda_malloc(lent_bytes);
     int* needed = (int*)cuda_malloc(sizeof(int));
     SparseScratch lent;
@@ -550,6 +550,7 @@ int main(void) {
     run_case(8192, 256, 512, 64, 30, 1); // units of thousands of entries: weight gradients by parts, in slots or whole
     run_case(2048, 1024, 4096, 64, 30, 1, 1); // rows of ~700 to ~2000 entries: down and df by up to 16 streams
     run_case(1000, 200, 96, 16, 6, 1); // shapes not multiples of the tiles (D/8 = 25 threads)
+    run_case(1001, 128, 512, 32, 300, 0); // the fused gate's words of an odd row count: records lent after them aligned
     run_case(70000, 64, 64, 8, 4, 1);  // token indices past 16 bits
     test_dead_reinit();
     cublaslt_free();
