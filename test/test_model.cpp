@@ -104,6 +104,23 @@ static double total_loss(GPT<double, double>* model, const int* inputs, const in
     return model->ce + lambda * model->l1_term;
 }
 
+// M random inputs and targets from the vocabulary, drawn in turn from rng
+static void random_tokens(int* inputs, int* targets, int M, int vocab, uint64_t* rng) {
+    for (int i = 0; i < M; i++) {
+        inputs[i] = (int)rng_below(rng, vocab);
+        targets[i] = (int)rng_below(rng, vocab);
+    }
+}
+
+// one micro-batch's forward and backward (its gradients added to the model's), then its statistics read
+static void forward_backward(GPT<double, double>* model, const int* inputs, const int* targets, int B, int T,
+                             float l1_scale) {
+    gpt_stats_reset(model);
+    gpt_forward(model, inputs, targets, B, T, 1.0f / (B * T));
+    gpt_backward(model, inputs, l1_scale);
+    gpt_stats_read(model, B * T);
+}
+
 // logits_rows > 0: the forward's logits in slices of that many rows (the head's backward in the forward)
 static void test_gradients(double lambda, int activation, int untied_head, int logits_rows = 0) {
     GPTConfig c = tiny_config(activation, untied_head);
@@ -116,15 +133,9 @@ static void test_gradients(double lambda, int activation, int untied_head, int l
     int B = 2, T = 5, M = B * T;
     int inputs[10], targets[10];
     uint64_t rng = 3;
-    for (int i = 0; i < M; i++) {
-        inputs[i] = (int)rng_below(&rng, c.vocab_size);
-        targets[i] = (int)rng_below(&rng, c.vocab_size);
-    }
+    random_tokens(inputs, targets, M, c.vocab_size, &rng);
     gpt_zero_grad(&model);
-    gpt_stats_reset(&model);
-    gpt_forward(&model, inputs, targets, B, T, 1.0f / M);
-    gpt_backward(&model, inputs, (float)(lambda / (c.num_layers * M)));
-    gpt_stats_read(&model, M);
+    forward_backward(&model, inputs, targets, B, T, (float)(lambda / (c.num_layers * M)));
     int any_active = 0;
     for (int l = 0; l < c.num_layers; l++) { any_active += model.stats[l].l0_mean > 0; }
     CHECK(any_active == c.num_layers, "%s: every layer should have firing units", what);
@@ -176,17 +187,11 @@ static void test_recompute(void) {
     int B = 2, T = 5, M = B * T;
     int inputs[10], targets[10];
     uint64_t rng = 8;
-    for (int i = 0; i < M; i++) {
-        inputs[i] = (int)rng_below(&rng, c.vocab_size);
-        targets[i] = (int)rng_below(&rng, c.vocab_size);
-    }
+    random_tokens(inputs, targets, M, c.vocab_size, &rng);
     GPT<double, double>* models[2] = {&kept, &recomputed};
     for (int i = 0; i < 2; i++) {
         gpt_zero_grad(models[i]);
-        gpt_stats_reset(models[i]);
-        gpt_forward(models[i], inputs, targets, B, T, 1.0f / M);
-        gpt_backward(models[i], inputs, 0.01f);
-        gpt_stats_read(models[i], M);
+        forward_backward(models[i], inputs, targets, B, T, 0.01f);
     }
     CHECK(memcmp(kept.grads, recomputed.grads, kept.num_parameters * sizeof(double)) == 0,
           "recomputed FFN activations change the gradients");
@@ -202,10 +207,7 @@ static void test_logit_slices(int untied_head) {
     int B = 2, T = 5, M = B * T;
     int inputs[10], targets[10];
     uint64_t rng = 9;
-    for (int i = 0; i < M; i++) {
-        inputs[i] = (int)rng_below(&rng, c.vocab_size);
-        targets[i] = (int)rng_below(&rng, c.vocab_size);
-    }
+    random_tokens(inputs, targets, M, c.vocab_size, &rng);
     GPT<double, double> models[3];
     const int rows[3] = {0, 3, 4};
     for (int i = 0; i < 3; i++) {
@@ -214,10 +216,7 @@ static void test_logit_slices(int untied_head) {
         init_for_check(&models[i], 42);
         for (int micro = 0; micro < 2; micro++) { // (two micro-batches: the head's gradient sums over both)
             if (micro == 0) { gpt_zero_grad(&models[i]); }
-            gpt_stats_reset(&models[i]);
-            gpt_forward(&models[i], inputs, targets, B, T, 1.0f / M);
-            gpt_backward(&models[i], inputs, 0.01f);
-            gpt_stats_read(&models[i], M);
+            forward_backward(&models[i], inputs, targets, B, T, 0.01f);
         }
     }
     size_t sizes[NUM_PARAM_TENSORS];
