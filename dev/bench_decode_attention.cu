@@ -6,9 +6,12 @@
  must read are the cached keys and values, B (context - 1) NKV hd 2 x 2; the
  share of the GPU's bandwidth is that over the streaming read measured in the
  same run. Each line is one number of rows a thread holds (the kernel's
- DECODE_ROWS is the default), timed side by side (median of `reps` rounds),
- with its output's largest difference from the default's.
- usage: build/dev/bench_decode_attention [B (16)] [context (1024)] [reps (50)]
+ DECODE_ROWS is the default), launched for the context's class
+ (attention_decode_context); with a longer cache (a server's is its model's
+ max_seq_len) one more line launches the default for the whole cache, as a
+ step did before the classes. All timed side by side (median of `reps`
+ rounds), each with its output's largest difference from the default's.
+ usage: build/dev/bench_decode_attention [B (16)] [context (1024)] [reps (50)] [cache_len (context)]
 */
 #include <algorithm>
 #include <iterator>
@@ -18,15 +21,18 @@
 
 int main(int argc, char** argv) {
     const int B = argc > 1 ? atoi(argv[1]) : 16, context = argc > 2 ? atoi(argv[2]) : 1024;
-    const int reps = argc > 3 ? atoi(argv[3]) : 50;
-    if (B < 1 || context < 1 || reps < 1) { fatal("usage: bench_decode_attention [B >= 1] [context >= 1] [reps >= 1]"); }
+    const int reps = argc > 3 ? atoi(argv[3]) : 50, cache_len = argc > 4 ? atoi(argv[4]) : context;
+    if (B < 1 || context < 1 || reps < 1 || cache_len < context) {
+        fatal("usage: bench_decode_attention [B >= 1] [context >= 1] [reps >= 1] [cache_len >= context]");
+    }
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     const double bandwidth = measure_read_bandwidth();
-    printf("%s: decode attention, B %d, context %d; streaming read %.2f TB/s\n", prop.name, B, context,
-           bandwidth / 1e12);
+    const int bound = attention_decode_context(attention_decode_class(context), cache_len);
+    printf("%s: decode attention, B %d, context %d (launched for %d) of a cache of %d; streaming read %.2f TB/s\n",
+           prop.name, B, context, bound, cache_len, bandwidth / 1e12);
     for (int hd : {64, 128}) {
-        const int NH = 2048 / hd, NKV = NH, QKV = (NH + 2 * NKV) * hd, cache_len = context;
+        const int NH = 2048 / hd, NKV = NH, QKV = (NH + 2 * NKV) * hd;
         uint64_t rng = 7;
         std::vector<bf16> qkv((size_t)B * QKV), cache((size_t)B * cache_len * NKV * hd);
         for (auto& x : qkv) { x = __float2bfloat16((float)rng_normal(&rng)); }
@@ -38,10 +44,10 @@ int main(int argc, char** argv) {
         float *part_o, *part_ml;
         int* splits_done;
         attention_decode_alloc(&part_o, &part_ml, &splits_done, B, NH, hd, cache_len);
-        const int splits = attention_decode_splits(cache_len);
-        const dim3 grid(NH, B, splits);
         std::vector<bf16*> outs;
-        auto variant = [&](auto launch) {
+        auto variant = [&](auto launch, int launched) { // launched for that many positions
+            const int splits = attention_decode_splits(launched);
+            const dim3 grid(NH, B, splits);
             bf16* out = (bf16*)cuda_malloc((size_t)B * NH * hd * sizeof(bf16));
             cudaCheck(cudaMemset(out, 0xFF, (size_t)B * NH * hd * sizeof(bf16)));
             outs.push_back(out);
@@ -51,16 +57,18 @@ int main(int argc, char** argv) {
                 cudaCheck(cudaGetLastError());
             });
         };
-        const int rows[] = {2, 4, 8};
+        const int rows[] = {2, 4, 8, attention_detail::DECODE_ROWS};
         std::vector<std::function<void()>> fns;
         if (hd == 64) {
-            fns = {variant(attention_detail::decode_attention_launch<64, 2>),
-                   variant(attention_detail::decode_attention_launch<64, 4>),
-                   variant(attention_detail::decode_attention_launch<64, 8>)};
+            fns = {variant(attention_detail::decode_attention_launch<64, 2>, bound),
+                   variant(attention_detail::decode_attention_launch<64, 4>, bound),
+                   variant(attention_detail::decode_attention_launch<64, 8>, bound)};
+            if (bound < cache_len) { fns.push_back(variant(attention_detail::decode_attention_launch<64>, cache_len)); }
         } else {
-            fns = {variant(attention_detail::decode_attention_launch<128, 2>),
-                   variant(attention_detail::decode_attention_launch<128, 4>),
-                   variant(attention_detail::decode_attention_launch<128, 8>)};
+            fns = {variant(attention_detail::decode_attention_launch<128, 2>, bound),
+                   variant(attention_detail::decode_attention_launch<128, 4>, bound),
+                   variant(attention_detail::decode_attention_launch<128, 8>, bound)};
+            if (bound < cache_len) { fns.push_back(variant(attention_detail::decode_attention_launch<128>, cache_len)); }
         }
         std::vector<float> ms = median_ms_interleaved(fns, reps, 2);
         const double bytes = 2.0 * B * (context - 1) * NKV * hd * sizeof(bf16);
@@ -70,10 +78,11 @@ int main(int argc, char** argv) {
             const std::vector<float> o = to_float(download(outs[v], (size_t)B * NH * hd));
             double diff = 0;
             for (size_t i = 0; i < o.size(); i++) { diff = isnan(o[i]) ? INFINITY : fmax(diff, fabs(o[i] - ref[i])); }
-            printf("  %2d heads of %3d, %d rows a thread: %7.2f us, %6.1f MB, %.2f TB/s, %3.0f%% of the bandwidth; "
-                   "largest difference from %d rows %.1e%s\n", NH, hd, rows[v], ms[v] * 1e3, bytes / 1e6,
-                   bytes / (ms[v] * 1e-3) / 1e12, 100.0 * bytes / (ms[v] * 1e-3) / bandwidth, attention_detail::DECODE_ROWS, diff,
-                   rows[v] == attention_detail::DECODE_ROWS ? " (the kernel's default)" : "");
+            printf("  %2d heads of %3d, %d rows a thread, launched for %4d positions: %7.2f us, %6.1f MB, %.2f TB/s, "
+                   "%3.0f%% of the bandwidth; largest difference from %d rows %.1e%s\n", NH, hd, rows[v],
+                   v < 3 ? bound : cache_len, ms[v] * 1e3, bytes / 1e6, bytes / (ms[v] * 1e-3) / 1e12,
+                   100.0 * bytes / (ms[v] * 1e-3) / bandwidth, attention_detail::DECODE_ROWS, diff,
+                   rows[v] == attention_detail::DECODE_ROWS && v < 3 ? " (the kernel's default)" : "");
             cuda_free(outs[v]);
         }
         cuda_free(qkv_d); cuda_free(k_d); cuda_free(v_d); cuda_free(slot_d); cuda_free(pos_d);

@@ -37,7 +37,7 @@
 
 typedef struct {
     const char *model_path, *preset_name, *write_model;
-    int batch, length, steps, seed, graph, twell_min_rows, hot, sparse_skew;
+    int batch, length, steps, cache, seed, graph, twell_min_rows, hot, sparse_skew;
     float sparse_k;
     char gpu_name[256];
     char model_file[4096]; // the newest model file of the directory -m names (or out/)
@@ -115,7 +115,7 @@ static void bench_decode_parts(GPT<bf16, float>* model, InferState<bf16>* m, int
     double att = time_us([&] {
         attention_decode(m->att, m->dev.part_o, m->dev.part_ml, m->dev.splits_done, m->qkv, m->k_cache, m->v_cache,
                          m->row_slot, m->row_pos, B, c->num_heads, c->num_kv_heads, head_size(c), m->cache_len,
-                         c->rope_theta);
+                         m->cache_len, c->rope_theta);
     });
     double gate = time_us([&] { decode_linear(m->gu, m->normed, param[P_WG], B, H, D); });
     double gate_cublas = time_us([&] { gemm(m->gu, m->normed, param[P_WG], B, H, D, 0, 1, 0); });
@@ -309,7 +309,8 @@ static void bench_main(const BenchOptions* opt) {
     GPT<bf16, float> model;
     InferState<bf16> s;
     gpt_build(&model, &config, DEVICE_CUDA);
-    infer_state_alloc(&s, &model, B, B * T, T + steps);
+    if (opt->cache && opt->cache < T + steps) { fatal("--cache %d holds fewer than --length + -n = %d positions", opt->cache, T + steps); }
+    infer_state_alloc(&s, &model, B, B * T, opt->cache ? opt->cache : T + steps);
     s.dev.use_graph = opt->graph;
     s.ffn.twell.min_rows = opt->twell_min_rows;
     if (opt->preset_name) {
@@ -350,6 +351,7 @@ static void parse_options(int argc, char** argv, BenchOptions* o) {
         {0, "batch", ARG_INT, &o->batch, 1, 4096, "sequences", 0},
         {0, "length", ARG_INT, &o->length, 1, 1 << 20, "prompt tokens per sequence", 0},
         {'n', "max-tokens", ARG_INT, &o->steps, 1, 1 << 24, "decode steps (fewer where max_seq_len ends first)", 0},
+        {0, "cache", ARG_INT, &o->cache, 0, 1 << 24, "positions per sequence in the cache, at most max_seq_len (0 = --length + -n; a server's is its model's max_seq_len)", 0},
         {0, "hot", ARG_INT, &o->hot, 0, 1, "1 = TwELL prefills run each layer's busiest units as dense products (chosen by a calibration prefill of the benchmark's prompts), 0 = all units by TwELL", 0},
         {0, "twell-min-rows", ARG_INT, &o->twell_min_rows, 0, 1 << 30, "TwELL: prefills of fewer tokens run the dense FFN (0 = never)", 0},
         {0, "graph", ARG_INT, &o->graph, 0, 1, "1 = each decode step is one CUDA graph", 0},

@@ -368,8 +368,8 @@ void attention_forward_cached(T* out, const T* qkv, T* k_cache, T* v_cache, cons
 
 // the cached attention of a prefill and of a decode step, with the GPU's
 // signatures (llmc/cuda_attention_cached.cuh): the prompts' row ranges and
-// first positions, lse and the decode scratch are what its kernels need; here
-// both are the above
+// first positions, lse, the decode scratch and its context bound are what its
+// kernels need; here both are the above
 template <typename T>
 void attention_prefill(T* out, float* lse, T* qkv, T* k_cache, T* v_cache, const int* slot, const int* pos, int M,
                        const int* seq_rows, const int* seq_lens, const int* seq_starts, int nseq, int NH, int NKV,
@@ -379,7 +379,8 @@ void attention_prefill(T* out, float* lse, T* qkv, T* k_cache, T* v_cache, const
 
 template <typename T>
 void attention_decode(T* out, float* part_o, float* part_ml, int* splits_done, const T* qkv, T* k_cache, T* v_cache,
-                      const int* slot, const int* pos, int B, int NH, int NKV, int hd, int cache_len, float theta) {
+                      const int* slot, const int* pos, int B, int NH, int NKV, int hd, int cache_len, int context,
+                      float theta) {
     attention_forward_cached(out, qkv, k_cache, v_cache, slot, pos, B, NH, NKV, hd, cache_len, theta);
 }
 

@@ -383,6 +383,22 @@ static inline bool attention_decode_supports(int hd) { return hd == 16 || hd == 
 // splits of a cache of cache_len positions per (sequence, head) in a decode step
 static inline int attention_decode_splits(int cache_len) { return ceil_div(cache_len, attention_detail::DECODE_SPLIT); }
 
+// A decode step launches the splits of the positions its rows reach (longest = the largest pos[b] + 1), their
+// count rounded up to a power of two: class c covers 2^c splits, so that a server's steps, whose longest row
+// grows and shrinks as requests come and go, need a few CUDA graphs, and a step at 300 positions of a cache of
+// 2048 does not launch 14 splits a head that would only exit (their blocks still pass through the SMs' slots)
+static inline int attention_decode_class(int longest) {
+    int c = 0;
+    while ((attention_detail::DECODE_SPLIT << c) < longest) { c++; }
+    return c;
+}
+
+// the positions class c covers in a cache of cache_len (the context argument of attention_decode)
+static inline int attention_decode_context(int c, int cache_len) {
+    const long long covered = (long long)attention_detail::DECODE_SPLIT << c;
+    return covered < cache_len ? (int)covered : cache_len;
+}
+
 // the decode scratch of up to B sequences: part_o, part_ml of B NH splits (hd + 2) floats; splits_done, B NH
 // zeros (each step leaves them zero)
 static inline void attention_decode_alloc(float** part_o, float** part_ml, int** splits_done, int B, int NH, int hd,
@@ -429,13 +445,14 @@ void attention_prefill(bf16* out, float* lse, bf16* qkv, bf16* k_cache, bf16* v_
 
 // Decode: out [B, NH hd] from the new rows qkv [B, QKV] (q and k not yet
 // turned) and the cache, where the new k and v go (position pos[b] of the
-// sequence in cache slot slot[b]); part_o, part_ml, splits_done:
+// sequence in cache slot slot[b]; every pos[b] < context <= cache_len: the
+// splits launched cover context positions); part_o, part_ml, splits_done:
 // attention_decode_alloc's
 void attention_decode(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv, bf16* k_cache,
                       bf16* v_cache, const int* slot, const int* pos, int B, int NH, int NKV, int hd, int cache_len,
-                      float theta) {
+                      int context, float theta) {
     using namespace attention_detail;
-    const int splits = attention_decode_splits(cache_len);
+    const int splits = attention_decode_splits(context);
     const dim3 grid(NH, B, splits);
     switch (hd) {
     case 16: decode_attention_launch<16>(grid, out, part_o, part_ml, splits_done, qkv, k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, theta); break;

@@ -1,9 +1,9 @@
 /*
  What inference (llmc/inference.h) keeps and does that only the GPU has,
  behind calls both backends answer, so that the engine never asks which one
- runs: a decode step's CUDA graph (one per batch size, so that a server whose
- batch changes as requests come and go captures each size once), the decode
- attention's split scratch, and the pinned buffers the logits and the greedy
+ runs: a decode step's CUDA graph (one per batch size and class of its longest
+ row's context, so that a server whose batch changes as requests come and go
+ captures each once), the decode attention's split scratch, and the pinned buffers the logits and the greedy
  tokens take to the host.
  On the CPU path a step runs as plain calls and the logits are read in place.
  The CUDA half exists only when the file is compiled by nvcc, as in
@@ -26,9 +26,13 @@
 typedef struct {
     Device device;
 #ifdef __CUDACC__
-    CudaGraph* graphs;        // [max_seqs] the decode step of each batch size, for the key it was captured with
+    CudaGraph* graphs;        // [max_seqs, classes] the decode step of each batch size and context class
+                              // (attention_decode_class), for the key it was captured with
 #endif
     int max_seqs;             // the batch sizes there are graphs for
+    int classes;              // the context classes there are graphs for
+    int cache_len;            // positions per sequence in the cache
+    int context;              // the step being queued: its rows' positions are below this (the attention's bound)
     int use_graph;            // 1 (the GPU's default): a decode step is one CUDA graph
     uint16_t* logits_pinned;  // [max_seqs, Vp] bf16 bits: the logits' way to the host
     int *greedy, *greedy_pinned; // [max_seqs] each row's greedy token, on the device and its way to the host
@@ -41,6 +45,7 @@ typedef struct {
 static inline void infer_device_init(InferDevice* d, const GPTConfig* c, int max_seqs, int cache_len, Device device) {
     memset(d, 0, sizeof(*d));
     d->device = device;
+    d->cache_len = d->context = cache_len;
     if (device == DEVICE_CPU) { return; }
 #ifdef __CUDACC__
     int hd = c->channels / c->num_heads;
@@ -53,7 +58,8 @@ static inline void infer_device_init(InferDevice* d, const GPTConfig* c, int max
     cudaCheck(cudaMallocHost(&d->greedy_pinned, max_seqs * sizeof(int)));
     d->greedy = (int*)cuda_malloc(max_seqs * sizeof(int));
     attention_decode_alloc(&d->part_o, &d->part_ml, &d->splits_done, max_seqs, c->num_heads, hd, cache_len);
-    d->graphs = (CudaGraph*)callocCheck((size_t)max_seqs, sizeof(CudaGraph));
+    d->classes = attention_decode_class(cache_len) + 1;
+    d->graphs = (CudaGraph*)callocCheck((size_t)max_seqs * d->classes, sizeof(CudaGraph));
     d->max_seqs = max_seqs;
     d->use_graph = 1;
 #endif
@@ -62,7 +68,7 @@ static inline void infer_device_init(InferDevice* d, const GPTConfig* c, int max
 static inline void infer_device_free(InferDevice* d) {
 #ifdef __CUDACC__
     if (d->device == DEVICE_CUDA) {
-        for (int b = 0; b < d->max_seqs; b++) { cuda_graph_free(&d->graphs[b]); }
+        for (int g = 0; g < d->max_seqs * d->classes; g++) { cuda_graph_free(&d->graphs[g]); }
         free(d->graphs);
         cudaCheck(cudaFreeHost(d->logits_pinned));
         cudaCheck(cudaFreeHost(d->greedy_pinned));
@@ -73,14 +79,18 @@ static inline void infer_device_free(InferDevice* d) {
     memset(d, 0, sizeof(*d));
 }
 
-// runs a decode step of B rows: the work step() queues, on the GPU as batch size B's CUDA graph, captured
-// again when key changes
+// runs a decode step of B rows whose positions are below longest: the work step() queues (with d->context
+// set), on the GPU as the CUDA graph of batch size B and longest's class, captured again when key changes
 template <typename F>
-void infer_device_step(InferDevice* d, int B, long long key, F step) {
+void infer_device_step(InferDevice* d, int B, int longest, long long key, F step) {
 #ifdef __CUDACC__
-    if (d->device == DEVICE_CUDA && d->use_graph) {
-        cuda_graph_launch(&d->graphs[B - 1], key, step);
-        return;
+    if (d->device == DEVICE_CUDA) {
+        const int c = attention_decode_class(longest);
+        d->context = attention_decode_context(c, d->cache_len);
+        if (d->use_graph) {
+            cuda_graph_launch(&d->graphs[(size_t)(B - 1) * d->classes + c], key, step);
+            return;
+        }
     }
 #endif
     step();

@@ -163,7 +163,7 @@ static void gpt_forward_cached(GPT<T, G>* model, InferState<T>* s, int M, const 
         linear_cached(s->qkv, s->normed, model->param[P_WQKV] + (size_t)l * QKV * D, M, D, QKV, decode);
         if (decode) {
             attention_decode(s->att, s->dev.part_o, s->dev.part_ml, s->dev.splits_done, s->qkv, kc, vc, s->row_slot,
-                             s->row_pos, M, NH, NKV, hd, s->cache_len, c->rope_theta);
+                             s->row_pos, M, NH, NKV, hd, s->cache_len, s->dev.context, c->rope_theta);
         } else {
             attention_prefill(s->att, s->lse, s->qkv, kc, vc, s->row_slot, s->row_pos, M, seq_rows, seq_lens, seq_starts,
                               nseq, NH, NKV, hd, s->cache_len, c->rope_theta);
@@ -307,10 +307,12 @@ void gpt_decode_slots(GPT<T, G>* model, InferState<T>* s, const int* tokens, con
                       float* logits, int* best) {
     if (B < 1 || B > s->max_seqs) { fatal("decode of %d sequences, the model holds 1 to %d", B, s->max_seqs); }
     std::vector<int> slot(B);
+    int longest = 0; // the step's positions are below it
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0 || pos[b] >= s->cache_len) {
             fatal("decode at position %d, the cache holds 0 to %d", pos[b], s->cache_len - 1);
         }
+        longest = pos[b] + 1 > longest ? pos[b] + 1 : longest;
         slot[b] = slots ? slots[b] : b;
         if (slot[b] < 0 || slot[b] >= s->max_seqs) { fatal("decode in cache slot %d of %d", slot[b], s->max_seqs); }
     }
@@ -318,8 +320,8 @@ void gpt_decode_slots(GPT<T, G>* model, InferState<T>* s, const int* tokens, con
     device_upload(s->row_pos, pos, B * sizeof(int), model->device);
     device_upload(s->row_slot, slot.data(), B * sizeof(int), model->device);
     ffn_decode_prepare(&s->ffn, &model->ffn, B);
-    // one graph per batch size, captured again when the FFN mode changes
-    infer_device_step(&s->dev, B, model->ffn.mode, [&] { gpt_decode_step(model, s, B); });
+    // one graph per batch size and context class, captured again when the FFN mode changes
+    infer_device_step(&s->dev, B, longest, model->ffn.mode, [&] { gpt_decode_step(model, s, B); });
     infer_device_logits(&s->dev, logits, best, s->logits, B, model->config.vocab_size, model->config.padded_vocab_size);
 }
 

@@ -62,14 +62,21 @@ static std::vector<bf16> random_bf16(size_t n, double std, uint64_t* rng) {
 }
 
 // cache_len 300: positions 0, 17, 128, 299 (one key; one split; just past a split; the whole cache); 1100:
-// 1099, 700, 1023, 5 (nine splits, past the combine's unrolled eight; six; eight whole ones; one)
+// 1099, 700, 1023, 5 (nine splits, past the combine's unrolled eight; six; eight whole ones; one); 2048: 200,
+// 17, 128, 5 (a context bound of 256 positions: two splits launched of the cache's 16). The rows run twice,
+// once launched for the whole cache and once for the bound their positions reach
+// (attention_decode_context), with the same bits
 static void test_decode_attention(int cache_len) {
     uint64_t rng = 101 + cache_len;
     const float theta = 10000.0f;
     for (int hd : {16, 32, 64, 128}) {
         const int NH = 4, NKV = 2, B = 4, S = 6, QKV = (NH + 2 * NKV) * hd, KVD = NKV * hd;
         const size_t seq_size = (size_t)cache_len * KVD;
-        std::vector<int> pos = cache_len == 300 ? std::vector<int>{0, 17, 128, 299} : std::vector<int>{1099, 700, 1023, 5};
+        std::vector<int> pos = cache_len == 300    ? std::vector<int>{0, 17, 128, 299}
+                               : cache_len == 1100 ? std::vector<int>{1099, 700, 1023, 5}
+                                                   : std::vector<int>{200, 17, 128, 5};
+        const int longest = *std::max_element(pos.begin(), pos.end()) + 1;
+        const int bound = attention_decode_context(attention_decode_class(longest), cache_len);
         std::vector<int> slots = {4, 0, 5, 2};    // row b's cache slot (1 and 3 are other sequences')
         std::vector<bf16> qkv = random_bf16((size_t)B * QKV, 1.0, &rng);
         std::vector<bf16> seq_k = random_bf16((size_t)B * seq_size, 1.0, &rng); // row b's sequence, [cache_len, KVD]
@@ -80,9 +87,9 @@ static void test_decode_attention(int cache_len) {
                 seq_v[b * seq_size + (size_t)pos[b] * KVD + i] = __float2bfloat16(NAN);
             }
         }
-        // the decode of the B rows with row b's sequence in slot at[b] of a cache of S slots (the others random);
-        // out, and the cache of each row's slot afterwards
-        auto run = [&](const std::vector<int>& at, std::vector<float>* out, std::vector<float>* kc_rows,
+        // the decode of the B rows with row b's sequence in slot at[b] of a cache of S slots (the others random),
+        // launched for context positions; out, and the cache of each row's slot afterwards
+        auto run = [&](const std::vector<int>& at, int context, std::vector<float>* out, std::vector<float>* kc_rows,
                        std::vector<float>* vc_rows, bool* others_kept) {
             std::vector<bf16> kc = random_bf16((size_t)S * seq_size, 1.0, &rng), vc = random_bf16((size_t)S * seq_size, 1.0, &rng);
             for (int b = 0; b < B; b++) {
@@ -101,7 +108,7 @@ static void test_decode_attention(int cache_len) {
             int* splits_done = (int*)cuda_malloc((size_t)B * NH * sizeof(int));
             cudaCheck(cudaMemset(splits_done, 0, (size_t)B * NH * sizeof(int)));
             attention_decode(out_d, part_o, part_ml, splits_done, qkv_d, kc_d, vc_d, slot_d, pos_d, B, NH, NKV, hd,
-                             cache_len, theta);
+                             cache_len, context, theta);
             std::vector<int> left = download(splits_done, (size_t)B * NH);
             CHECK(std::count(left.begin(), left.end(), 0) == B * NH, "decode attention hd %d: the split counters end at zero", hd);
             *out = to_float(download(out_d, (size_t)B * NH * hd));
@@ -127,14 +134,15 @@ static void test_decode_attention(int cache_len) {
         };
         std::vector<float> out, kc_gpu, vc_gpu, out_b, kc_b, vc_b;
         bool others_kept = false, others_kept_b = false;
-        run(slots, &out, &kc_gpu, &vc_gpu, &others_kept);
-        run({0, 1, 2, 3}, &out_b, &kc_b, &vc_b, &others_kept_b);
+        run(slots, cache_len, &out, &kc_gpu, &vc_gpu, &others_kept);
+        run({0, 1, 2, 3}, bound, &out_b, &kc_b, &vc_b, &others_kept_b);
         CHECK(others_kept && others_kept_b, "decode attention hd %d: a slot no row names was written", hd);
         auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
             return x.size() == y.size() && memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
         };
         CHECK(same_bits(out, out_b) && same_bits(kc_gpu, kc_b) && same_bits(vc_gpu, vc_b),
-              "decode attention hd %d: rows in slots 4, 0, 5, 2 differ from the same rows in slots 0..3", hd);
+              "decode attention hd %d: rows in slots 4, 0, 5, 2 (the whole cache's splits) differ from the same rows in "
+              "slots 0..3 (the splits of %d positions)", hd, bound);
         // the reference: q and the new k turned at pos[b] (the CPU RoPE), the new k and v at pos[b]
         std::vector<float> q = to_float(qkv), k = to_float(seq_k), v = to_float(seq_v);
         double cache_err = 0;
@@ -175,8 +183,8 @@ static void test_decode_attention(int cache_len) {
         CHECK(e < 1e-2, "decode attention hd %d, cache %d: rel err %g", hd, cache_len, e);
         CHECK(cache_err < 3e-2, "decode attention hd %d: the new k, v in the cache differ by %g", hd, cache_err);
         printf("  decode attention + RoPE hd %3d, positions %d/%d/%d/%d of %d in slots 4/0/5/2: rel err %.2e, new "
-               "cache entries within %.1e, the same bits in slots 0..3\n", hd, pos[0], pos[1], pos[2], pos[3], cache_len,
-               e, cache_err);
+               "cache entries within %.1e, the same bits in slots 0..3 launched for %d positions\n", hd, pos[0], pos[1],
+               pos[2], pos[3], cache_len, e, cache_err, bound);
     }
 }
 
@@ -770,6 +778,7 @@ int main(void) {
     printf("test_infer on %s\n", prop.name);
     test_decode_attention(300);
     test_decode_attention(1100);
+    test_decode_attention(2048);
     test_prefill_rope_cache();
     test_chunk_attention();
     test_decode_linear();
