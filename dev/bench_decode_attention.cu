@@ -5,16 +5,13 @@
  heads of 64 (the 1.5B shape) and 16 heads of 128, NKV = NH. The bytes a call
  must read are the cached keys and values, B (context - 1) NKV hd 2 x 2; the
  share of the GPU's bandwidth is that over the streaming read measured in the
- same run. Each line is one number of rows a thread holds (the kernel's
- DECODE_ROWS is the default), launched for the context's class
+ same run. The kernel is launched for the context's class
  (attention_decode_context); with a longer cache (a server's is its model's
- max_seq_len) one more line launches the default for the whole cache, as a
- step did before the classes. All timed side by side (median of `reps`
- rounds), each with its output's largest difference from the default's.
+ max_seq_len) a second line launches it for the whole cache, as a step did
+ before the classes, timed side by side (median of `reps` rounds), with
+ whether its output has the same bits.
  usage: build/dev/bench_decode_attention [B (16)] [context (1024)] [reps (50)] [cache_len (context)]
 */
-#include <algorithm>
-#include <iterator>
 #include <vector>
 #include "llmc/cuda_attention_cached.cuh"
 #include "test/gpu/gpu_util.cuh"
@@ -57,32 +54,25 @@ int main(int argc, char** argv) {
                 cudaCheck(cudaGetLastError());
             });
         };
-        const int rows[] = {2, 4, 8, attention_detail::DECODE_ROWS};
         std::vector<std::function<void()>> fns;
         if (hd == 64) {
-            fns = {variant(attention_detail::decode_attention_launch<64, 2>, bound),
-                   variant(attention_detail::decode_attention_launch<64, 4>, bound),
-                   variant(attention_detail::decode_attention_launch<64, 8>, bound)};
+            fns = {variant(attention_detail::decode_attention_launch<64>, bound)};
             if (bound < cache_len) { fns.push_back(variant(attention_detail::decode_attention_launch<64>, cache_len)); }
         } else {
-            fns = {variant(attention_detail::decode_attention_launch<128, 2>, bound),
-                   variant(attention_detail::decode_attention_launch<128, 4>, bound),
-                   variant(attention_detail::decode_attention_launch<128, 8>, bound)};
+            fns = {variant(attention_detail::decode_attention_launch<128>, bound)};
             if (bound < cache_len) { fns.push_back(variant(attention_detail::decode_attention_launch<128>, cache_len)); }
         }
         std::vector<float> ms = median_ms_interleaved(fns, reps, 2);
         const double bytes = 2.0 * B * (context - 1) * NKV * hd * sizeof(bf16);
-        const int def = (int)(std::find(std::begin(rows), std::end(rows), attention_detail::DECODE_ROWS) - rows);
-        const std::vector<float> ref = to_float(download(outs[def], (size_t)B * NH * hd));
+        const std::vector<float> ref = to_float(download(outs[0], (size_t)B * NH * hd));
         for (size_t v = 0; v < fns.size(); v++) {
             const std::vector<float> o = to_float(download(outs[v], (size_t)B * NH * hd));
             double diff = 0;
             for (size_t i = 0; i < o.size(); i++) { diff = isnan(o[i]) ? INFINITY : fmax(diff, fabs(o[i] - ref[i])); }
-            printf("  %2d heads of %3d, %d rows a thread, launched for %4d positions: %7.2f us, %6.1f MB, %.2f TB/s, "
-                   "%3.0f%% of the bandwidth; largest difference from %d rows %.1e%s\n", NH, hd, rows[v],
-                   v < 3 ? bound : cache_len, ms[v] * 1e3, bytes / 1e6, bytes / (ms[v] * 1e-3) / 1e12,
-                   100.0 * bytes / (ms[v] * 1e-3) / bandwidth, attention_detail::DECODE_ROWS, diff,
-                   rows[v] == attention_detail::DECODE_ROWS && v < 3 ? " (the kernel's default)" : "");
+            printf("  %2d heads of %3d, launched for %4d positions: %7.2f us, %6.1f MB, %.2f TB/s, %3.0f%% of the "
+                   "bandwidth%s\n", NH, hd, v == 0 ? bound : cache_len, ms[v] * 1e3, bytes / 1e6,
+                   bytes / (ms[v] * 1e-3) / 1e12, 100.0 * bytes / (ms[v] * 1e-3) / bandwidth,
+                   v == 0 ? "" : diff == 0 ? "; the same bits" : "; DIFFERENT BITS");
             cuda_free(outs[v]);
         }
         cuda_free(qkv_d); cuda_free(k_d); cuda_free(v_d); cuda_free(slot_d); cuda_free(pos_d);

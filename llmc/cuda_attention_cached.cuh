@@ -26,19 +26,25 @@
  (rope_angle/rope_turn, the bits of the prefill's RoPE), the new key and value
  are taken from qkv, and the first q head of each kv head's group stores them
  in the cache for later steps (one kernel less per layer). Block (head h,
- sequence b, split j) takes positions 128 j .. 128 j + 127 (those <= pos[b]);
- thread (g, e) copies the 16-byte piece e of the keys and values of rows g,
- g + G, .. (DECODE_ROWS of them) into shared memory by cp.async before the
- wait for qkv (so the split's 32 KB are in flight while the kernel before
- ends; registers would hold a third as many bytes an SM), and reads back only
- the pieces it copied: no barrier waits on the loads. A row's score is
- its pieces' products summed over the row's threads by shuffles; each thread
- keeps the partial softmax of its rows (max m, l = sum exp(s - m),
- o = sum exp(s - m) v over its 8 dimensions), merged over the threads of its
- piece by shuffles, then over the warps, in a fixed order. The sequence's
- cache is that of slot[b], and row b's split scratch is its own; the split
- leaves its m_j, l_j and o_j. The last of a head's splits to finish (a
- counter per head and sequence) combines them, in split order:
+ sequence b, split j) takes positions 128 j .. 128 j + 127 (those <= pos[b]),
+ warp w of its 4 the rows 32 w .. 32 w + 31, which it goes through without
+ waiting for the other warps until their results are merged. Its lanes copy
+ the rows' keys and values into shared memory by cp.async (consecutive lanes
+ a row's consecutive 16 bytes) before the wait for qkv, so the split's bytes
+ are in flight while the kernel before ends; the new position's turned key
+ and its value go in from qkv. The products run on tensor cores (mma.sync
+ m16n8k16, bf16 in, fp32 sums) with q in all 16 rows of A, although one row
+ is used: on CUDA cores a block issued ~5,300 warp-instructions for its 32 KB
+ (the 8 products and conversions of each 16-byte piece, the sums over a
+ row's pieces by shuffles, the partial softmax merges), more than the SMs
+ issue in the time the bytes take. s = q K^T (K's 8x8 blocks by ldmatrix,
+ the rows' chunks stored permuted by decode_chunk so that they hit every
+ bank), scaled in fp32; the warp's max m_w; p = exp(s - m_w) rounded to bf16
+ as the A of o = p V (V's blocks transposed by ldmatrix), l_w = sum p. The
+ warps' (m_w, l_w, o_w) merge in order (m = max m_w, weights exp(m_w - m)).
+ The sequence's cache is that of slot[b], and row b's split scratch is its
+ own; the split leaves its m_j, l_j and o_j. The last of a head's splits to
+ finish (a counter per head and sequence) combines them, in split order:
      m = max_j m_j,  out = sum_j exp(m_j - m) o_j / sum_j exp(m_j - m) l_j
  (a cache of one split writes out = o_0 / l_0 at once: the same bits). So a
  long cache spreads over many SMs, and a sequence's bits do not depend on the
@@ -87,10 +93,8 @@ __global__ void rope_cache_kernel(bf16* qkv, bf16* k_cache, bf16* v_cache, const
 // ----------------------------------------------------------------------------
 // decode (see the top of the file)
 constexpr int DECODE_SPLIT = 128; // positions per split
-constexpr int DECODE_ROWS = 8;    // positions per thread (ROWS below)
-
-// a thread per 16-byte piece of a row and ROWS of the split's rows: 128 threads at head size 64 and 8 rows
-template <int HD, int ROWS> __host__ __device__ constexpr int decode_threads() { return DECODE_SPLIT / ROWS * (HD / 8); }
+constexpr int DECODE_WARPS = 4;   // a block's warps, each on DECODE_SPLIT / DECODE_WARPS of the split's rows
+constexpr int DECODE_THREADS = DECODE_WARPS * 32;
 
 // out[b, h] from the `used` splits of (b, h), a thread per output dimension; the
 // splits' loads unrolled so that they are in flight together
@@ -112,142 +116,192 @@ __device__ void decode_attention_combine(bf16* out, const float* part_o, const f
     }
 }
 
-// A partial softmax over some positions: the max score m, l = sum exp(s - m) and
-// o = sum exp(s - m) v over N of the head's dimensions; (m, l, o) merged with
-// (m2, l2, o2) in the order the caller fixes (an empty part has m = -inf, l = 0, o = 0)
-template <int N>
-__device__ __forceinline__ void softmax_part_merge(float* m, float* l, float* o, float m2, float l2, const float* o2) {
-    const float mx = fmaxf(*m, m2);
-    if (mx == -INFINITY) { return; } // both empty
-    const float w = expf(*m - mx), w2 = expf(m2 - mx); // exp(-inf) = 0 for an empty one
-    *m = mx;
-    *l = *l * w + l2 * w2;
-    #pragma unroll
-    for (int k = 0; k < N; k++) { o[k] = o[k] * w + o2[k] * w2; }
+// The split's rows [DECODE_SPLIT][HD] in shared memory as 16-byte chunks, chunk c of row t stored at
+// q ^ ((q / L) % 8) where q = t HD / 8 + c and L = max(8, HD / 8): each row's chunks (from head size 64; below,
+// each 128-byte line's) permuted by the row (the line), so that the 8 rows of one chunk an 8x8 ldmatrix reads
+// and the 8 chunks that 8 lanes copy hit all 32 banks
+template <int HD> __device__ __forceinline__ int decode_chunk(int t, int c) {
+    constexpr int PIECES = HD / 8, LINE = PIECES > 8 ? PIECES : 8;
+    const int q = t * PIECES + c;
+    return q ^ ((q / LINE) & 7);
 }
 
-// a thread's partial softmax over its 8 dimensions (softmax_part_merge's m, l, o)
-struct DecodePart {
-    float m, l, o[8];
-};
-
-template <int HD, int ROWS>
-__global__ void __launch_bounds__(decode_threads<HD, ROWS>())
+template <int HD>
+__global__ void __launch_bounds__(DECODE_THREADS)
 decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* splits_done, const bf16* qkv,
                               bf16* k_cache, bf16* v_cache, const int* slot, const int* pos, int NH, int NKV,
                               int cache_len, int splits, float scale, float theta) {
-    constexpr int PIECES = HD / 8, THREADS = decode_threads<HD, ROWS>(), WARPS = THREADS / 32, HALF = HD / 2;
-    constexpr int GROUPS = DECODE_SPLIT / ROWS; // threads on one piece of the split's rows
-    __shared__ __align__(16) float q[HD];
-    __shared__ __align__(16) bf16 k_new[HD]; // the new position's key, turned
-    __shared__ DecodePart warp_part[WARPS][PIECES];
-    const int h = blockIdx.x, b = blockIdx.y, j = blockIdx.z, tid = threadIdx.x;
+    constexpr int PIECES = HD / 8, HALF = HD / 2, PAIRS = (HALF + 31) / 32; // RoPE pairs a lane turns
+    constexpr int ROWS = DECODE_SPLIT / DECODE_WARPS, KEY_TILES = ROWS / 8, DIM_TILES = HD / 8;
+    __shared__ __align__(16) bf16 q[DECODE_WARPS][HD]; // each warp's own copy of q, turned
+    __shared__ float warp_m[DECODE_WARPS], warp_l[DECODE_WARPS];
+    __shared__ __align__(16) float warp_o[DECODE_WARPS][HD];
+    const int h = blockIdx.x, b = blockIdx.y, j = blockIdx.z, tid = threadIdx.x, w = tid / 32, lane = tid % 32;
     // pos and slot come from the host before the step and the cache before the new
     // position n - 1 from earlier steps: all are read before waiting for the kernels
-    // before this one (which write qkv), and so is the angle
+    // before this one (which write qkv), and so are the angles
     const int n = pos[b] + 1, t0 = j * DECODE_SPLIT, KVD = NKV * HD, kvh = h / (NH / NKV);
     if (t0 >= n) { return; } // the whole block: past this sequence's end
     const int t_new = n - 1 - t0; // the new position's row in this split (>= DECODE_SPLIT: another split's)
+    const int w0 = w * ROWS;      // the warp's rows w0 .. w0 + ROWS - 1
+    const bool warp_in = w0 <= t_new, warp_has_new = warp_in && t_new < w0 + ROWS;
     const size_t seq = (size_t)slot[b] * cache_len;
-    // thread (g, e) takes piece e (dimensions 8 e .. 8 e + 7) of rows g, g + GROUPS, ...: consecutive
-    // threads read one row's consecutive 16 bytes, so a warp reads whole rows
-    const int e = tid % PIECES, g = tid / PIECES;
-    const bf16* kb = k_cache + seq * KVD + kvh * HD + e * 8;
-    const bf16* vb = v_cache + seq * KVD + kvh * HD + e * 8;
     extern __shared__ __align__(16) bf16 kv[];
-    bf16 *ks = kv + e * 8, *vs = kv + DECODE_SPLIT * HD + e * 8; // the split's rows [DECODE_SPLIT][HD]; this piece
-    #pragma unroll
-    for (int i = 0; i < ROWS; i++) { // rows past the cached ones (the new one, the end) come as zeros
-        const int t = g + i * GROUPS;
-        const size_t at = t < t_new ? (size_t)(t0 + t) * KVD : 0;
-        cp_async_16(ks + t * HD, kb + at, t < t_new);
-        cp_async_16(vs + t * HD, vb + at, t < t_new);
+    bf16 *ks = kv, *vs = kv + DECODE_SPLIT * HD;
+    // lane (r, e) copies piece e of the warp's rows r, r + 32 / PIECES, ..: consecutive lanes read one row's
+    // consecutive 16 bytes, so a warp reads whole rows; the new row (written below from qkv) is not copied,
+    // rows past it come as zeros
+    if (warp_in) {
+        const int e = lane % PIECES, r = lane / PIECES;
+        const bf16* kb = k_cache + seq * KVD + kvh * HD + e * 8;
+        const bf16* vb = v_cache + seq * KVD + kvh * HD + e * 8;
+        #pragma unroll
+        for (int i = 0; i < ROWS * PIECES / 32; i++) {
+            const int t = w0 + r + i * (32 / PIECES);
+            const size_t at = t < t_new ? (size_t)(t0 + t) * KVD : 0;
+            if (t != t_new) {
+                cp_async_16(ks + decode_chunk<HD>(t, e) * 8, kb + at, t < t_new);
+                cp_async_16(vs + decode_chunk<HD>(t, e) * 8, vb + at, t < t_new);
+            }
+        }
     }
     cp_async_commit();
-    float sin_a = 0.0f, cos_a = 0.0f;
-    if (tid < HALF) { rope_angle(n - 1, tid, HD, theta, &sin_a, &cos_a); }
+    float sin_a[PAIRS], cos_a[PAIRS];
+    #pragma unroll
+    for (int k = 0; k < PAIRS; k++) {
+        if (lane + 32 * k < HALF) { rope_angle(n - 1, lane + 32 * k, HD, theta, &sin_a[k], &cos_a[k]); }
+    }
     grid_dependents_launch();
     grid_dependency_wait();
     const bf16* row = qkv + (size_t)b * (NH + 2 * NKV) * HD;
     const bf16 *k_row = row + (NH + kvh) * HD, *v_row = row + (NH + NKV + kvh) * HD;
-    const bool has_new = t_new < DECODE_SPLIT;
-    if (tid < HALF) {
-        bf16 r1, r2;
-        rope_turn(&r1, &r2, __bfloat162float(row[h * HD + tid]), __bfloat162float(row[h * HD + tid + HALF]), sin_a, cos_a);
-        q[tid] = __bfloat162float(r1) * scale;
-        q[tid + HALF] = __bfloat162float(r2) * scale;
-        if (has_new) { // the new position's key (turned) and value, into the block's rows and the cache
-            rope_turn(&k_new[tid], &k_new[tid + HALF], __bfloat162float(k_row[tid]), __bfloat162float(k_row[tid + HALF]),
-                      sin_a, cos_a);
-            if (h % (NH / NKV) == 0) {
-                const size_t c = (seq + n - 1) * KVD + kvh * HD + tid;
-                k_cache[c] = k_new[tid];
-                k_cache[c + HALF] = k_new[tid + HALF];
-                v_cache[c] = v_row[tid];
-                v_cache[c + HALF] = v_row[tid + HALF];
+    #pragma unroll
+    for (int k = 0; k < PAIRS; k++) {
+        const int i = lane + 32 * k;
+        if (i < HALF) {
+            const float q1 = __bfloat162float(row[h * HD + i]), q2 = __bfloat162float(row[h * HD + i + HALF]);
+            rope_turn(&q[w][i], &q[w][i + HALF], q1, q2, sin_a[k], cos_a[k]);
+            if (warp_has_new) { // the new position's key (turned) and value, into the warp's rows and the cache
+                const float k1 = __bfloat162float(k_row[i]), k2 = __bfloat162float(k_row[i + HALF]);
+                const bf16 v1 = v_row[i], v2 = v_row[i + HALF];
+                bf16 kn1, kn2;
+                rope_turn(&kn1, &kn2, k1, k2, sin_a[k], cos_a[k]);
+                ks[decode_chunk<HD>(t_new, i / 8) * 8 + i % 8] = kn1;
+                ks[decode_chunk<HD>(t_new, (i + HALF) / 8) * 8 + i % 8] = kn2;
+                vs[decode_chunk<HD>(t_new, i / 8) * 8 + i % 8] = v1;
+                vs[decode_chunk<HD>(t_new, (i + HALF) / 8) * 8 + i % 8] = v2;
+                if (h % (NH / NKV) == 0) {
+                    const size_t c = (seq + n - 1) * KVD + kvh * HD + i;
+                    k_cache[c] = kn1;
+                    k_cache[c + HALF] = kn2;
+                    v_cache[c] = v1;
+                    v_cache[c + HALF] = v2;
+                }
             }
         }
     }
-    __syncthreads();
-    float qe[8];
-    #pragma unroll
-    for (int k = 0; k < 8; k++) { qe[k] = q[e * 8 + k]; }
-    cp_async_wait<0>(); // the thread reads only the pieces it copied: no barrier
-    // the scores of the thread's rows: its piece's products, summed over the row's PIECES threads
-    float s[ROWS];
-    #pragma unroll
-    for (int i = 0; i < ROWS; i++) {
-        const int t = g + i * GROUPS;
-        const Bf16x8 k = load_bf16x8(t == t_new ? k_new + e * 8 : ks + t * HD);
-        float dot = 0.0f;
-        #pragma unroll
-        for (int c = 0; c < 8; c++) { dot += qe[c] * __bfloat162float(k.v[c]); }
-        #pragma unroll
-        for (int off = 1; off < PIECES; off *= 2) { dot += __shfl_xor_sync(0xffffffffu, dot, off); }
-        s[i] = t <= t_new ? dot : -INFINITY;
-    }
-    DecodePart part;
-    part.m = -INFINITY;
-    #pragma unroll
-    for (int i = 0; i < ROWS; i++) { part.m = fmaxf(part.m, s[i]); }
-    part.l = 0.0f;
-    #pragma unroll
-    for (int k = 0; k < 8; k++) { part.o[k] = 0.0f; }
-    if (part.m != -INFINITY) { // past the end every row of the thread: nothing
-        #pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-            const int t = g + i * GROUPS;
-            const Bf16x8 v = load_bf16x8(t == t_new ? v_row + e * 8 : vs + t * HD);
-            const float p = expf(s[i] - part.m);
-            part.l += p;
+    cp_async_wait<0>();
+    __syncwarp(); // the warp's rows and q: the warps go on without each other until their merge
+    float m = -INFINITY, l = 0.0f, o[DIM_TILES][4] = {};
+    if (warp_in) {
+        // s = q K^T on tensor cores with q in all 16 rows of A: lane (g, i) gets the scores of keys 8 n + 2 i,
+        // 8 n + 2 i + 1 of each tile n (c[0], c[1]; c[2], c[3] the same again)
+        const int i = lane % 4;
+        float s[KEY_TILES][4] = {};
+        // A of the k-step of dimensions 16 d .. 16 d + 15: q in all 16 rows
+        auto q_frag = [&](uint32_t (&a)[4], int d) {
+            a[0] = a[1] = *(const uint32_t*)&q[w][16 * d + 2 * i];
+            a[2] = a[3] = *(const uint32_t*)&q[w][16 * d + 2 * i + 8];
+        };
+        if constexpr (HD >= 32) {
             #pragma unroll
-            for (int k = 0; k < 8; k++) { part.o[k] += p * __bfloat162float(v.v[k]); }
+            for (int d2 = 0; d2 < HD / 32; d2++) { // two k-steps: chunks 4 d2 .. 4 d2 + 3 of a key tile, one ldmatrix
+                uint32_t a0[4], a1[4];
+                q_frag(a0, 2 * d2);
+                q_frag(a1, 2 * d2 + 1);
+                #pragma unroll
+                for (int nt = 0; nt < KEY_TILES; nt++) {
+                    uint32_t kf[4];
+                    ldmatrix_x4(kf, ks + decode_chunk<HD>(w0 + 8 * nt + lane % 8, 4 * d2 + lane / 8) * 8);
+                    mma_16816(s[nt], a0, kf[0], kf[1]);
+                    mma_16816(s[nt], a1, kf[2], kf[3]);
+                }
+            }
+        } else { // head size 16: one k-step, the two chunks of two key tiles a ldmatrix
+            uint32_t a0[4];
+            q_frag(a0, 0);
+            #pragma unroll
+            for (int nt = 0; nt < KEY_TILES; nt += 2) {
+                uint32_t kf[4];
+                ldmatrix_x4(kf, ks + decode_chunk<HD>(w0 + 8 * (nt + lane / 16) + lane % 8, (lane / 8) % 2) * 8);
+                mma_16816(s[nt], a0, kf[0], kf[1]);
+                mma_16816(s[nt + 1], a0, kf[2], kf[3]);
+            }
+        }
+        #pragma unroll
+        for (int nt = 0; nt < KEY_TILES; nt++) {
+            #pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const int t = w0 + 8 * nt + 2 * i + x;
+                s[nt][x] = t <= t_new ? s[nt][x] * scale : -INFINITY;
+                m = fmaxf(m, s[nt][x]);
+            }
+        }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2)); // finite: the warp's first row is in
+        // p = exp(s - m) rounded to bf16 (the A operand of p V); l sums the rounded p
+        uint32_t pf[KEY_TILES];
+        #pragma unroll
+        for (int nt = 0; nt < KEY_TILES; nt++) {
+            pf[nt] = pack_bf16(expf(s[nt][0] - m), expf(s[nt][1] - m));
+            l += __bfloat162float(__ushort_as_bfloat16((unsigned short)(pf[nt] & 0xffffu))) +
+                 __bfloat162float(__ushort_as_bfloat16((unsigned short)(pf[nt] >> 16)));
+        }
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        // o = p V: 16 keys a k-step (A: p of key tiles 2 kk, 2 kk + 1), V's 8x8 blocks transposed by ldmatrix
+        #pragma unroll
+        for (int kk = 0; kk < KEY_TILES / 2; kk++) {
+            const uint32_t a[4] = {pf[2 * kk], pf[2 * kk], pf[2 * kk + 1], pf[2 * kk + 1]};
+            #pragma unroll
+            for (int dt = 0; dt < DIM_TILES; dt += 2) {
+                uint32_t vf[4]; // keys + 0..7 and + 8..15 of dimension tiles dt, dt + 1
+                ldmatrix_x4_trans(vf, vs + decode_chunk<HD>(w0 + 16 * kk + (lane / 8) % 2 * 8 + lane % 8, dt + lane / 16) * 8);
+                mma_16816(o[dt], a, vf[0], vf[1]);
+                mma_16816(o[dt + 1], a, vf[2], vf[3]);
+            }
         }
     }
-    // merged over the warp's threads of piece e (lanes e, e + PIECES, ...), then over the warps, in order
-    #pragma unroll
-    for (int off = PIECES; off < 32; off *= 2) {
-        DecodePart other;
-        other.m = __shfl_xor_sync(0xffffffffu, part.m, off);
-        other.l = __shfl_xor_sync(0xffffffffu, part.l, off);
+    // the warps merged in order: m = max m_w, o = sum exp(m_w - m) o_w, l likewise (a warp past the end: m_w =
+    // -inf, weight 0); lane (0, i) holds dimensions 8 dt + 2 i, 8 dt + 2 i + 1
+    if (lane < 4) {
         #pragma unroll
-        for (int k = 0; k < 8; k++) { other.o[k] = __shfl_xor_sync(0xffffffffu, part.o[k], off); }
-        softmax_part_merge<8>(&part.m, &part.l, part.o, other.m, other.l, other.o);
+        for (int dt = 0; dt < DIM_TILES; dt++) {
+            warp_o[w][8 * dt + 2 * lane] = o[dt][0];
+            warp_o[w][8 * dt + 2 * lane + 1] = o[dt][1];
+        }
+        if (lane == 0) {
+            warp_m[w] = m;
+            warp_l[w] = l;
+        }
     }
-    if (tid % 32 < PIECES) { warp_part[tid / 32][e] = part; }
     __syncthreads();
     const size_t split = ((size_t)b * NH + h) * splits + j;
     const int used = (n - 1) / DECODE_SPLIT + 1;
-    if (tid < HD) { // a thread per output dimension d = 8 e' + k
-        const int ed = tid / 8, k = tid % 8;
-        float m = warp_part[0][ed].m, l = warp_part[0][ed].l, o = warp_part[0][ed].o[k];
+    if (tid < HD) { // a thread per output dimension
+        float m_all = warp_m[0];
         #pragma unroll
-        for (int w = 1; w < WARPS; w++) {
-            softmax_part_merge<1>(&m, &l, &o, warp_part[w][ed].m, warp_part[w][ed].l, &warp_part[w][ed].o[k]);
+        for (int v = 1; v < DECODE_WARPS; v++) { m_all = fmaxf(m_all, warp_m[v]); } // finite: row 0 is in (t0 < n)
+        float o_d = 0.0f, l_all = 0.0f;
+        #pragma unroll
+        for (int v = 0; v < DECODE_WARPS; v++) {
+            const float scale_w = expf(warp_m[v] - m_all); // 0 for a warp past the end
+            o_d += scale_w * warp_o[v][tid];
+            l_all += scale_w * warp_l[v];
         }
-        if (used == 1) { out[(size_t)b * NH * HD + h * HD + tid] = __float2bfloat16_rn(o / l); } // the combine's bits
-        else { part_o[split * HD + tid] = o; }
-        if (tid == 0 && used > 1) { part_ml[2 * split] = m; part_ml[2 * split + 1] = l; }
+        if (used == 1) { out[(size_t)b * NH * HD + h * HD + tid] = __float2bfloat16_rn(o_d / l_all); } // the combine's bits
+        else { part_o[split * HD + tid] = o_d; }
+        if (tid == 0 && used > 1) { part_ml[2 * split] = m_all; part_ml[2 * split + 1] = l_all; }
     }
     if (used == 1) { return; } // the only split: nothing to combine
     if (block_arrives_last(splits_done + (size_t)b * NH + h, used)) { // the last split combines
@@ -255,19 +309,19 @@ decode_attention_split_kernel(bf16* out, float* part_o, float* part_ml, int* spl
     }
 }
 
-template <int HD, int ROWS = DECODE_ROWS>
+template <int HD>
 static void decode_attention_launch(dim3 grid, bf16* out, float* part_o, float* part_ml, int* splits_done,
                                     const bf16* qkv, bf16* k_cache, bf16* v_cache, const int* slot, const int* pos,
                                     int NH, int NKV, int cache_len, int splits, float theta) {
     const size_t smem = 2 * DECODE_SPLIT * HD * sizeof(bf16); // 64 KB at HD 128: past the default 48
     static bool configured = false;
     if (!configured) {
-        cudaCheck(cudaFuncSetAttribute(decode_attention_split_kernel<HD, ROWS>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        prefer_shared_memory(decode_attention_split_kernel<HD, ROWS>);
+        cudaCheck(cudaFuncSetAttribute(decode_attention_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+        prefer_shared_memory(decode_attention_split_kernel<HD>);
         configured = true;
     }
-    launch_early(decode_attention_split_kernel<HD, ROWS>, grid, decode_threads<HD, ROWS>(), smem, out, part_o, part_ml, splits_done,
+    launch_early(decode_attention_split_kernel<HD>, grid, DECODE_THREADS, smem, out, part_o, part_ml, splits_done,
                  qkv, k_cache, v_cache, slot, pos, NH, NKV, cache_len, splits, 1.0f / sqrtf((float)HD), theta);
 }
 
