@@ -54,14 +54,9 @@ int main(int argc, char** argv) {
                 cudaCheck(cudaGetLastError());
             });
         };
-        std::vector<std::function<void()>> fns;
-        if (hd == 64) {
-            fns = {variant(attention_detail::decode_attention_launch<64>, bound)};
-            if (bound < cache_len) { fns.push_back(variant(attention_detail::decode_attention_launch<64>, cache_len)); }
-        } else {
-            fns = {variant(attention_detail::decode_attention_launch<128>, bound)};
-            if (bound < cache_len) { fns.push_back(variant(attention_detail::decode_attention_launch<128>, cache_len)); }
-        }
+        auto launch = hd == 64 ? attention_detail::decode_attention_launch<64> : attention_detail::decode_attention_launch<128>;
+        std::vector<std::function<void()>> fns = {variant(launch, bound)};
+        if (bound < cache_len) { fns.push_back(variant(launch, cache_len)); }
         std::vector<float> ms = median_ms_interleaved(fns, reps, 2);
         const double bytes = 2.0 * B * (context - 1) * NKV * hd * sizeof(bf16);
         const std::vector<float> ref = to_float(download(outs[0], (size_t)B * NH * hd));

@@ -3,8 +3,8 @@
  behind calls both backends answer, so that the engine never asks which one
  runs: a decode step's CUDA graph (one per batch size and class of its longest
  row's context, so that a server whose batch changes as requests come and go
- captures each once), the decode attention's split scratch, and the pinned buffers the logits and the greedy
- tokens take to the host.
+ captures each once), the decode attention's split scratch, and the pinned
+ buffers the logits and the greedy tokens take to the host.
  On the CPU path a step runs as plain calls and the logits are read in place.
  The CUDA half exists only when the file is compiled by nvcc, as in
  llmc/memory.h.
