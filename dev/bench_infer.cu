@@ -16,12 +16,12 @@
  attention's and the head's weights; the FFN's: all three matrices dense, or
  the gate (bf16, or its int8 copy where the screen runs) and the rows of W_u
  and W_d^T of the units that fired: W_u once per step for the units any row
- fired up to 8 rows (the fused gate + up), W_d^T once per row and unit it
+ fired up to 3 rows (the fused gate + up), W_d^T once per row and unit it
  fired; the K and V of every position the step attends to), beside the
  fraction of the GPU's bandwidth the step reaches, that bandwidth measured
  in the same run by a streaming read of 2 GiB. The fired counts come from an
  extra pass of counted steps. The model counts W_u's rows as W_d^T's (per row
- and unit): below 8 rows that overstates what up reads by the rows' overlap.
+ and unit): up to 3 rows that overstates what up reads by the rows' overlap.
 
    build/dev/bench_infer --preset 1.5b --batch 1 --length 128 -n 128
    build/dev/bench_infer -m out --batch 8 --length 512 -n 64

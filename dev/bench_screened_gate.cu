@@ -1,7 +1,7 @@
 /*
  Times the screened decode gate (llmc/ffn/cuda_screened_gate.cuh) in the sparse
  decode FFN against today's sparse decode FFN and the dense decode FFN, at
- the standard width (D 2048, H 5632), for B = 1, 2, 4, 8 rows, on the
+ the standard width (D 2048, H 5632), for B = 1, 2, 3 rows (the GEMV's), on the
  synthetic-sparse gates of docs/SPARSE.md (sparse_synthetic_ffn: uniform k = 30,
  and realistic k = 30):
  - dense: g and u by the decode GEMV, h = relu(g) u, y = h WdT by cuBLASLt
@@ -27,7 +27,7 @@
 #include "llmc/synthetic.h"
 #include "test/gpu/gpu_util.cuh"
 
-static const int D = 2048, H = 5632, MAX_B = 8;
+static const int D = 2048, H = 5632, MAX_B = GEMV_MAX_ROWS;
 
 static bf16* upload_bf16(const std::vector<float>& x) {
     std::vector<bf16> b(x.size());
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
         cudaCheck(cudaEventElapsedTime(&quantize_ms, start, stop));
         cudaCheck(cudaEventDestroy(start));
         cudaCheck(cudaEventDestroy(stop));
-        for (int B : {1, 2, 4, 8}) {
+        for (int B = 1; B <= MAX_B; B++) {
             const dim3 down_grid(ceil_div(D, SPARSE_DOWN_COLS), B);
             auto dense = [&] {
                 bf16 *g = gu, *u = gu + (size_t)B * H;

@@ -10,9 +10,12 @@
  it for C^T = op(B)^T op(A)^T: B comes first. The heuristic's choice of
  algorithm is cached per shape, so after the first step no call searches.
 
- The few rows of a decode step (B <= 8) go through a GEMV of our own instead,
- y[B, N] = x[B, K] W[N, K]^T with a warp per row of W: each weight is read
- once, and the reads start before the kernel before it ends (launch_early).
+ The few rows of a decode step (B <= GEMV_MAX_ROWS = 3) go through a GEMV of our
+ own instead, y[B, N] = x[B, K] W[N, K]^T with a warp per row of W: each weight
+ is read once, and the reads start before the kernel before it ends
+ (launch_early). From 4 rows cuBLASLt's products are faster: the GEMV's lanes
+ convert and multiply every row's x per weight, and at 4 to 8 rows that work,
+ not the bytes, sets its time (dev/RESULTS.md, "Decode at 4 to 8 rows").
 */
 #ifndef LLMC_CUDA_MATMUL_CUH
 #define LLMC_CUDA_MATMUL_CUH
@@ -196,7 +199,7 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, c
 }
 
 // ----------------------------------------------------------------------------
-// the linear layers of a decode step for B <= 8 rows: y[B, N] = x[B, K] W[N, K]^T
+// the linear layers of a decode step for B <= GEMV_MAX_ROWS rows: y[B, N] = x[B, K] W[N, K]^T
 // as a GEMV: x in shared memory, a warp per row n of W reading it once (the row's
 // first steps loaded into registers before the wait of the early launch), fp32
 // sums, then an epilogue per row: a bf16 store (decode_linear), or the sparse
@@ -205,7 +208,7 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[B], const bf16* xs, c
 // SM); a larger one (qkv, the gate, the head) prefetches ROW_PREFETCH_STREAM steps
 // at 80 registers, three blocks an SM, so it runs in fewer waves (dev/RESULTS.md,
 // "The decode GEMV's occupancy").
-constexpr int GEMV_MAX_ROWS = 8, GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32;
+constexpr int GEMV_MAX_ROWS = 3, GEMV_THREADS = 256, GEMV_WARPS = GEMV_THREADS / 32;
 constexpr int ROW_PREFETCH_STREAM = 4;
 
 // the epilogue of a plain product: y[b, n] = bf16(acc_b). (An epilogue may read
@@ -247,7 +250,7 @@ gemv_kernel(Epilogue epilogue, const bf16* x, const bf16* w, int N, int K) {
     epilogue(n, acc, xs, lane);
 }
 
-// the product with `epilogue` per row of W [N, K] for B <= 8 rows of x
+// the product with `epilogue` per row of W [N, K] for B <= GEMV_MAX_ROWS rows of x
 template <int B, typename Epilogue>
 static void gemv_launch(const Epilogue& epilogue, const bf16* x, const bf16* w, int N, int K) {
     auto whole_row = gemv_kernel<B, ROW_PREFETCH, Epilogue>, streaming = gemv_kernel<B, ROW_PREFETCH_STREAM, Epilogue>;
@@ -280,11 +283,6 @@ static void with_rows(int B, F rows) {
     case 1: rows(std::integral_constant<int, 1>()); break;
     case 2: rows(std::integral_constant<int, 2>()); break;
     case 3: rows(std::integral_constant<int, 3>()); break;
-    case 4: rows(std::integral_constant<int, 4>()); break;
-    case 5: rows(std::integral_constant<int, 5>()); break;
-    case 6: rows(std::integral_constant<int, 6>()); break;
-    case 7: rows(std::integral_constant<int, 7>()); break;
-    case 8: rows(std::integral_constant<int, 8>()); break;
     default: fatal("%d rows: the decode kernels are built for 1 to %d", B, GEMV_MAX_ROWS);
     }
 }

@@ -17,7 +17,7 @@
  cache too, so a server can prefill a long prompt a piece at a time between
  decode steps. A decode step has a row per sequence, each in its own cache
  slot (gpt_decode_slots: any slots, so sequences come and go); on the GPU its
- linear layers are a GEMV of our own for up to 8 rows (llmc/cuda_matmul.cuh),
+ linear layers are a GEMV of our own for up to 3 rows (llmc/cuda_matmul.cuh),
  its attention splits a long cache over many SMs
  (llmc/cuda_attention_cached.cuh), and the step is queued as one CUDA graph
  per batch size (tokens, positions and slots live in device memory: no
@@ -109,7 +109,7 @@ void infer_state_free(InferState<T>* s, const GPT<T, G>* model) {
 // From now on the decode steps count each layer's FFN units that fire (g > 0),
 // summed over the rows (the server's metrics; an atomic add per fired unit), and
 // with count_union on the GPU's sparse path the units some row of a step fires
-// (the rows of W_u and W_d^T the step must read; above 8 rows a kernel more a layer)
+// (the rows of W_u and W_d^T the step must read; above 3 rows a kernel more a layer)
 template <typename T, typename G>
 void infer_state_count_fired(InferState<T>* s, const GPT<T, G>* model, int count_union = 0) {
     size_t bytes = (size_t)model->config.num_layers * sizeof(unsigned long long);

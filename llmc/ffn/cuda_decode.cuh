@@ -24,7 +24,7 @@
 namespace sparse_decode_detail {
 
 // ----------------------------------------------------------------------------
-// sparse decode FFN. Up to 8 sequences: one kernel computes the gate (a warp
+// sparse decode FFN. Up to GEMV_MAX_ROWS (3) sequences: one kernel computes the gate (a warp
 // per unit, as the GEMV) and, for a unit that fired in any sequence, its up
 // product at once, leaving a = bf16(g bf16(u)) for every unit (0 where it did
 // not fire); the down kernel lists the units with a != 0 (a unit whose h
@@ -80,7 +80,7 @@ __device__ int list_units(int* list, float* values, int H, Values values_of) {
     return base;
 }
 
-// B <= 8 sequences, the epilogue of the GEMV g = f Wg^T: g_b = bf16(acc_b) (the
+// B <= GEMV_MAX_ROWS sequences, the epilogue of the GEMV g = f Wg^T: g_b = bf16(acc_b) (the
 // GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
 // a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is
 // written); active (if not NULL) gets the number of g_b > 0 and active_union (if
@@ -284,7 +284,7 @@ static inline void sparse_down_allow_smem(int H) {
 
 // the decode FFN's scratch for up to B sequences of H units
 typedef struct {
-    int* list;    // [B, H] each sequence's active units (the path above 8 sequences)
+    int* list;    // [B, H] each sequence's active units (the path above GEMV_MAX_ROWS sequences)
     int* count;   // [B] their number
     float* a;     // [B, H] h of the active units (by list place, or by unit)
 } SparseDecode;
@@ -309,9 +309,9 @@ static inline void sparse_decode_free(SparseDecode* s) {
 
 // y [B, D] = the FFN of f [B, D] over each row's active units (see the top of the
 // file); screen: the int8 copy of this layer's Wg (or NULL); g_scratch: [B, H]
-// for the path above 8 sequences (cuBLASLt's gate); active (if not NULL) gets
+// for the path above GEMV_MAX_ROWS sequences (cuBLASLt's gate); active (if not NULL) gets
 // the number of units that fired, summed over the rows, and active_union (if not
-// NULL) the number that fired in some row (above 8 rows one more kernel)
+// NULL) the number that fired in some row (above GEMV_MAX_ROWS rows one more kernel)
 static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int B, int D, int H, const ScreenedGate* screen,
                                      bf16* g_scratch, unsigned long long* active = NULL,

@@ -7,7 +7,7 @@
  finite |w|, the first column on ties), then lane g quantises group g
  (screen_quantize_group, the CPU's code).
 
- screened_gate (each decode step, B <= 8 rows f [B, D]): per unit n
+ screened_gate (each decode step, B <= GEMV_MAX_ROWS rows f [B, D]): per unit n
      U_bn >= G_bn = the decode GEMV's fp32 sum f_b . Wg[n], from the int8 row;
      n is recomputed when some b has !(U_bn <= 0): G_n = that sum for every b,
        by warp_dot_rows on the bf16 row (the GEMV's own code: the same bits);
@@ -27,10 +27,9 @@
  bound terms (lane g: group g) and one warp reduction per row. A candidate's
  bf16 row is read after that (4 KB at D 2048): ~65 units of 5632 per row at
  the standard synthetic point (uniform k = 30, 28.5 firing).
- With GateUpRow on sm_90a: 80 registers at B = 1, 2, 5, 6 (3 blocks of 256
- threads an SM), 88 to 102 at B = 3, 4, 7, 8 (2 blocks), no spills. Two units
- a warp, sharing one conversion of f (at B = 8 it costs as much as the
- products), took 170 to 210 registers: not kept (dev/NOTES.md).
+ With GateUpRow on sm_90a: 80 registers at B = 1, 2 (3 blocks of 256 threads
+ an SM), 88 to 102 at B = 3 (2 blocks), no spills. Two units a warp, sharing
+ one conversion of f, took 170 to 210 registers: not kept (dev/NOTES.md).
  int8 -> float: a byte permute puts the byte (q + 128) under the exponent of
  2^23 and a subtraction of 2^23 + 128 leaves q, exactly (no I2F, a
  quarter-rate conversion).
@@ -219,14 +218,15 @@ screened_gate_kernel(Epilogue epilogue, ScreenedGate sg, const bf16* wg, const b
 template <int B, typename Epilogue>
 static void screened_gate_launch(const Epilogue& epilogue, const ScreenedGate& sg, const bf16* wg, const bf16* x,
                                  int* candidates) {
-    static size_t allowed = 0; // dynamic shared memory the kernel may take
-    const size_t smem = (size_t)B * sg.D * sizeof(bf16) + (size_t)B * sg.groups * sizeof(float2);
-    if (allowed == 0) { prefer_shared_memory(screened_gate_kernel<B, Epilogue>); allowed = 48 * 1024; }
-    if (smem > allowed) { // past the default 48 KiB (D 3072 at 8 rows)
-        cudaCheck(cudaFuncSetAttribute(screened_gate_kernel<B, Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem));
-        allowed = smem;
+    // f and its norms: within the default 48 KiB at any width the screen takes
+    static_assert(GEMV_MAX_ROWS * SCREEN_MAX_GROUPS * (SCREEN_GROUP * sizeof(bf16) + sizeof(float2)) <= 48 * 1024,
+                  "the screened gate's shared memory past 48 KiB");
+    static bool configured = false;
+    if (!configured) {
+        prefer_shared_memory(screened_gate_kernel<B, Epilogue>);
+        configured = true;
     }
+    const size_t smem = (size_t)B * sg.D * sizeof(bf16) + (size_t)B * sg.groups * sizeof(float2);
     launch_early(screened_gate_kernel<B, Epilogue>, ceil_div(sg.H, SCREEN_WARPS), SCREEN_THREADS, smem, epilogue, sg,
                  wg, x, candidates);
 }
@@ -245,14 +245,14 @@ static inline bool screened_gate_fits(int B, int D) {
     return gemv_fits(B, D) && D % SCREEN_LANE_COLS == 0 && D <= SCREEN_MAX_GROUPS * SCREEN_GROUP;
 }
 
-// The gate of B <= 8 rows x [B, D] over the units of sg (its int8 copy of wg
+// The gate of B <= GEMV_MAX_ROWS rows x [B, D] over the units of sg (its int8 copy of wg
 // [H, D]), each unit's sums handed to epilogue as the decode GEMV hands them
 // (see the top of the file); candidates: NULL, or B + 1 counters to add to.
 template <typename Epilogue>
 static void screened_gate(const Epilogue& epilogue, const ScreenedGate& sg, const bf16* wg, const bf16* x, int B,
                           int* candidates) {
     using namespace screen_detail;
-    if (!screened_gate_fits(B, sg.D)) { fatal("screened gate: %d rows of width %d, built for 1 to 8 rows, D %% 16 == 0, D <= %d", B, sg.D, SCREEN_MAX_GROUPS * SCREEN_GROUP); }
+    if (!screened_gate_fits(B, sg.D)) { fatal("screened gate: %d rows of width %d, built for 1 to %d rows, D %% 16 == 0, D <= %d", B, sg.D, GEMV_MAX_ROWS, SCREEN_MAX_GROUPS * SCREEN_GROUP); }
     with_rows(B, [&](auto rows) { screened_gate_launch<decltype(rows)::value>(epilogue, sg, wg, x, candidates); });
 }
 

@@ -6,7 +6,7 @@
  CPU tests build it with the sanitizers. bf16 values are kept as their 16 bits
  (uint16_t), as in llmc/ffn/twell.h; f holds bf16 values as floats.
 
- What the decode needs. For each of B <= 8 rows f_b (width D) and unit n, the
+ What the decode needs. For each of a few rows f_b (width D) and unit n, the
  bf16 gate is g_bn = bf16(G_bn), G_bn the fp32 sum of the decode GEMV: lane l
  of a warp sums columns 256 j + 8 l .. + 7 of each step j by fused
  multiply-adds, then a butterfly adds the 32 lanes (screen_gemv_dot). Unit n

@@ -14,12 +14,12 @@
  - prompts prefilled in chunks (a server's), past position 0 over the cache:
    every row's attention against an fp64 softmax, the cache the bits of a
    one-shot prefill;
- - the decode linear layer (GEMV for 1, 3, 8 rows; cuBLASLt for 9) against fp64;
+ - the decode linear layer (GEMV for 1 and 3 rows; cuBLASLt for 4 and 9) against fp64;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
    units (docs/SPARSE.md's carrier construction), D not a multiple of the kernel's
    256 columns: g given, then up (which lists g > 0) and down, batches 1, 3,
-   8, 9, 64, the active counts exact; and for 1, 3, 8 the GEMV with the gate +
+   8, 9, 64, the active counts exact; and for 1 and 3 the GEMV with the gate +
    up epilogue (every h written, poisoned before), then down from the nonzero h;
    both count the fired units exactly;
  - the whole model: a batch of prompts of different lengths (1, 5, 17 tokens)
@@ -237,7 +237,7 @@ static void test_prefill_rope_cache(void) {
     printf("prefill RoPE + cache writes: bit-identical to rope_forward, hd 24, 64, 128\n");
 }
 
-// the decode linear layer: the GEMV for 1..8 rows, cuBLASLt above
+// the decode linear layer: the GEMV for 1..GEMV_MAX_ROWS rows, cuBLASLt above
 // Prompts prefilled in chunks, as a server does, two sequences in slots 2 and
 // 0 of three: chunks that start at position 0 (the training kernel) and past
 // it (chunk_attention_kernel over the cache), of 1 to 79 rows, chunks of both
@@ -337,7 +337,7 @@ static void test_chunk_attention(void) {
 static void test_decode_linear(void) {
     uint64_t rng = 505;
     const int N = 300, K = 328; // N not a multiple of the block's 8 warps
-    for (int B : {1, 3, 8, 9}) {
+    for (int B : {1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 9}) {
         std::vector<bf16> x = random_bf16((size_t)B * K, 1.0, &rng), w = random_bf16((size_t)N * K, 1.0, &rng);
         bf16 *x_d = upload(x), *w_d = upload(w);
         bf16* y_d = (bf16*)cuda_malloc((size_t)B * N * sizeof(bf16));
