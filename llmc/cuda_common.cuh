@@ -136,19 +136,28 @@ static inline bool early_launch_supported(void) {
     return major >= 9;
 }
 
+// launch_early in clusters of `cluster` blocks along x (1: no clusters; more needs compute capability 9.0)
 template <typename... Params, typename... Args>
-static void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args... args) {
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+static void launch_early_clusters(int cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                  Args... args) {
+    cudaLaunchAttribute attrs[2];
+    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[0].val.programmaticStreamSerializationAllowed = 1;
+    attrs[1].id = cudaLaunchAttributeClusterDimension;
+    attrs[1].val.clusterDim.x = (unsigned int)cluster, attrs[1].val.clusterDim.y = 1, attrs[1].val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = smem;
     config.stream = main_stream;
-    config.attrs = &attr;
-    config.numAttrs = early_launch_supported() ? 1 : 0;
+    config.attrs = early_launch_supported() ? attrs : attrs + 1;
+    config.numAttrs = (early_launch_supported() ? 1 : 0) + (cluster > 1 ? 1 : 0);
     cudaCheck(cudaLaunchKernelEx(&config, kernel, ((Params)args)...));
+}
+
+template <typename... Params, typename... Args>
+static void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    launch_early_clusters(1, kernel, grid, block, smem, args...);
 }
 
 // An SM divides its on-chip memory between L1 and shared memory when blocks

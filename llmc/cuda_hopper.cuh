@@ -11,7 +11,8 @@
    `accumulate` 0 starts from zero.
  - shared memory descriptors of 128-byte-swizzled operands;
  - mbarriers (arrivals and transaction bytes), TMA loads of 2D tiles (one CTA,
-   or multicast to the CTAs of a cluster), cluster rank and barrier;
+   or multicast to the CTAs of a cluster), cluster rank and barrier (whole
+   or in halves), a store into another CTA's shared memory;
  - on the host: the tensor maps TMA loads read, and whether the device runs
    the sm_90a code.
 */
@@ -165,6 +166,16 @@ __device__ __forceinline__ unsigned int cluster_rank() {
 // every thread of the cluster's CTAs; orders what each wrote before (shared memory included) before what all read after
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
+}
+// the two halves of cluster_sync apart, so that other work can run between them (each thread arrives once,
+// then waits once, in turn); arrive_relaxed orders nothing
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;\n" ::: "memory"); }
+// v into the float at p's place in the shared memory of CTA `rank` of the cluster
+__device__ __forceinline__ void store_shared_cluster(float* p, unsigned int rank, float v) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(p)), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
 }
 // an arrival on the barrier at bar's place in the shared memory of CTA `rank` of the cluster
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, unsigned int rank) {

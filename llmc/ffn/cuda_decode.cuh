@@ -17,6 +17,7 @@
 #define LLMC_FFN_CUDA_DECODE_CUH
 
 #include "llmc/cuda_common.cuh"
+#include "llmc/cuda_hopper.cuh"
 #include "llmc/cuda_matmul.cuh"
 #include "llmc/ffn/cuda_screened_gate.cuh"
 #include "llmc/ffn/policy.h"
@@ -28,8 +29,10 @@ namespace sparse_decode_detail {
 // per unit, as the GEMV) and, for a unit that fired in any sequence, its up
 // product at once, leaving a = bf16(g bf16(u)) for every unit (0 where it did
 // not fire); the down kernel lists the units with a != 0 (a unit whose h
-// rounded to 0 adds nothing). More sequences: g by cuBLASLt, then an up kernel
-// that lists g > 0 itself, then down.
+// rounded to 0 adds nothing). More sequences: g by cuBLASLt, then on compute
+// capability 9.0 one kernel of a cluster per sequence for up and down (the
+// cluster's blocks share the up products through their shared memory), else
+// an up kernel that lists g > 0 itself, then down.
 
 constexpr int SPARSE_THREADS = 256, SPARSE_WARPS = SPARSE_THREADS / 32;
 constexpr int SPARSE_UP_BLOCKS = 16; // blocks per sequence in up: enough warps for ~100 active units
@@ -183,14 +186,17 @@ sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const b
     }
 }
 
-// y_b[256 columns of block x] = sum_i a_i WdT[unit_i] over the units and values
-// staged in shared memory (so that a warp's weight loads do not wait on one
-// another's addresses): a warp takes every 8th unit, a lane 8 columns, with the
-// rows of DOWN_BATCH units in flight at once; the warps' sums are added in order
+// y_b[the 256 columns from col0] = sum_i a_i WdT[unit_i] over the units and
+// values staged in shared memory (so that a warp's weight loads do not wait on
+// one another's addresses): a warp takes every 8th unit, a lane 8 columns, with
+// the rows of DOWN_BATCH units in flight at once; the warps' sums are added in
+// order. The first `staged` units' 256 columns may already be in shared memory
+// (rows [staged][256]): the same sums, read from there
 constexpr int SPARSE_DOWN_COLS = 256, DOWN_BATCH = 8;
-__device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s_a, int count, const bf16* wdT, int D) {
+__device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s_a, int count, const bf16* wdT, int D,
+                                    int col0, const bf16* rows = NULL, int staged = 0) {
     __shared__ float part[SPARSE_WARPS][SPARSE_DOWN_COLS];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = blockIdx.x * SPARSE_DOWN_COLS + lane * 8;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, col = col0 + lane * 8;
     float acc[8] = {};
     if (col < D) {
         for (int i0 = warp; i0 < count; i0 += SPARSE_WARPS * DOWN_BATCH) {
@@ -198,7 +204,10 @@ __device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s
             #pragma unroll
             for (int j = 0; j < DOWN_BATCH; j++) {
                 const int i = i0 + j * SPARSE_WARPS;
-                if (i < count) { w[j] = load_bf16x8(wdT + (size_t)list[i] * D + col); }
+                if (i < count) {
+                    w[j] = i < staged ? load_bf16x8(rows + i * SPARSE_DOWN_COLS + lane * 8)
+                                      : load_bf16x8(wdT + (size_t)list[i] * D + col);
+                }
             }
             #pragma unroll
             for (int j = 0; j < DOWN_BATCH; j++) {
@@ -213,12 +222,13 @@ __device__ void sparse_down_columns(bf16* y_row, const int* list, const float* s
     #pragma unroll
     for (int e = 0; e < 8; e++) { part[warp][lane * 8 + e] = acc[e]; }
     __syncthreads();
-    const int c = blockIdx.x * SPARSE_DOWN_COLS + threadIdx.x;
+    const int c = col0 + threadIdx.x;
     if (c < D) {
         float sum = 0.0f;
         for (int w = 0; w < SPARSE_WARPS; w++) { sum += part[w][threadIdx.x]; }
         y_row[c] = __float2bfloat16_rn(sum);
     }
+    __syncthreads(); // part is free for the next call
 }
 
 // shared memory of the down kernels: a list of up to H units and their values
@@ -246,7 +256,7 @@ sparse_down_kernel(bf16* y, const float* a, const int* list, const int* count, c
         s_a[i] = a[(size_t)b * H + i];
     }
     __syncthreads();
-    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
+    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D, blockIdx.x * SPARSE_DOWN_COLS);
 }
 
 // down after sparse_gate_up_kernel: the units with a != 0, listed with their values
@@ -262,11 +272,73 @@ sparse_down_active_kernel(bf16* y, const float* a, const bf16* wdT, int D, int H
         const float4 lo = reinterpret_cast<const float4*>(ab + u)[0], hi = reinterpret_cast<const float4*>(ab + u)[1];
         return Float8{{lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w}};
     });
-    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D);
+    sparse_down_columns(y + (size_t)b * D, s_list, s_a, n, wdT, D, blockIdx.x * SPARSE_DOWN_COLS);
 }
 
-// with their static shared memory the down kernels pass 48 KiB from H ~ 5000; the
-// kernels of the decode FFN's early-launched chains ask for the largest split
+// Up and down of sequence b = blockIdx.y in one kernel, a cluster of UP_DOWN_CLUSTER blocks per sequence
+// (compute capability 9.0), the same bits as sparse_up_kernel then sparse_down_kernel. Every block lists the
+// units of g_b > 0 (as sparse_up_kernel's blocks do) and requests its first column slice of the first
+// UP_DOWN_STAGED units' W_d^T rows into shared memory at once, so that they arrive while the up products
+// run; block c computes a_i for the units i = c mod UP_DOWN_CLUSTER (a warp each) and stores it into every
+// block's a; after the cluster's barrier each block adds its slices of the down: columns 256 (c + k
+// UP_DOWN_CLUSTER) .. + 255, k = 0, 1, ... No write to global memory, no second kernel in between.
+constexpr int UP_DOWN_CLUSTER = 8, UP_DOWN_STAGED = 32;
+
+static inline size_t sparse_up_down_smem(int H) {
+    return (size_t)H * (sizeof(int) + sizeof(float)) + (size_t)UP_DOWN_STAGED * SPARSE_DOWN_COLS * sizeof(bf16);
+}
+
+__global__ void __launch_bounds__(SPARSE_THREADS)
+sparse_up_down_kernel(bf16* y, const bf16* g, const bf16* f, const bf16* wu, const bf16* wdT, int D, int H,
+                      unsigned long long* active) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(16) int s_list[];
+    float* s_a = (float*)(s_list + H);
+    bf16* rows = (bf16*)(s_a + H); // [UP_DOWN_STAGED][256] (H % 8 == 0: 16-byte aligned)
+    cluster_arrive_relaxed(); // (waited on before the first store into another block)
+    grid_dependents_launch();
+    grid_dependency_wait();
+    const int b = blockIdx.y, c = (int)cluster_rank(), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int count = list_active_units(s_list, g + (size_t)b * H, H);
+    if (c == 0 && threadIdx.x == 0 && active) { atomicAdd(active, (unsigned long long)count); }
+    const int col0 = c * SPARSE_DOWN_COLS, staged = col0 >= D ? 0 : count < UP_DOWN_STAGED ? count : UP_DOWN_STAGED;
+    for (int p = threadIdx.x; p < staged * (SPARSE_DOWN_COLS / 8); p += SPARSE_THREADS) {
+        const int i = p / (SPARSE_DOWN_COLS / 8), col = col0 + p % (SPARSE_DOWN_COLS / 8) * 8;
+        const bf16* row = wdT + (size_t)s_list[i] * D;
+        cp_async_16(rows + (size_t)p * 8, col < D ? row + col : row, col < D);
+    }
+    cp_async_commit();
+    const bf16* fb = f + (size_t)b * D;
+    bool waited = false;
+    for (int i = c + UP_DOWN_CLUSTER * warp; i < count; i += UP_DOWN_CLUSTER * SPARSE_WARPS) {
+        const int n = s_list[i];
+        float dot[1] = {};
+        RowPrefetch r;
+        prefetch_row(r, wu + (size_t)n * D, D, lane);
+        warp_dot_rows<1>(dot, fb, r, wu + (size_t)n * D, D, lane);
+        // h = bf16(g bf16(u)), rounded as the dense path rounds u and h
+        const float u = __bfloat162float(__float2bfloat16_rn(dot[0]));
+        const float h = __bfloat162float(__float2bfloat16_rn(__bfloat162float(g[(size_t)b * H + n]) * u));
+        if (!waited) { // every block of the cluster has started (its shared memory may be written)
+            cluster_wait();
+            waited = true;
+        }
+        if (lane < UP_DOWN_CLUSTER) { store_shared_cluster(s_a + i, (unsigned int)lane, h); }
+    }
+    if (!waited) { cluster_wait(); }
+    cluster_sync(); // every a_i in every block
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int k = 0; col0 + k * UP_DOWN_CLUSTER * SPARSE_DOWN_COLS < D; k++) {
+        sparse_down_columns(y + (size_t)b * D, s_list, s_a, count, wdT, D, col0 + k * UP_DOWN_CLUSTER * SPARSE_DOWN_COLS,
+                            k == 0 ? rows : NULL, k == 0 ? staged : 0);
+    }
+#endif
+}
+
+// with their static shared memory the down kernels (and up + down in clusters)
+// pass 48 KiB from H ~ 5000; the kernels of the decode FFN's early-launched
+// chains ask for the largest split
 static inline void sparse_down_allow_smem(int H) {
     cudaCheck(cudaFuncSetAttribute(sparse_down_active_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)sparse_down_smem(H)));
@@ -275,6 +347,9 @@ static inline void sparse_down_allow_smem(int H) {
     prefer_shared_memory(sparse_down_active_kernel);
     prefer_shared_memory(sparse_down_kernel);
     prefer_shared_memory(sparse_up_kernel);
+    cudaCheck(cudaFuncSetAttribute(sparse_up_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)sparse_up_down_smem(H)));
+    prefer_shared_memory(sparse_up_down_kernel);
 }
 
 } // namespace sparse_decode_detail
@@ -329,6 +404,15 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
         return;
     }
     gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);
+    if (early_launch_supported()) { // (clusters come with compute capability 9.0, as early launches do)
+        if (active_union) {
+            fired_union_kernel<<<ceil_div(H, SPARSE_THREADS), SPARSE_THREADS, 0, main_stream>>>(active_union, g_scratch, B, H);
+            cudaCheck(cudaGetLastError());
+        }
+        launch_early_clusters(UP_DOWN_CLUSTER, sparse_up_down_kernel, dim3(UP_DOWN_CLUSTER, B), SPARSE_THREADS,
+                              sparse_up_down_smem(H), y, g_scratch, f, wu, wdT, D, H, active);
+        return;
+    }
     // (launched early, so that each launch overlaps the kernel before it)
     launch_early(sparse_up_kernel, dim3(SPARSE_UP_BLOCKS, B), SPARSE_THREADS, H * sizeof(int), s->a, s->list, s->count,
                  g_scratch, f, wu, D, H, active);

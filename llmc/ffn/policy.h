@@ -46,7 +46,7 @@
  | decode           | up to SCREEN_MAX_ROWS rows: the int8 screened gate;    | the screen's per-row conversion of f costs |
  |                  | up to GEMV_MAX_ROWS (3; llmc/cuda_matmul.cuh): the     | more than its bytes save beyond 2 rows     |
  |                  | GEMV gate with the fused up; beyond: cuBLASLt's gate,  | ("Decode: the exact screened gate"); from  |
- |                  | then up and down (ffn_policy_decode_screened)          | 4 rows cuBLASLt's gate + up beats the      |
+ |                  | then up + down (ffn_policy_decode_screened)            | 4 rows cuBLASLt's gate + up beats the      |
  |                  |                                                        | GEMV's (RESULTS "Decode at 4 to 8 rows")   |
 */
 #ifndef LLMC_FFN_POLICY_H

@@ -17,11 +17,13 @@
  - the decode linear layer (GEMV for 1 and 3 rows; cuBLASLt for 4 and 9) against fp64;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
-   units (docs/SPARSE.md's carrier construction), D not a multiple of the kernel's
-   256 columns: g given, then up (which lists g > 0) and down, batches 1, 3,
-   8, 9, 64, the active counts exact; and for 1 and 3 the GEMV with the gate +
-   up epilogue (every h written, poisoned before), then down from the nonzero h;
-   both count the fired units exactly;
+   units (docs/SPARSE.md's carrier construction), D 320 and 2312 (not
+   multiples of the kernel's 256 columns): g given, then up (which lists g > 0)
+   and down, batches 1, 3, 8, 9, 64, the active counts exact; on compute
+   capability 9.0 up and down in a cluster per row (sparse_up_down_kernel), y
+   the list path's bits; and for 1 and 3 the GEMV with the gate + up epilogue
+   (every h written, poisoned before), then down from the nonzero h; all count
+   the fired units exactly;
  - the whole model: a batch of prompts of different lengths (1, 5, 17 tokens)
    prefilled at once, then decode steps, logits of every step against the CPU
    path, FFN dense and TwELL (sparse forced, and auto), on random weights
@@ -362,13 +364,14 @@ static void test_decode_linear(void) {
 static void test_sparse_decode_ffn(void) {
     using namespace sparse_decode_detail;
     uint64_t rng = 202;
-    const int D = 320;
     const double offsets[4][2] = {{0.0, 10.0}, {0.01, 2.326}, {0.5, 0.0}, {1.0, -10.0}}; // p, t = Phi^-1(1 - p)
-    // H 6144: the down kernels' shared memory passes 48 KiB
-    for (int H : {1024, 6144}) {
+    // H 6144: the down kernels' shared memory passes 48 KiB; D 2312: ten slices of 256 columns (the clusters'
+    // blocks 0 and 1 take two, the last partial)
+    for (int D : {320, 2312}) for (int H : {1024, 6144}) {
         sparse_down_allow_smem(H);
         for (int B : {1, 3, 8, 9, 64}) {
-            if (H > 1024 && B > 9) { continue; }
+            if ((H > 1024 || D > 320) && B > 9) { continue; }
+            if (D > 320 && H > 1024) { continue; }
             for (const auto& pt : offsets) {
                 // f_b rows N(0, 1) with a carrier 1 in the last feature, Wg rows N(0, 1/(D-1)) with -t there
                 std::vector<bf16> f = random_bf16((size_t)B * D, 1.0, &rng), wg = random_bf16((size_t)H * D, 1.0 / sqrt(D - 1), &rng);
@@ -437,6 +440,21 @@ static void test_sparse_decode_ffn(void) {
                 cudaCheck(cudaGetLastError());
                 CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
                 error("(list)");
+                if (early_launch_supported()) { // up and down in a cluster per row: the list path's bits
+                    const std::vector<bf16> y_list = download(y_d, (size_t)B * D);
+                    cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
+                    cudaCheck(cudaMemset(fired_d, 0, sizeof(unsigned long long)));
+                    launch_early_clusters(UP_DOWN_CLUSTER, sparse_up_down_kernel, dim3(UP_DOWN_CLUSTER, B), SPARSE_THREADS,
+                                          sparse_up_down_smem(H), y_d, (const bf16*)g_d, (const bf16*)f_d,
+                                          (const bf16*)wu_d, (const bf16*)wdT_d, D, H, fired_d);
+                    cudaCheck(cudaGetLastError());
+                    const std::vector<bf16> y_cluster = download(y_d, (size_t)B * D);
+                    CHECK(memcmp(y_cluster.data(), y_list.data(), y_list.size() * sizeof(bf16)) == 0,
+                          "sparse up + down in clusters B %d D %d p %g: y differs from the list path's bits", B, D, pt[0]);
+                    CHECK(download(fired_d, 1)[0] == fired, "sparse up + down in clusters B %d p %g: counted %llu fired units, not %llu",
+                          B, pt[0], download(fired_d, 1)[0], fired);
+                    error("(clusters)");
+                }
                 if (B <= GEMV_MAX_ROWS) { // the fused gate + up (every a written), then down from a != 0
                     cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                     cudaCheck(cudaMemset(a_d, 0xFF, (size_t)B * H * sizeof(float)));
