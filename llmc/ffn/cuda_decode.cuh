@@ -8,7 +8,7 @@
  WdT of the active units only: 2 k D bf16 per sequence instead of 2 H D. The
  list holds all H units, so it never overflows. The CPU reference of the FFN
  is the dense one (llmc/cpu_ops.h): on the units that do not fire both add 0.
- For one or two sequences the gate reads an int8 copy of Wg and the bf16 rows
+ For one sequence the gate reads an int8 copy of Wg and the bf16 rows
  of the few units it cannot rule out (llmc/ffn/cuda_screened_gate.cuh: the same
  fired set and values to the bit); with more, the screen's per-row conversion
  of f costs more than the bytes it saves (dev/NOTES.md).

@@ -224,15 +224,15 @@ static inline void relu_mul(bf16* h, const bf16* g, const bf16* u, size_t n, uns
 }
 
 // the dense gated FFN (the reference, and the path for layers too active for
-// sparsity): g = f Wg^T and u = f Wu^T as one batched product (decode: the
-// few rows of a decode step, each by decode_linear), h = act(g) * u over g,
+// sparsity): g = f Wg^T and u = f Wu^T as one batched product (decode: up to
+// GEMV_MAX_ROWS rows, each by decode_linear's GEMV), h = act(g) * u over g,
 // y = h WdT (y += with accumulate: a layer's hot units beside its cold ones);
 // g and u [M, H] are scratch; `active` (if not NULL) gets the number of g > 0
 static inline void ffn_dense_forward(bf16* y, bf16* g, bf16* u, const bf16* f, const bf16* wg, const bf16* wu,
                                      const bf16* wdT, int M, int D, int H, unsigned long long* active,
                                      bool decode = false, int accumulate = 0, int activation = ACT_RELU) {
     if (H % 8 != 0) { fatal("ffn_dense_forward: H %d must be a multiple of 8", H); }
-    if (decode) {
+    if (decode && gemv_fits(M, D)) {
         decode_linear(g, f, wg, M, H, D);
         decode_linear(u, f, wu, M, H, D);
     } else {

@@ -44,7 +44,9 @@
  |                  | - gate) / (up + down per active unit); the dense time  |                                            |
  |                  | taken as TWELL_DENSE_PER_GATE gates until timed        |                                            |
  | decode           | up to SCREEN_MAX_ROWS rows: the int8 screened gate;    | the screen's per-row conversion of f costs |
- |                  | up to GEMV_MAX_ROWS (3; llmc/cuda_matmul.cuh): the     | more than its bytes save beyond 2 rows     |
+ |                  | up to GEMV_MAX_ROWS (3; llmc/cuda_matmul.cuh): the     | more than its bytes save beyond 1 row (at  |
+ |                  |                                                        | 2 rows the GEMV's gate: +9%, RESULTS       |
+ |                  |                                                        | "Decode at 2 rows: the GEMV's gate")       |
  |                  | GEMV gate with the fused up; beyond: cuBLASLt's gate,  | ("Decode: the exact screened gate"); from  |
  |                  | then up + down (ffn_policy_decode_screened)            | 4 rows cuBLASLt's gate + up beats the      |
  |                  |                                                        | GEMV's (RESULTS "Decode at 4 to 8 rows")   |
@@ -69,7 +71,7 @@
 #define TWELL_H_PER_DENSE_ACTIVE 44.0
 #define TWELL_DENSE_PER_GATE 2.75f
 
-#define SCREEN_MAX_ROWS 2
+#define SCREEN_MAX_ROWS 1
 
 // training: the share of its modelled time a layer's new path must save when that path's time may be off by a
 // share `miss` (0: a time measured)
