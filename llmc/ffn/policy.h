@@ -45,10 +45,9 @@
  |                  | taken as TWELL_DENSE_PER_GATE gates until timed        |                                            |
  | decode           | up to SCREEN_MAX_ROWS rows: the int8 screened gate;    | the screen's per-row conversion of f costs |
  |                  | up to GEMV_MAX_ROWS (3; llmc/cuda_matmul.cuh): the     | more than its bytes save beyond 1 row (at  |
- |                  |                                                        | 2 rows the GEMV's gate: +9%, RESULTS       |
- |                  |                                                        | "Decode at 2 rows: the GEMV's gate")       |
- |                  | GEMV gate with the fused up; beyond: cuBLASLt's gate,  | ("Decode: the exact screened gate"); from  |
- |                  | then up + down (ffn_policy_decode_screened)            | 4 rows cuBLASLt's gate + up beats the      |
+ |                  | GEMV gate with the fused up; beyond: cuBLASLt's gate,  | 2 rows the GEMV's gate: +9%; RESULTS       |
+ |                  | then up + down (ffn_policy_decode_screened)            | "Decode at 2 rows: the GEMV's gate"); from |
+ |                  |                                                        | 4 rows cuBLASLt's gate + up beats the      |
  |                  |                                                        | GEMV's (RESULTS "Decode at 4 to 8 rows")   |
 */
 #ifndef LLMC_FFN_POLICY_H

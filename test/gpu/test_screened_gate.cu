@@ -6,8 +6,9 @@
    for bit, on the adversarial rows of the CPU test (test/screened_gate_rows.h)
    at D 16, 336, 2048 and 4096; outputs poisoned (0xFF) first;
  - the gate for 1 to GEMV_MAX_ROWS (3) rows at D 2048 (H 1000: a partial
-   block), D 336 (a short group and step), D 3072 and D 4096 (the widest), on random gates (half fire), the synthetic-sparse ones (uniform
-   and realistic k = 30), units at the threshold with f outliers, and the
+   block), D 336 (a short group and step), D 3072 and D 4096 (the widest),
+   on random gates (half fire), the synthetic-sparse ones (uniform and
+   realistic k = 30), units at the threshold with f outliers, and the
    adversarial rows with f holding outliers, a NaN and an inf:
    - with StoreRow: g = bf16(G) equal to the GEMV's, bit for bit, wherever
      the GEMV's g > 0, and equal or +0 elsewhere (so relu(g) is the same);
