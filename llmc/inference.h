@@ -20,8 +20,9 @@
  linear layers are a GEMV of our own for up to 3 rows (llmc/cuda_matmul.cuh),
  its attention splits a long cache over many SMs
  (llmc/cuda_attention_cached.cuh), and the step is queued as one CUDA graph
- per batch size (tokens, positions and slots live in device memory: no
- allocation and no wait for the host inside it), so its launches cost the
+ per batch size and context class (llmc/infer_device.h; tokens, positions and
+ slots live in device memory: no allocation and no wait for the host inside
+ it), so its launches cost the
  GPU's time, not the host's. The decode steps can count the FFN's units that
  fire (infer_state_count_fired), for the server's metrics.
  The FFN of a layer is llmc/ffn/ffn.h's (ffn_forward_cached), what only the

@@ -83,6 +83,20 @@ __device__ int list_units(int* list, float* values, int H, Values values_of) {
     return base;
 }
 
+// h = bf16(g bf16(u)) from the fp32 sum u, rounded as the dense path rounds u and h
+__device__ __forceinline__ float sparse_h(float g, float u) {
+    return __bfloat162float(__float2bfloat16_rn(g * __bfloat162float(__float2bfloat16_rn(u))));
+}
+
+// h of unit n for the row f_b (a warp; every lane gets it): f_b . Wu[n] by the GEMV's code, then sparse_h
+__device__ __forceinline__ float sparse_up_h(const bf16* fb, const bf16* wu, int n, float g, int D, int lane) {
+    float dot[1] = {};
+    RowPrefetch r;
+    prefetch_row(r, wu + (size_t)n * D, D, lane);
+    warp_dot_rows<1>(dot, fb, r, wu + (size_t)n * D, D, lane);
+    return sparse_h(g, dot[0]);
+}
+
 // B <= GEMV_MAX_ROWS sequences, the epilogue of the GEMV g = f Wg^T: g_b = bf16(acc_b) (the
 // GEMV's rounding); a unit with some g_b > 0 reads Wu[n] once for all b:
 // a[b, n] = bf16(g_b bf16(f_b . Wu[n])) where g_b > 0, else 0 (every a[b, n] is
@@ -132,7 +146,7 @@ struct GateUpRow {
             }
             #pragma unroll
             for (int b = 0; b < B; b++) {
-                if (g[b] > 0.0f) { h[b] = __bfloat162float(__float2bfloat16_rn(g[b] * __bfloat162float(__float2bfloat16_rn(u[b])))); }
+                if (g[b] > 0.0f) { h[b] = sparse_h(g[b], u[b]); }
             }
         }
         #pragma unroll
@@ -175,14 +189,8 @@ sparse_up_kernel(float* a, int* list_out, int* count_out, const bf16* g, const b
     const bf16* fb = f + (size_t)b * D;
     for (int i = blockIdx.x * SPARSE_WARPS + threadIdx.x / 32; i < count; i += SPARSE_UP_BLOCKS * SPARSE_WARPS) {
         const int n = list[i];
-        float dot[1] = {};
-        RowPrefetch r;
-        prefetch_row(r, wu + (size_t)n * D, D, lane);
-        warp_dot_rows<1>(dot, fb, r, wu + (size_t)n * D, D, lane);
-        if (lane == 0) { // h = bf16(g bf16(u)), rounded as the dense path rounds u and h
-            float u = __bfloat162float(__float2bfloat16_rn(dot[0]));
-            a[(size_t)b * H + i] = __bfloat162float(__float2bfloat16_rn(__bfloat162float(g[(size_t)b * H + n]) * u));
-        }
+        const float h = sparse_up_h(fb, wu, n, __bfloat162float(g[(size_t)b * H + n]), D, lane);
+        if (lane == 0) { a[(size_t)b * H + i] = h; }
     }
 }
 
@@ -312,13 +320,7 @@ sparse_up_down_kernel(bf16* y, const bf16* g, const bf16* f, const bf16* wu, con
     bool waited = false;
     for (int i = c + UP_DOWN_CLUSTER * warp; i < count; i += UP_DOWN_CLUSTER * SPARSE_WARPS) {
         const int n = s_list[i];
-        float dot[1] = {};
-        RowPrefetch r;
-        prefetch_row(r, wu + (size_t)n * D, D, lane);
-        warp_dot_rows<1>(dot, fb, r, wu + (size_t)n * D, D, lane);
-        // h = bf16(g bf16(u)), rounded as the dense path rounds u and h
-        const float u = __bfloat162float(__float2bfloat16_rn(dot[0]));
-        const float h = __bfloat162float(__float2bfloat16_rn(__bfloat162float(g[(size_t)b * H + n]) * u));
+        const float h = sparse_up_h(fb, wu, n, __bfloat162float(g[(size_t)b * H + n]), D, lane);
         if (!waited) { // every block of the cluster has started (its shared memory may be written)
             cluster_wait();
             waited = true;
