@@ -354,6 +354,29 @@ static inline void sparse_down_allow_smem(int H) {
     prefer_shared_memory(sparse_up_down_kernel);
 }
 
+// whether the GPU can run a cluster of UP_DOWN_CLUSTER blocks of sparse_up_down_kernel at H units (every
+// H100 and H200 can; a small slice of one may not, and then the up and down kernels run instead)
+static inline bool sparse_up_down_fits(int H) {
+    static int asked_h = -1;
+    static bool fits = false;
+    if (H != asked_h) {
+        cudaLaunchAttribute cluster;
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = UP_DOWN_CLUSTER, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(UP_DOWN_CLUSTER, 1);
+        config.blockDim = dim3(SPARSE_THREADS);
+        config.dynamicSmemBytes = sparse_up_down_smem(H);
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        int clusters = 0;
+        cudaCheck(cudaOccupancyMaxActiveClusters(&clusters, sparse_up_down_kernel, &config));
+        fits = clusters > 0;
+        asked_h = H;
+    }
+    return fits;
+}
+
 } // namespace sparse_decode_detail
 
 // ----------------------------------------------------------------------------
@@ -406,7 +429,8 @@ static inline void ffn_sparse_decode(bf16* y, SparseDecode* s, const bf16* f, co
         return;
     }
     gemm(g_scratch, f, wg, B, H, D, 0, 1, 0);
-    if (early_launch_supported()) { // (clusters come with compute capability 9.0, as early launches do)
+    // (clusters come with compute capability 9.0, as early launches do)
+    if (early_launch_supported() && sparse_up_down_fits(H)) {
         if (active_union) {
             fired_union_kernel<<<ceil_div(H, SPARSE_THREADS), SPARSE_THREADS, 0, main_stream>>>(active_union, g_scratch, B, H);
             cudaCheck(cudaGetLastError());
