@@ -37,7 +37,7 @@ template <int HD> __host__ __device__ constexpr int dkv_block_q() { return HD > 
 template <int HD, int WARPS> __host__ __device__ constexpr int fwd_min_blocks() { return (HD > 64 ? 8 : 16) / WARPS; }
 
 // ----------------------------------------------------------------------------
-// PTX wrappers: ldmatrix, mma.sync (cp.async: llmc/cuda_common.cuh)
+// PTX wrappers: ldmatrix (cp.async, mma.sync: llmc/cuda_common.cuh)
 
 // four 8x8 bf16 matrices; lane i gives the address of row i % 8 of matrix i / 8
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
@@ -48,16 +48,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_address(p)));
-}
-
-// c[16x8] += a[16x16] b[16x8]. Lane l (g = l/4, i = l%4) holds a: rows g, g+8 x
-// cols 2i, 2i+1, 2i+8, 2i+9; b: rows 2i, 2i+1, 2i+8, 2i+9 x col g; c: rows g, g+8
-// x cols 2i, 2i+1 (c[0], c[1] in row g, c[2], c[3] in row g+8)
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // ----------------------------------------------------------------------------

@@ -251,6 +251,17 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
+// mma.sync (compute capability 8.0), bf16 in, fp32 accumulated:
+// c[16x8] += a[16x16] b[16x8]. Lane l (g = l/4, i = l%4) holds a: rows g, g+8 x
+// cols 2i, 2i+1, 2i+8, 2i+9; b: rows 2i, 2i+1, 2i+8, 2i+9 x col g; c: rows g, g+8
+// x cols 2i, 2i+1 (c[0], c[1] in row g, c[2], c[3] in row g+8)
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // the operations of the reductions below
 struct Sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
 struct Max { template <typename T> __device__ T operator()(T a, T b) const { return a > b ? a : b; } };

@@ -61,26 +61,28 @@ static inline void cublaslt_free(void) {
     memset(&cublaslt, 0, sizeof(cublaslt));
 }
 
-// batch products C_i = op(A) op(B_i), B_i = B + i stride_b, C_i = C + i stride_c
-// (elements; A is shared: stride 0)
-static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, const bf16* B, int M, int N, int K,
-                                 int trans_a, int trans_b, int accumulate, int batch = 1, long long stride_b = 0,
-                                 long long stride_c = 0) {
-    cublaslt_init();
+// the descriptors of a product C = op(A) op(B) (see the top of the file) in cuBLASLt's terms, for a batch of
+// products C_i = op(A) op(B_i), B_i = B + i stride_b, C_i = C + i stride_c (elements; A is shared: stride 0)
+typedef struct {
     cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtMatrixLayout_t b, a, c;
+} MatmulShape;
+
+static inline MatmulShape matmul_shape(cudaDataType_t c_type, int M, int N, int K, int trans_a, int trans_b,
+                                       int batch = 1, long long stride_b = 0, long long stride_c = 0) {
+    MatmulShape s;
+    cublasCheck(cublasLtMatmulDescCreate(&s.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_first = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // B
     cublasOperation_t op_second = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; // A
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(s.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
     // column-major shapes as stored: B^T is N x K (or K x N stored), A^T is K x M (or M x K stored)
-    cublasLtMatrixLayout_t layout_b, layout_a, layout_c;
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N));
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, trans_a ? M : K));
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_c, c_type, N, M, N));
+    cublasCheck(cublasLtMatrixLayoutCreate(&s.b, CUDA_R_16BF, trans_b ? K : N, trans_b ? N : K, trans_b ? K : N));
+    cublasCheck(cublasLtMatrixLayoutCreate(&s.a, CUDA_R_16BF, trans_a ? M : K, trans_a ? K : M, trans_a ? M : K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&s.c, c_type, N, M, N));
     if (batch > 1) {
         const long long stride_a = 0;
-        cublasLtMatrixLayout_t layouts[3] = {layout_b, layout_a, layout_c};
+        cublasLtMatrixLayout_t layouts[3] = {s.b, s.a, s.c};
         const long long strides[3] = {stride_b, stride_a, stride_c};
         for (int i = 0; i < 3; i++) {
             cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
@@ -88,7 +90,44 @@ static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, 
                                                          &strides[i], sizeof(strides[i])));
         }
     }
+    return s;
+}
 
+static inline void matmul_shape_free(MatmulShape* s) {
+    cublasCheck(cublasLtMatrixLayoutDestroy(s->b));
+    cublasCheck(cublasLtMatrixLayoutDestroy(s->a));
+    cublasCheck(cublasLtMatrixLayoutDestroy(s->c));
+    cublasCheck(cublasLtMatmulDescDestroy(s->desc));
+}
+
+// up to `count` algorithms for the shape, the heuristic's best first; returns how many
+static inline int matmul_algorithms(const MatmulShape* s, cublasLtMatmulHeuristicResult_t* results, int count) {
+    cublaslt_init();
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &cublaslt_workspace_bytes, sizeof(cublaslt_workspace_bytes)));
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt.handle, s->desc, s->b, s->a, s->c, s->c, pref, count, results,
+                                               &found));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    return found;
+}
+
+// C = op(A) op(B) (+ C when accumulate) by the given algorithm
+static inline void matmul_run(const MatmulShape* s, const cublasLtMatmulAlgo_t* algo, void* C, const bf16* A,
+                              const bf16* B, int accumulate) {
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(cublaslt.handle, s->desc, &alpha, B, s->b, A, s->a, &beta, C, s->c, C, s->c, algo,
+                               cublaslt.workspace, cublaslt_workspace_bytes, main_stream));
+}
+
+// the product by the heuristic's best algorithm, cached per shape
+static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, const bf16* B, int M, int N, int K,
+                                 int trans_a, int trans_b, int accumulate, int batch = 1, long long stride_b = 0,
+                                 long long stride_c = 0) {
+    cublaslt_init();
+    MatmulShape shape = matmul_shape(c_type, M, N, K, trans_a, trans_b, batch, stride_b, stride_c);
     CachedMatmulAlgo* hit = NULL;
     for (int i = 0; i < cublaslt.cache_size; i++) {
         CachedMatmulAlgo* e = &cublaslt.cache[i];
@@ -97,16 +136,8 @@ static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, 
             e->stride_c == stride_c) { hit = e; break; }
     }
     if (hit == NULL) {
-        cublasLtMatmulPreference_t pref;
-        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &cublaslt_workspace_bytes, sizeof(cublaslt_workspace_bytes)));
         cublasLtMatmulHeuristicResult_t result;
-        int found = 0;
-        cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt.handle, desc, layout_b, layout_a, layout_c, layout_c, pref,
-                                                   1, &result, &found));
-        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-        if (found == 0) {
+        if (matmul_algorithms(&shape, &result, 1) == 0) {
             fatal("cuBLASLt has no algorithm for C[%d,%d] = op(A) op(B), K %d, trans %d%d", M, N, K, trans_a, trans_b);
         }
         if (cublaslt.cache_size == cublaslt.cache_capacity) {
@@ -116,13 +147,8 @@ static inline void gemm_cublaslt(void* C, cudaDataType_t c_type, const bf16* A, 
         hit = &cublaslt.cache[cublaslt.cache_size++];
         *hit = (CachedMatmulAlgo){M, N, K, trans_a, trans_b, accumulate, batch, stride_b, stride_c, c_type, result.algo};
     }
-    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(cublaslt.handle, desc, &alpha, B, layout_b, A, layout_a, &beta, C, layout_c, C, layout_c,
-                               &hit->algo, cublaslt.workspace, cublaslt_workspace_bytes, main_stream));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_c));
-    cublasCheck(cublasLtMatmulDescDestroy(desc));
+    matmul_run(&shape, &hit->algo, C, A, B, accumulate);
+    matmul_shape_free(&shape);
 }
 
 // the overloads llmc/gpt.h calls: bf16 results (activations), fp32 results (weight gradients)
@@ -292,9 +318,105 @@ static void gemv(const Epilogue& epilogue, const bf16* x, const bf16* w, int B, 
     with_rows(B, [&](auto rows) { gemv_launch<decltype(rows)::value>(epilogue, x, w, N, K); });
 }
 
-// y = x W^T for a decode step: the GEMV where it fits, else cuBLASLt
+// ----------------------------------------------------------------------------
+// The products of a decode step of 4 to 16 rows whose W fits the GPU in one
+// wave of blocks: y[B, N] = x[B, K] W[N, K]^T on tensor cores (mma.sync
+// m16n8k16, W as A: 16 of its rows a block, x as B: 8 rows a tile). cuBLASLt
+// runs such a product (Wo at D 2048: 128 tiles of 16 outputs) on too few SMs
+// at too low a share of the bandwidth (dev/RESULTS.md, "The decode step's small
+// products"). A block of 8 warps takes 16 rows of W, warp w the 32-column
+// chunks w, w + 8, ... of K; lane (r, t) = (lane / 4, lane % 4) loads 16 bytes
+// of rows r and r + 8 at columns 32 c + 8 t of chunk c, its first
+// DECODE_MMA_PREFETCH chunks before the grid dependency wait; the mma's k index
+// is permuted alike in A and B (lane t's k = 2t, 2t+1, 2t+8, 2t+9 of a chunk's
+// k-step h are its columns 32 c + 8 t + 4 h + 0..3), which a dot product
+// allows. The warps' fp32 partials are added in shared memory in warp order
+// (the bits do not depend on the row count or on the other rows).
+constexpr int DECODE_MMA_MAX_ROWS = 16, DECODE_MMA_WARPS = 8, DECODE_MMA_PREFETCH = 8;
+
+template <int ROW_TILES>
+__global__ void __launch_bounds__(32 * DECODE_MMA_WARPS, 1)
+decode_mma_kernel(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
+    __shared__ float part[DECODE_MMA_WARPS][16][DECODE_MMA_MAX_ROWS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, t = lane % 4;
+    const int n0 = blockIdx.x * 16, chunks = K / 32;
+    const bf16* w_lo = w + (size_t)min(n0 + r, N - 1) * K;
+    const bf16* w_hi = w + (size_t)min(n0 + r + 8, N - 1) * K;
+    uint4 a_lo[DECODE_MMA_PREFETCH], a_hi[DECODE_MMA_PREFETCH];
+    #pragma unroll
+    for (int i = 0; i < DECODE_MMA_PREFETCH; i++) {
+        const int c = warp + i * DECODE_MMA_WARPS;
+        if (c < chunks) {
+            a_lo[i] = *reinterpret_cast<const uint4*>(w_lo + 32 * c + 8 * t);
+            a_hi[i] = *reinterpret_cast<const uint4*>(w_hi + 32 * c + 8 * t);
+        }
+    }
+    grid_dependents_launch();
+    grid_dependency_wait();
+    float acc[ROW_TILES][4] = {};
+    auto load_x = [&](uint4 (&b)[ROW_TILES], int c) {
+        #pragma unroll
+        for (int rt = 0; rt < ROW_TILES; rt++) {
+            const int row = rt * 8 + r;
+            b[rt] = row < B ? *reinterpret_cast<const uint4*>(x + (size_t)row * K + 32 * c + 8 * t) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    auto products = [&](const uint4 (&b)[ROW_TILES], uint4 lo, uint4 hi) {
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t a[4] = {h ? lo.z : lo.x, h ? hi.z : hi.x, h ? lo.w : lo.y, h ? hi.w : hi.y};
+            #pragma unroll
+            for (int rt = 0; rt < ROW_TILES; rt++) { mma_16816(acc[rt], a, h ? b[rt].z : b[rt].x, h ? b[rt].w : b[rt].y); }
+        }
+    };
+    // x of every prefetched chunk requested at once (one L2 round trip, not one per chunk), then the products
+    uint4 b[DECODE_MMA_PREFETCH][ROW_TILES];
+    #pragma unroll
+    for (int i = 0; i < DECODE_MMA_PREFETCH; i++) {
+        if (warp + i * DECODE_MMA_WARPS < chunks) { load_x(b[i], warp + i * DECODE_MMA_WARPS); }
+    }
+    #pragma unroll
+    for (int i = 0; i < DECODE_MMA_PREFETCH; i++) {
+        if (warp + i * DECODE_MMA_WARPS < chunks) { products(b[i], a_lo[i], a_hi[i]); }
+    }
+    #pragma unroll 4
+    for (int c = warp + DECODE_MMA_PREFETCH * DECODE_MMA_WARPS; c < chunks; c += DECODE_MMA_WARPS) {
+        uint4 bc[ROW_TILES];
+        load_x(bc, c);
+        products(bc, *reinterpret_cast<const uint4*>(w_lo + 32 * c + 8 * t), *reinterpret_cast<const uint4*>(w_hi + 32 * c + 8 * t));
+    }
+    #pragma unroll
+    for (int rt = 0; rt < ROW_TILES; rt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) { part[warp][r + (e < 2 ? 0 : 8)][rt * 8 + 2 * t + e % 2] = acc[rt][e]; }
+    }
+    __syncthreads();
+    const int u = threadIdx.x / DECODE_MMA_MAX_ROWS, row = threadIdx.x % DECODE_MMA_MAX_ROWS;
+    if (row < B && n0 + u < N) {
+        float sum = part[0][u][row];
+        #pragma unroll
+        for (int k = 1; k < DECODE_MMA_WARPS; k++) { sum += part[k][u][row]; }
+        y[(size_t)row * N + n0 + u] = __float2bfloat16_rn(sum);
+    }
+}
+
+// whether decode_mma takes the product: 4 to 16 rows, K a multiple of 32, its blocks in one wave
+static inline bool decode_mma_fits(int B, int N, int K) {
+    static int num_sms = 0;
+    if (num_sms == 0) { num_sms = device_attribute(cudaDevAttrMultiProcessorCount); }
+    return B > GEMV_MAX_ROWS && B <= DECODE_MMA_MAX_ROWS && K % 32 == 0 && ceil_div(N, 16) <= num_sms;
+}
+
+static void decode_mma(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
+    if (B < 1 || B > DECODE_MMA_MAX_ROWS || K % 32 != 0) { fatal("decode_mma: %d rows of K %d, built for 1 to %d rows, K %% 32 == 0", B, K, DECODE_MMA_MAX_ROWS); }
+    launch_early(B <= 8 ? decode_mma_kernel<1> : decode_mma_kernel<2>, ceil_div(N, 16), 32 * DECODE_MMA_WARPS, 0, y, x,
+                 w, B, N, K);
+}
+
+// y = x W^T for a decode step: the GEMV where it fits, decode_mma where it fits, else cuBLASLt
 static void decode_linear(bf16* y, const bf16* x, const bf16* w, int B, int N, int K) {
     if (gemv_fits(B, K)) { gemv(StoreRow{y, N}, x, w, B, N, K); }
+    else if (decode_mma_fits(B, N, K)) { decode_mma(y, x, w, B, N, K); }
     else { gemm(y, x, w, B, N, K, 0, 1, 0); }
 }
 

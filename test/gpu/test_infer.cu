@@ -14,7 +14,8 @@
  - prompts prefilled in chunks (a server's), past position 0 over the cache:
    every row's attention against an fp64 softmax, the cache the bits of a
    one-shot prefill;
- - the decode linear layer (GEMV for 1 and 3 rows; cuBLASLt for 4 and 9) against fp64;
+ - the decode linear layer (GEMV for 1 and 3 rows; for 4, 9 and 16 decode_mma where it fits, else
+   cuBLASLt) against fp64, decode_mma's rows the same bits at 4, 9 and 16 rows;
  - the sparse decode FFN against an fp64 FFN over the units with g > 0 (g
    rounded to bf16 as the GPU rounds it), activity none, ~1%, ~50% and all
    units (docs/SPARSE.md's carrier construction), D 320 and 2312 (not
@@ -239,7 +240,6 @@ static void test_prefill_rope_cache(void) {
     printf("prefill RoPE + cache writes: bit-identical to rope_forward, hd 24, 64, 128\n");
 }
 
-// the decode linear layer: the GEMV for 1..GEMV_MAX_ROWS rows, cuBLASLt above
 // Prompts prefilled in chunks, as a server does, two sequences in slots 2 and
 // 0 of three: chunks that start at position 0 (the training kernel) and past
 // it (chunk_attention_kernel over the cache), of 1 to 79 rows, chunks of both
@@ -336,28 +336,46 @@ static void test_chunk_attention(void) {
     }
 }
 
+// the decode linear layer (the GEMV for 1..GEMV_MAX_ROWS rows, decode_mma above where it fits, else cuBLASLt)
+// against fp64; decode_mma's rows the same bits at any row count
 static void test_decode_linear(void) {
     uint64_t rng = 505;
-    const int N = 300, K = 328; // N not a multiple of the block's 8 warps
-    for (int B : {1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 9}) {
-        std::vector<bf16> x = random_bf16((size_t)B * K, 1.0, &rng), w = random_bf16((size_t)N * K, 1.0, &rng);
-        bf16 *x_d = upload(x), *w_d = upload(w);
-        bf16* y_d = (bf16*)cuda_malloc((size_t)B * N * sizeof(bf16));
-        cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * N * sizeof(bf16)));
-        decode_linear(y_d, x_d, w_d, B, N, K);
-        std::vector<float> y = to_float(download(y_d, (size_t)B * N)), xf = to_float(x), wf = to_float(w);
-        std::vector<double> ref((size_t)B * N);
-        for (int b = 0; b < B; b++) {
-            for (int n = 0; n < N; n++) {
-                double sum = 0;
-                for (int k = 0; k < K; k++) { sum += (double)xf[(size_t)b * K + k] * wf[(size_t)n * K + k]; }
-                ref[(size_t)b * N + n] = sum;
+    // N 300: not a multiple of the GEMV's 8 warps nor of decode_mma's 16 rows; K 328 not a multiple of 32
+    // (cuBLASLt); K 2080 one chunk past decode_mma's prefetch, K 5632 many
+    const int shapes[3][2] = {{300, 328}, {300, 2080}, {2048, 5632}};
+    for (const auto& shape : shapes) {
+        const int N = shape[0], K = shape[1];
+        std::vector<bf16> w = random_bf16((size_t)N * K, 1.0, &rng), x16 = random_bf16((size_t)16 * K, 1.0, &rng);
+        bf16 *w_d = upload(w), *x_d = upload(x16);
+        std::vector<float> wf = to_float(w), xf = to_float(x16);
+        std::vector<bf16> y_mma16;
+        for (int B : {16, 1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 9}) {
+            bf16* y_d = (bf16*)cuda_malloc((size_t)B * N * sizeof(bf16));
+            cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * N * sizeof(bf16)));
+            decode_linear(y_d, x_d, w_d, B, N, K);
+            std::vector<bf16> yb = download(y_d, (size_t)B * N);
+            std::vector<float> y = to_float(yb);
+            std::vector<double> ref((size_t)B * N);
+            for (int b = 0; b < B; b++) {
+                for (int n = 0; n < N; n++) {
+                    double sum = 0;
+                    for (int k = 0; k < K; k++) { sum += (double)xf[(size_t)b * K + k] * wf[(size_t)n * K + k]; }
+                    ref[(size_t)b * N + n] = sum;
+                }
             }
+            const bool mma = decode_mma_fits(B, N, K);
+            double e = max_rel_err(y.data(), ref.data(), ref.size());
+            CHECK(e < 1e-2, "decode linear B %d N %d K %d: rel err %g", B, N, K, e);
+            if (mma && B == 16) { y_mma16 = yb; }
+            if (mma && B < 16 && !y_mma16.empty()) {
+                CHECK(memcmp(yb.data(), y_mma16.data(), yb.size() * sizeof(bf16)) == 0,
+                      "decode linear (tensor cores) B %d N %d K %d: rows differ from the same rows' bits at B 16", B, N, K);
+            }
+            printf("  decode linear B %2d, N %4d, K %4d (%s): rel err %.2e\n", B, N, K,
+                   gemv_fits(B, K) ? "GEMV" : mma ? "tensor cores" : "cuBLASLt", e);
+            cuda_free(y_d);
         }
-        double e = max_rel_err(y.data(), ref.data(), ref.size());
-        CHECK(e < 1e-2, "decode linear B %d: rel err %g", B, e);
-        printf("  decode linear B %d (%s): rel err %.2e\n", B, B <= GEMV_MAX_ROWS ? "GEMV" : "cuBLASLt", e);
-        cuda_free(x_d); cuda_free(w_d); cuda_free(y_d);
+        cuda_free(x_d); cuda_free(w_d);
     }
 }
 
