@@ -15,7 +15,11 @@
  is read once, and the reads start before the kernel before it ends
  (launch_early). From 4 rows cuBLASLt's products are faster: the GEMV's lanes
  convert and multiply every row's x per weight, and at 4 to 8 rows that work,
- not the bytes, sets its time (dev/RESULTS.md, "Decode at 4 to 8 rows").
+ not the bytes, sets its time (dev/RESULTS.md, "Decode at 4 to 8 rows"). From 4
+ to 16 rows a W of few rows (Wo: 2048 outputs, a wave of 16-row blocks) goes
+ through decode_mma, tensor cores with the weights requested before the wait,
+ where cuBLASLt keeps too few loads in flight ("The decode step's small
+ products").
 */
 #ifndef LLMC_CUDA_MATMUL_CUH
 #define LLMC_CUDA_MATMUL_CUH
