@@ -26,7 +26,7 @@ done
 requests=${requests:-$((streams * 4))}
 work=$(mktemp -d /tmp/bench_serve_XXXXXX)
 pid=0
-trap 'kill $pid 2> /dev/null; rm -rf "$work"' EXIT
+trap 'kill $pid 2> /dev/null || true; rm -rf "$work"' EXIT # (the server may be gone: not an error)
 . test/serve_lib.sh
 # the load client is Node's: the machine's, else a copy packed into .deps/node.xz (`xz -c "$(command -v node)" >
 # .deps/node.xz` where Node is installed) for a machine without it, such as the GPU machine
