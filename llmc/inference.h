@@ -17,7 +17,8 @@
  cache too, so a server can prefill a long prompt a piece at a time between
  decode steps. A decode step has a row per sequence, each in its own cache
  slot (gpt_decode_slots: any slots, so sequences come and go); on the GPU its
- linear layers are a GEMV of our own for up to 3 rows (llmc/cuda_matmul.cuh),
+ linear layers are a GEMV of our own for up to 3 rows, and from 4 to 16 rows
+ our tensor-core product where its blocks fit one wave (llmc/cuda_matmul.cuh),
  its attention splits a long cache over many SMs
  (llmc/cuda_attention_cached.cuh), and the step is queued as one CUDA graph
  per batch size and context class (llmc/infer_device.h; tokens, positions and

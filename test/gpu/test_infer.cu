@@ -458,7 +458,7 @@ static void test_sparse_decode_ffn(void) {
                 cudaCheck(cudaGetLastError());
                 CHECK(download(count_d, B) == active, "sparse decode B %d p %g: active counts differ from g's", B, pt[0]);
                 error("(list)");
-                if (early_launch_supported()) { // up and down in a cluster per row: the list path's bits
+                if (early_launch_supported() && sparse_up_down_fits(H)) { // up and down in a cluster per row: the list path's bits
                     const std::vector<bf16> y_list = download(y_d, (size_t)B * D);
                     cudaCheck(cudaMemset(y_d, 0xFF, (size_t)B * D * sizeof(bf16)));
                     cudaCheck(cudaMemset(fired_d, 0, sizeof(unsigned long long)));
